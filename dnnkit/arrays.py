@@ -1,0 +1,138 @@
+"""Input and output arrays, and streams.
+
+Inputs: any object with ``__cuda_array_interface__`` (Numba, CuPy, PyTorch) is wrapped without
+a copy; NumPy arrays (and anything ``np.asarray`` accepts) are copied to the device. Outputs are
+Numba device arrays. Streams: None (the default stream), a Numba stream, a raw ``cudaStream_t``
+int, or an object with ``.cuda_stream`` (PyTorch) or ``.ptr`` (CuPy).
+"""
+
+import numpy as np
+
+from .errors import NumbaUnavailableError
+
+FLOAT_DTYPES = ("float16", "float32", "float64")
+
+
+def _cuda():
+    from numba import cuda
+    if not cuda.is_available():
+        raise NumbaUnavailableError(
+            "no CUDA GPU or driver found for the Numba kernels; on a machine without a GPU set "
+            "NUMBA_ENABLE_CUDASIM=1 before importing numba to use its (slow) CUDA simulator")
+    return cuda
+
+
+def is_device_array(a):
+    from numba.cuda.cudadrv import devicearray
+    return devicearray.is_cuda_ndarray(a)
+
+
+def as_stream(stream):
+    """A Numba stream object for kernel launches."""
+    cuda = _cuda()
+    if stream is None or stream == 0:
+        return cuda.default_stream()
+    if hasattr(stream, "auto_synchronize"):  # already a Numba stream (real or simulated)
+        return stream
+    ptr = getattr(stream, "cuda_stream", None) or getattr(stream, "ptr", None)
+    if ptr is None and isinstance(stream, int):
+        ptr = stream
+    if ptr is None:
+        raise TypeError(f"stream must be None, a Numba stream, a cudaStream_t int or a PyTorch/"
+                        f"CuPy stream, got {type(stream).__name__}")
+    return cuda.external_stream(int(ptr))
+
+
+def stream_pointer(stream):
+    """The raw cudaStream_t of a Numba stream (0 for the legacy default stream)."""
+    h = getattr(stream, "handle", None)
+    if h is None:
+        return 0
+    v = getattr(h, "value", None) if not isinstance(h, int) else h
+    if v is None and not hasattr(h, "value"):
+        v = int(h)  # cuda-bindings CUstream
+    return int(v or 0)
+
+
+def device_input(op, name, x, stream, *, ndim=None):
+    """Validate one floating-point input of ``op`` and return it as a Numba device array."""
+    cuda = _cuda()
+    if is_device_array(x):
+        d = x
+    elif hasattr(x, "__cuda_array_interface__"):
+        if not hasattr(cuda, "as_cuda_array"):  # the simulator cannot wrap foreign memory
+            raise TypeError(f"{op}: {name} is a foreign device array, which the CUDA "
+                            "simulator cannot read")
+        d = cuda.as_cuda_array(x)
+    else:
+        try:
+            h = np.asarray(x)
+        except Exception as e:
+            raise TypeError(f"{op}: {name} must be an array, got {type(x).__name__}") from e
+        if h.dtype.kind in "iub":
+            raise TypeError(f"{op}: {name} must be a floating-point array (one of "
+                            f"{', '.join(FLOAT_DTYPES)}), got dtype {h.dtype}")
+        d = h
+    dt = np.dtype(d.dtype)
+    if dt.name not in FLOAT_DTYPES:
+        raise TypeError(f"{op}: {name} must have dtype {', '.join(FLOAT_DTYPES)}; got {dt}")
+    if ndim is not None and d.ndim not in ndim:
+        raise ValueError(f"{op}: {name} must be {' or '.join(f'{n}-D' for n in ndim)}; "
+                         f"got shape {tuple(d.shape)}")
+    if isinstance(d, np.ndarray):
+        return cuda.to_device(np.ascontiguousarray(d), stream=stream)
+    if not d.is_c_contiguous():
+        raise ValueError(f"{op}: {name} must be C-contiguous; got shape {tuple(d.shape)} with "
+                         f"strides {tuple(d.strides)} (copy it first)")
+    return d
+
+
+def same_shape(op, ref_name, ref, **others):
+    for name, a in others.items():
+        if tuple(a.shape) != tuple(ref.shape):
+            raise ValueError(f"{op}: {name} has shape {tuple(a.shape)} but {ref_name} has "
+                             f"{tuple(ref.shape)}")
+        if a.dtype != ref.dtype:
+            raise TypeError(f"{op}: {name} has dtype {a.dtype} but {ref_name} has {ref.dtype}")
+
+
+def empty_like(a, stream):
+    return _cuda().device_array(a.shape, dtype=a.dtype, stream=stream)
+
+
+def flat(a):
+    """A 1-D view of a C-contiguous device array (no copy)."""
+    return a.reshape(a.size) if a.ndim != 1 else a
+
+
+def to_host(a):
+    """A NumPy copy of a device or host array."""
+    if isinstance(a, np.ndarray):
+        return a
+    if hasattr(a, "copy_to_host"):
+        return a.copy_to_host()
+    return np.asarray(a)
+
+
+def acc_dtype(dtype):
+    """Accumulation dtype of the Numba kernels: float32 for float16 and float32, else float64."""
+    return np.dtype(np.float64) if np.dtype(dtype) == np.float64 else np.dtype(np.float32)
+
+
+_acc_cache = {}
+
+
+def acc_array(dtype):
+    """The kernels' one-element ``acc`` array (0 in the accumulation type), per device."""
+    cuda = _cuda()
+    dt = acc_dtype(dtype)
+    key = (getattr(cuda.get_current_device(), "id", 0), dt.name)
+    a = _acc_cache.get(key)
+    if a is None:
+        a = _acc_cache[key] = cuda.to_device(np.zeros(1, dtype=dt))
+    return a
+
+
+def grid_1d(n, threads=256, max_blocks=4096):
+    """(blocks, threads) for a grid-stride loop over ``n`` elements."""
+    return max(1, min(max_blocks, (n + threads - 1) // threads)), threads

@@ -1,0 +1,247 @@
+"""Theano-style dotted flags.
+
+Precedence, highest first: a Python assignment (``dnnkit.config.dnn.enabled = "forced"``, or a
+``change_flags`` block on the current thread) > the ``DNNKIT_FLAGS`` environment variable
+(``"dnn.enabled=forced,dnn.verbose=True"``) > the rc file (INI, ``~/.dnnkitrc`` or the path in
+``DNNKIT_RC``; section ``[dnn]`` holds ``enabled = forced``, ``[dnn.conv]`` holds ``algo_fwd = ...``)
+> the defaults.
+
+The environment and the rc file are read on first use; ``reload()`` reads them again (tests use
+it). ``change_flags`` is scoped to the calling thread, so concurrent blocks on other threads never
+see each other's values; a plain assignment is process-wide.
+"""
+
+import configparser
+import contextlib
+import os
+import threading
+
+_TRUE = {"true", "1", "yes", "on"}
+_FALSE = {"false", "0", "no", "off"}
+
+
+def _parse_bool(name, value):
+    if isinstance(value, bool):
+        return value
+    s = str(value).strip().lower()
+    if s in _TRUE:
+        return True
+    if s in _FALSE:
+        return False
+    raise ValueError(f"flag {name}: bad value {value!r}; allowed: True, False (or 1/0, yes/no)")
+
+
+def _enum(*allowed, aliases=None):
+    aliases = dict(aliases or {})
+
+    def parse(name, value):
+        key = value if isinstance(value, bool) else str(value).strip()
+        if key in aliases:
+            return aliases[key]
+        if isinstance(key, str) and key.lower() in allowed:
+            return key.lower()
+        shown = ", ".join(allowed) + (" (also " + ", ".join(map(str, aliases)) + ")" if aliases else "")
+        raise ValueError(f"flag {name}: bad value {value!r}; allowed: {shown}")
+
+    parse.allowed = allowed
+    return parse
+
+
+def _path(name, value):
+    if value is None:
+        return ""
+    if not isinstance(value, (str, os.PathLike)):
+        raise ValueError(f"flag {name}: bad value {value!r}; allowed: a file or folder path, or ''")
+    return os.fspath(value).strip()
+
+
+class Flag:
+    def __init__(self, name, default, parse, doc):
+        self.name, self.default, self.parse, self.doc = name, default, parse, doc
+
+
+_THEANO_BOOL = {True: "forced", False: "disabled", "True": "forced", "False": "disabled",
+                "true": "forced", "false": "disabled"}
+
+FLAGS = {f.name: f for f in [
+    Flag("dnn.enabled", "auto", _enum("auto", "forced", "disabled", aliases=_THEANO_BOOL),
+         "auto: cuDNN where it can, else Numba; forced: cuDNN or an error; disabled: never cuDNN"),
+    Flag("dnn.library_path", "", _path,
+         "explicit cuDNN library file or folder; '' searches wheels, conda and system paths"),
+    Flag("dnn.deterministic", False, _parse_bool,
+         "choose bitwise-reproducible algorithms where an op has a choice"),
+    Flag("dnn.verbose", False, _parse_bool,
+         "log each backend decision at INFO level through the 'dnnkit' logger"),
+    Flag("dnn.crosscheck", False, _parse_bool,
+         "run every op on both backends and raise CrosscheckError when they disagree"),
+]}
+
+
+def register_flag(name, default, parse, doc):
+    """Add a flag (later op families add their own, e.g. ``dnn.conv.algo_fwd``)."""
+    FLAGS[name] = Flag(name, default, parse, doc)
+    _state.loaded = False
+
+
+class _State:
+    def __init__(self):
+        self.lock = threading.RLock()
+        self.python = {}      # process-wide assignments
+        self.env = {}
+        self.rc = {}
+        self.loaded = False
+        self.local = threading.local()   # .stack: list of dicts from change_flags
+
+
+_state = _State()
+
+
+class UnknownFlagError(ValueError, AttributeError):
+    """An unknown flag name (a ValueError; also an AttributeError so hasattr() works)."""
+
+
+def _flag(name):
+    try:
+        return FLAGS[name]
+    except KeyError:
+        raise UnknownFlagError(
+            f"unknown flag {name!r}; known flags: {', '.join(sorted(FLAGS))}") from None
+
+
+def _read_env():
+    out = {}
+    text = os.environ.get("DNNKIT_FLAGS", "")
+    for item in filter(None, (p.strip() for p in text.split(","))):
+        if "=" not in item:
+            raise ValueError(f"DNNKIT_FLAGS: {item!r} is not of the form name=value")
+        k, v = (s.strip() for s in item.split("=", 1))
+        out[k] = _flag(k).parse(k, v)
+    return out
+
+
+def rc_path():
+    return os.environ.get("DNNKIT_RC") or os.path.join(os.path.expanduser("~"), ".dnnkitrc")
+
+
+def _read_rc():
+    path = rc_path()
+    if not os.path.isfile(path):
+        return {}
+    cp = configparser.ConfigParser()
+    try:
+        cp.read(path)
+    except configparser.Error as e:
+        raise ValueError(f"rc file {path}: {e}") from None
+    out = {}
+    for section in cp.sections():
+        for key, value in cp.items(section):
+            name = f"{section}.{key}"
+            try:
+                out[name] = _flag(name).parse(name, value)
+            except ValueError as e:
+                raise ValueError(f"rc file {path}: {e}") from None
+    return out
+
+
+def reload():
+    """Re-read ``DNNKIT_FLAGS`` and the rc file (Python assignments are kept)."""
+    with _state.lock:
+        _state.env, _state.rc = _read_env(), _read_rc()
+        _state.loaded = True
+
+
+def reset():
+    """Forget every Python assignment (not ``change_flags`` blocks) and re-read env and rc."""
+    with _state.lock:
+        _state.python.clear()
+    reload()
+
+
+def get(name):
+    flag = _flag(name)
+    for layer in reversed(getattr(_state.local, "stack", ())):
+        if name in layer:
+            return layer[name]
+    if not _state.loaded:
+        reload()
+    for layer in (_state.python, _state.env, _state.rc):
+        if name in layer:
+            return layer[name]
+    return flag.default
+
+
+def source(name):
+    """Where the current value of ``name`` comes from: change_flags, python, env, rc or default."""
+    _flag(name)
+    if any(name in layer for layer in getattr(_state.local, "stack", ())):
+        return "change_flags"
+    if not _state.loaded:
+        reload()
+    for label, layer in (("python", _state.python), ("env", _state.env), ("rc", _state.rc)):
+        if name in layer:
+            return label
+    return "default"
+
+
+def set(name, value):  # noqa: A001 - mirrors get()
+    parsed = _flag(name).parse(name, value)
+    with _state.lock:
+        _state.python[name] = parsed
+
+
+@contextlib.contextmanager
+def change_flags(flags=None, **kwargs):
+    """Scope flag changes to a ``with`` block on this thread; restored on exceptions too.
+
+    ``change_flags({"dnn.enabled": "disabled"})`` or ``change_flags(dnn__enabled="disabled")``.
+    """
+    items = dict(flags or {})
+    items.update({k.replace("__", "."): v for k, v in kwargs.items()})
+    layer = {k: _flag(k).parse(k, v) for k, v in items.items()}
+    stack = getattr(_state.local, "stack", None)
+    if stack is None:
+        stack = _state.local.stack = []
+    stack.append(layer)
+    try:
+        yield
+    finally:
+        stack.remove(layer)
+
+
+class _Namespace:
+    """``config.dnn.enabled`` reads a flag; assigning to it sets it (process-wide)."""
+
+    def __init__(self, prefix):
+        object.__setattr__(self, "_prefix", prefix)
+
+    def _full(self, attr):
+        return f"{self._prefix}.{attr}"
+
+    def __getattr__(self, attr):
+        if attr.startswith("__"):
+            raise AttributeError(attr)
+        full = self._full(attr)
+        if full in FLAGS:
+            return get(full)
+        if any(n.startswith(full + ".") for n in FLAGS):
+            return _Namespace(full)
+        _flag(full)  # raises the ValueError listing known flags
+
+    def __setattr__(self, attr, value):
+        set(self._full(attr), value)
+
+    def __dir__(self):
+        n = len(self._prefix) + 1
+        return sorted({k[n:].split(".")[0] for k in FLAGS if k.startswith(self._prefix + ".")})
+
+    def __repr__(self):
+        names = [k for k in FLAGS if k.startswith(self._prefix + ".")]
+        return "\n".join(f"{k} = {get(k)!r}" for k in sorted(names))
+
+
+dnn = _Namespace("dnn")
+
+
+def describe():
+    """Rows (name, value, source, doc) for every flag."""
+    return [(k, get(k), source(k), FLAGS[k].doc) for k in sorted(FLAGS)]

@@ -1,0 +1,50 @@
+"""cuDNN handles: one per (device, thread), created on first use, bound to the op's stream.
+
+A cuDNN handle is not safe to share between threads that use it at the same time, and it is
+tied to the device that was current when it was created; so each thread keeps its own dict
+``{device id: handle}``. When the thread ends its dict is dropped and the handles destroyed.
+"""
+
+import ctypes
+import threading
+import weakref
+
+from . import api
+
+_local = threading.local()
+
+
+def _destroy_all(handles):
+    for h in handles.values():
+        try:
+            api.function("cudnnDestroy")(h)
+        except Exception:  # pragma: no cover - best effort at thread exit
+            pass
+
+
+class _PerThread:
+    def __init__(self):
+        self.handles = {}
+        fin = weakref.finalize(self, _destroy_all, self.handles)
+        fin.atexit = False  # at interpreter exit the CUDA context may already be gone
+
+
+def _device_id():
+    from numba import cuda
+    return getattr(cuda.get_current_device(), "id", 0)
+
+
+def get(stream_ptr=0):
+    """The calling thread's handle for the current device, bound to ``stream_ptr``."""
+    holder = getattr(_local, "holder", None)
+    if holder is None:
+        holder = _local.holder = _PerThread()
+    dev = _device_id()
+    h = holder.handles.get(dev)
+    if h is None:
+        h = ctypes.c_void_p()
+        api.call("cudnnCreate", ctypes.byref(h), context=f"device {dev}")
+        holder.handles[dev] = h
+    api.call("cudnnSetStream", h, ctypes.c_void_p(stream_ptr or None),
+             context=f"stream 0x{stream_ptr or 0:x}")
+    return h

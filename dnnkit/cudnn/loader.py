@@ -1,0 +1,176 @@
+"""Find, sanity-check and load the cuDNN 9 library; probe whether it can run here.
+
+Order: ``dnn.library_path`` (a file or a folder) if set, else
+``cuda.pathfinder.load_nvidia_dynamic_lib("cudnn")`` (pip wheels cu12/cu13, conda, system).
+
+cuDNN 9 is split into ``libcudnn.so.9`` and sub-libraries that it dlopens on its first call;
+when one is missing the process *aborts* inside cuDNN. So before any call we check that the
+sub-libraries sit beside the main file, and only then ask ``cudnnGetVersion`` and try
+``cudnnCreate`` (which answers CUDNN_STATUS_NOT_INITIALIZED when there is no CUDA device).
+"""
+
+import ctypes
+import dataclasses
+import glob
+import os
+import threading
+
+from .enums import STATUS_NAMES, STATUS_SUCCESS
+
+MAIN_NAME = "libcudnn.so.9"
+SUBLIBRARIES = ("libcudnn_graph.so.9", "libcudnn_ops.so.9", "libcudnn_cnn.so.9",
+                "libcudnn_adv.so.9")
+MIN_VERSION = 90000
+
+
+@dataclasses.dataclass(frozen=True)
+class CudnnStatus:
+    """What dnnkit knows about cuDNN in this process."""
+    available: bool
+    reason: str = ""           # why it is unavailable ("" when available)
+    version: int | None = None  # e.g. 91900 for 9.19.0
+    path: str | None = None
+    found_via: str | None = None  # "dnn.library_path", "site-packages", "conda", "system", ...
+    lib: object = dataclasses.field(default=None, repr=False, compare=False)
+
+    @property
+    def version_string(self):
+        if self.version is None:
+            return None
+        v = self.version
+        return f"{v // 10000}.{(v % 10000) // 100}.{v % 100}"
+
+    def describe(self):
+        where = f" at {self.path}" if self.path else ""
+        ver = f"cuDNN {self.version_string}" if self.version else "cuDNN"
+        how = f" (found via {self.found_via})" if self.found_via else ""
+        if self.available:
+            return f"{ver}{where}{how}"
+        found = f"; found {ver}{where}{how}" if self.path else ""
+        return f"{self.reason}{found}"
+
+
+_lock = threading.Lock()
+_cache = {}  # library_path flag value -> CudnnStatus
+
+
+def _locate(library_path):
+    """Return (path, found_via) or raise LookupError with the reason."""
+    if library_path:
+        p = os.path.expanduser(library_path)
+        if os.path.isdir(p):
+            cand = os.path.join(p, MAIN_NAME)
+            if not os.path.isfile(cand):
+                others = sorted(glob.glob(os.path.join(p, "libcudnn.so*")))
+                extra = f" (found {', '.join(map(os.path.basename, others))})" if others else ""
+                raise LookupError(f"library not found: dnn.library_path={library_path!r} is a "
+                                  f"folder without {MAIN_NAME}{extra}")
+            return cand, "dnn.library_path"
+        if os.path.isfile(p):
+            return p, "dnn.library_path"
+        raise LookupError(f"library not found: dnn.library_path={library_path!r} does not exist")
+    try:
+        from cuda.pathfinder import load_nvidia_dynamic_lib
+    except ImportError as e:  # pragma: no cover - cuda-pathfinder is a dependency
+        raise LookupError(f"library not found: cuda-pathfinder is not importable ({e})") from None
+    try:
+        # Loading (dlopen) without calling anything is safe even when sub-libraries are missing.
+        loaded = load_nvidia_dynamic_lib("cudnn")
+    except Exception as e:  # DynamicLibNotFoundError and friends
+        raise LookupError("library not found: no cuDNN 9 in pip wheels (nvidia-cudnn-cu12/cu13), "
+                          f"conda or system paths ({type(e).__name__}: {e}); install "
+                          "dnnkit[cu12] or set dnn.library_path") from None
+    return loaded.abs_path, getattr(loaded, "found_via", None) or "cuda.pathfinder"
+
+
+def _status_name(lib, status):
+    name = STATUS_NAMES.get(status)
+    if name is None:
+        try:
+            lib.cudnnGetErrorString.restype = ctypes.c_char_p
+            lib.cudnnGetErrorString.argtypes = [ctypes.c_int]
+            name = lib.cudnnGetErrorString(status).decode()
+        except Exception:  # pragma: no cover
+            name = f"CUDNN_STATUS_{status}"
+    return name
+
+
+def _probe(library_path, device_ok, device_reason):
+    try:
+        path, via = _locate(library_path)
+    except LookupError as e:
+        return CudnnStatus(False, str(e))
+    folder = os.path.dirname(os.path.realpath(path)) if os.path.islink(path) else os.path.dirname(path)
+    missing = [s for s in SUBLIBRARIES if not os.path.exists(os.path.join(folder, s))
+               and not os.path.exists(os.path.join(os.path.dirname(path), s))]
+    if missing:
+        return CudnnStatus(False, f"sub-library missing: {', '.join(missing)} not beside {path} "
+                           "(cuDNN would abort the process on its first call)", path=path,
+                           found_via=via)
+    try:
+        lib = ctypes.CDLL(path)
+    except OSError as e:
+        return CudnnStatus(False, f"library not loadable: {e}", path=path, found_via=via)
+    # size_t cudnnGetVersion(void);
+    lib.cudnnGetVersion.restype = ctypes.c_size_t
+    lib.cudnnGetVersion.argtypes = []
+    version = int(lib.cudnnGetVersion())
+    base = dict(version=version, path=path, found_via=via, lib=lib)
+    if version < MIN_VERSION:
+        return CudnnStatus(False, f"too old: cuDNN >= 9 is required", **base)
+    # cudnnStatus_t cudnnCreate(cudnnHandle_t *handle);
+    handle = ctypes.c_void_p()
+    st = lib.cudnnCreate(ctypes.byref(handle))
+    if st != STATUS_SUCCESS:
+        name = _status_name(lib, st)
+        why = "no CUDA device" if name == "CUDNN_STATUS_NOT_INITIALIZED" else "cannot initialise"
+        return CudnnStatus(False, f"{why} (cudnnCreate returned {name})", **base)
+    # int cudnnDestroy(cudnnHandle_t handle);
+    lib.cudnnDestroy(handle)
+    if not device_ok:
+        return CudnnStatus(False, device_reason, **base)
+    return CudnnStatus(True, "", **base)
+
+
+def _device_state():
+    """(ok, reason): cuDNN needs real device memory, not Numba's simulator.
+
+    With no device at all, cudnnCreate itself answers CUDNN_STATUS_NOT_INITIALIZED, which is
+    the reason we report; this only catches a GPU machine that runs Numba on the simulator.
+    """
+    from numba.core import config as nconfig
+    if nconfig.ENABLE_CUDASIM:
+        return False, ("Numba runs on the CUDA simulator (NUMBA_ENABLE_CUDASIM=1): cuDNN needs "
+                       "real device memory")
+    from numba import cuda
+    try:
+        if cuda.is_available():
+            cuda.current_context()  # cuDNN then shares Numba's primary context
+    except Exception:
+        pass
+    return True, ""
+
+
+def status(library_path=None):
+    """The CudnnStatus for ``library_path`` (default: the ``dnn.library_path`` flag); cached."""
+    if library_path is None:
+        from .. import config
+        library_path = config.get("dnn.library_path")
+    with _lock:
+        st = _cache.get(library_path)
+        if st is None:
+            ok, why = _device_state()
+            st = _cache[library_path] = _probe(library_path, ok, why)
+        return st
+
+
+def loaded_status():
+    """The status if cuDNN was already probed for the current flag value, else None (no load)."""
+    from .. import config
+    return _cache.get(config.get("dnn.library_path"))
+
+
+def clear_cache():
+    """Forget probe results (tests; a library once loaded stays mapped in the process)."""
+    with _lock:
+        _cache.clear()

@@ -1,0 +1,259 @@
+"""The dispatcher: one registry ``{op: {backend: Impl}}`` and the only reader of the policy.
+
+Policy, per call: ``backend=None`` follows the ``dnn.enabled`` flag; ``"auto"``, ``"cudnn"``
+(forced for this call) and ``"numba"`` (disabled for this call) override it.
+
+- auto: cuDNN when it is available and the op's ``supports()`` accepts the arguments, else
+  Numba (logged with the reason); a cuDNN NOT_SUPPORTED status at run time also falls back.
+- forced: cuDNN, or ``CudnnUnavailableError`` naming the op and the reason.
+- disabled: Numba; cuDNN is never loaded.
+"""
+
+import contextlib
+import dataclasses
+import logging
+import threading
+
+import numpy as np
+
+from . import config
+from .errors import CrosscheckError, CudnnError, CudnnUnavailableError
+
+log = logging.getLogger("dnnkit")
+
+BACKENDS = ("cudnn", "numba")
+_POLICY_OF_BACKEND = {None: None, "auto": "auto", "cudnn": "forced", "numba": "disabled"}
+
+
+@dataclasses.dataclass
+class Impl:
+    fn: object
+    supports: object = None   # fn(*args, **kw) -> None when supported, else the reason (str)
+
+
+@dataclasses.dataclass
+class OpInfo:
+    # max allowed |a - b| <= atol + rtol * |b| between two backends, per dtype
+    tolerance: dict = dataclasses.field(default_factory=lambda: dict(DEFAULT_TOLERANCE))
+    crosscheck: bool = True
+
+
+DEFAULT_TOLERANCE = {"float16": (1e-2, 1e-2), "float32": (1e-5, 1e-5), "float64": (1e-12, 1e-12)}
+
+REGISTRY = {}   # op -> {backend: Impl}
+OPS = {}        # op -> OpInfo
+
+
+def register(op, backend, *, supports=None, tolerance=None, crosscheck=True):
+    """Decorator: register ``fn`` as ``op``'s implementation on ``backend``."""
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; allowed: {', '.join(BACKENDS)}")
+    info = OPS.setdefault(op, OpInfo())
+    if tolerance:
+        info.tolerance.update(tolerance)
+    info.crosscheck = info.crosscheck and crosscheck
+
+    def deco(fn):
+        REGISTRY.setdefault(op, {})[backend] = Impl(fn, supports)
+        return fn
+    return deco
+
+
+# ---------------------------------------------------------------- tracing
+
+@dataclasses.dataclass(frozen=True)
+class TraceEntry:
+    op: str
+    backend: str
+    algo: object
+    shapes: tuple
+    dtype: str
+    reason: str = ""
+
+
+class Trace(list):
+    """The op calls made inside ``with dnnkit.trace() as t:`` (on this thread)."""
+
+    def backends(self, op=None):
+        return [e.backend for e in self if op is None or e.op == op]
+
+    def ops(self):
+        return [e.op for e in self]
+
+
+_local = threading.local()
+
+
+@contextlib.contextmanager
+def trace():
+    t = Trace()
+    stack = _local.__dict__.setdefault("traces", [])
+    stack.append(t)
+    try:
+        yield t
+    finally:
+        stack.remove(t)
+
+
+def note_algo(algo):
+    """Called by an implementation to record the algorithm it chose for the current call."""
+    _local.algo = algo
+
+
+def _describe_args(args):
+    arrays = [a for a in args if hasattr(a, "shape") and hasattr(a, "dtype")]
+    shapes = tuple(tuple(a.shape) for a in arrays)
+    dtype = str(np.dtype(arrays[0].dtype)) if arrays else ""
+    return shapes, dtype
+
+
+def _record(op, backend, algo, args, reason):
+    stack = getattr(_local, "traces", None)
+    if stack:
+        shapes, dtype = _describe_args(args)
+        entry = TraceEntry(op, backend, algo, shapes, dtype, reason)
+        for t in stack:
+            t.append(entry)
+
+
+# ---------------------------------------------------------------- choosing
+
+_announced = set()
+
+
+def _policy(op, backend):
+    if backend not in _POLICY_OF_BACKEND:
+        raise ValueError(f"{op}: backend must be None, 'auto', 'cudnn' or 'numba'; got {backend!r}")
+    pol = _POLICY_OF_BACKEND[backend]
+    if pol is None:
+        return config.get("dnn.enabled"), "dnn.enabled"
+    return pol, f"backend={backend!r}"
+
+
+def cudnn_status():
+    """The loader's CudnnStatus (loads and probes cuDNN on first use)."""
+    from .cudnn import loader
+    return loader.status()
+
+
+def _cudnn_reason(op, args, kw):
+    """None when cuDNN can run this call, else why not."""
+    impl = REGISTRY.get(op, {}).get("cudnn")
+    if impl is None:
+        return "dnnkit has no cuDNN implementation of this op"
+    st = cudnn_status()
+    if not st.available:
+        return st.describe()
+    return impl.supports(*args, **kw) if impl.supports else None
+
+
+def _choose(op, args, kw, backend):
+    """(backend, reason, policy) for a call; raises CudnnUnavailableError under forced."""
+    if op not in REGISTRY:
+        raise ValueError(f"unknown op {op!r}; registered: {', '.join(sorted(REGISTRY))}")
+    policy, origin = _policy(op, backend)
+    if policy == "disabled":
+        return "numba", f"{origin}={policy}" if origin == "dnn.enabled" else origin, policy
+    reason = _cudnn_reason(op, args, kw)
+    if reason is None:
+        return "cudnn", "cuDNN available and supports the arguments", policy
+    if policy == "forced":
+        what = "dnn.enabled=forced" if origin == "dnn.enabled" else origin
+        raise CudnnUnavailableError(
+            f"{op}: cuDNN is required ({what}) but cannot be used: {reason}", op=op, reason=reason)
+    return "numba", reason, policy
+
+
+def select_backend(op, *args, backend=None, explain=False, **kw):
+    """Which backend ``op`` would run on with these (already validated) arguments, without
+    running it. With ``explain=True`` returns ``(backend, reason)``. Raises like the call would."""
+    chosen, reason, _ = _choose(op, args, kw, backend)
+    return (chosen, reason) if explain else chosen
+
+
+def _log_decision(op, chosen, reason):
+    level = logging.INFO if config.get("dnn.verbose") else logging.DEBUG
+    from .cudnn import loader
+    st = loader.loaded_status()
+    if chosen == "numba" and st is not None and reason == st.describe() \
+            and reason not in _announced:
+        _announced.add(reason)   # say why cuDNN is not used once, at INFO
+        log.info("cuDNN not used (%s); ops run on the Numba kernels", reason)
+    log.log(level, "%s: %s backend (%s)", op, chosen, reason)
+
+
+# ---------------------------------------------------------------- running
+
+def dispatch(op, *args, backend=None, **kw):
+    """Run ``op`` on the backend the policy picks; returns what the implementation returns."""
+    chosen, reason, policy = _choose(op, args, kw, backend)
+    _log_decision(op, chosen, reason)
+    _local.algo = None
+    try:
+        out = REGISTRY[op][chosen].fn(*args, **kw)
+    except CudnnError as e:
+        if chosen != "cudnn" or policy != "auto" or not e.not_supported:
+            raise
+        chosen, reason = "numba", f"cuDNN returned {e.status_name} at run time"
+        _log_decision(op, chosen, reason)
+        _local.algo = None
+        out = REGISTRY[op]["numba"].fn(*args, **kw)
+    _record(op, chosen, _local.algo, args, reason)
+    if config.get("dnn.crosscheck") and OPS[op].crosscheck:
+        _crosscheck(op, chosen, out, args, kw)
+    return out
+
+
+def _other_backend_ok(op, other, args, kw):
+    if other == "numba":
+        return True
+    return _cudnn_reason(op, args, kw) is None
+
+
+def _crosscheck(op, chosen, out, args, kw):
+    other = "numba" if chosen == "cudnn" else "cudnn"
+    if not _other_backend_ok(op, other, args, kw):
+        key = ("crosscheck", op)
+        if key not in _announced:
+            _announced.add(key)
+            log.warning("dnn.crosscheck: %s cannot run on %s here; not cross-checked", op, other)
+        return
+    ref = REGISTRY[op][other].fn(*args, **kw)
+    compare(op, out, ref, labels=(chosen, other))
+
+
+def _outputs(x):
+    from .arrays import to_host
+    items = x if isinstance(x, (tuple, list)) else (x,)
+    return [to_host(a) for a in items if a is not None and hasattr(a, "shape")]
+
+
+def compare(op, got, expected, *, labels=("a", "b"), rtol=None, atol=None):
+    """Raise CrosscheckError unless every output agrees within the op's tolerance.
+
+    NaN must match NaN at the same place (IEEE propagation); infinities must match exactly.
+    """
+    got, expected = _outputs(got), _outputs(expected)
+    if len(got) != len(expected):
+        raise CrosscheckError(f"{op}: {labels[0]} returned {len(got)} outputs, "
+                              f"{labels[1]} {len(expected)}", op=op)
+    for i, (a, b) in enumerate(zip(got, expected)):
+        tol = OPS.get(op, OpInfo()).tolerance.get(np.dtype(a.dtype).name, (1e-5, 1e-5))
+        r, t = (rtol if rtol is not None else tol[0]), (atol if atol is not None else tol[1])
+        a64, b64 = a.astype(np.float64), b.astype(np.float64)
+        nan_a, nan_b = np.isnan(a64), np.isnan(b64)
+        finite = np.isfinite(a64) & np.isfinite(b64)
+        diff = np.abs(a64 - b64)
+        max_abs = float(diff[finite].max()) if finite.any() else 0.0
+        max_rel = float((diff[finite] / np.maximum(np.abs(b64[finite]), 1e-30)).max()) \
+            if finite.any() else 0.0
+        inf_ok = np.array_equal(np.where(finite | nan_a, 0, a64), np.where(finite | nan_b, 0, b64))
+        bad = (not np.array_equal(nan_a, nan_b) or not inf_ok
+               or np.any(diff[finite] > t + r * np.abs(b64[finite])))
+        if bad:
+            raise CrosscheckError(
+                f"{op}: backends disagree on output {i} (shape {a.shape}, {a.dtype}): "
+                f"{labels[0]} vs {labels[1]} max abs error {max_abs:.3g}, max rel error "
+                f"{max_rel:.3g}, tolerance rtol={r:g} atol={t:g}, NaN positions "
+                f"{'match' if np.array_equal(nan_a, nan_b) else 'differ'}",
+                op=op, max_abs=max_abs, max_rel=max_rel)

@@ -1,0 +1,130 @@
+"""Elementwise activations: relu, clipped_relu, tanh, sigmoid, elu, swish, identity.
+
+    relu          y = max(x, 0)
+    clipped_relu  y = min(max(x, 0), coef)                         (coef = ceiling > 0)
+    tanh          y = tanh(x)
+    sigmoid       y = 1 / (1 + exp(-x))
+    elu           y = x if x > 0 else coef * (exp(x) - 1)          (coef = alpha)
+    swish         y = x * sigmoid(coef * x)                        (coef = beta)
+    identity      y = x
+
+Backward: dx = dy * f'(x); at the kinks of relu and clipped_relu (x == 0, x == coef) the slope
+taken is 0. NaN propagates (cuDNN's CUDNN_PROPAGATE_NAN). cuDNN: cudnnActivationForward/Backward;
+it has no stand-alone identity, so identity always runs on Numba.
+"""
+
+import numpy as np
+
+from .. import arrays
+from ..dispatch import dispatch, register
+
+MODES = ("relu", "clipped_relu", "tanh", "sigmoid", "elu", "swish", "identity")
+_MODE_ID = {m: i for i, m in enumerate(MODES)}   # matches kernels/activation.py
+_TOL = {"float16": (2e-3, 1e-3), "float32": (1e-5, 1e-6), "float64": (1e-12, 1e-14)}
+
+
+def _check(op, mode, coef):
+    if mode not in _MODE_ID:
+        raise ValueError(f"{op}: mode must be one of {', '.join(MODES)}; got {mode!r}")
+    try:
+        coef = float(coef)
+    except (TypeError, ValueError):
+        raise TypeError(f"{op}: coef must be a number; got {coef!r}") from None
+    if not np.isfinite(coef):
+        raise ValueError(f"{op}: coef must be finite; got {coef}")
+    if mode == "clipped_relu" and coef <= 0:
+        raise ValueError(f"{op}: clipped_relu needs coef (the ceiling) > 0; got {coef}")
+    return coef
+
+
+def activation(x, mode="relu", coef=0.0, *, backend=None, stream=None):
+    """Apply an activation elementwise; returns a new device array shaped like ``x``.
+
+    ``coef`` is the ceiling of clipped_relu, the alpha of elu and the beta of swish (ignored
+    otherwise). ``x`` is float16, float32 or float64, any shape, C-contiguous.
+    """
+    coef = _check("activation", mode, coef)
+    s = arrays.as_stream(stream)
+    x = arrays.device_input("activation", "x", x, s)
+    return dispatch("activation", x, mode, coef, s, backend=backend)
+
+
+def activation_backward(x, y, dy, mode="relu", coef=0.0, *, backend=None, stream=None):
+    """Gradient of :func:`activation`: ``dx = dy * f'(x)``, given ``y = activation(x)``."""
+    op = "activation_backward"
+    coef = _check(op, mode, coef)
+    s = arrays.as_stream(stream)
+    x = arrays.device_input(op, "x", x, s)
+    y = arrays.device_input(op, "y", y, s)
+    dy = arrays.device_input(op, "dy", dy, s)
+    arrays.same_shape(op, "x", x, y=y, dy=dy)
+    return dispatch(op, x, y, dy, mode, coef, s, backend=backend)
+
+
+def relu(x, **kw):
+    return activation(x, "relu", **kw)
+
+
+def tanh(x, **kw):
+    return activation(x, "tanh", **kw)
+
+
+def sigmoid(x, **kw):
+    return activation(x, "sigmoid", **kw)
+
+
+# ---------------------------------------------------------------- Numba
+
+def _launch(kernel, n, stream, *args):
+    if n:
+        blocks, threads = arrays.grid_1d(n)
+        kernel[blocks, threads, stream](*args)
+
+
+@register("activation", "numba", tolerance=_TOL)
+def _activation_numba(x, mode, coef, stream):
+    from ..kernels import activation_fwd_kernel
+    y = arrays.empty_like(x, stream)
+    acc = arrays.acc_array(x.dtype)
+    _launch(activation_fwd_kernel, x.size, stream, arrays.flat(x), arrays.flat(y),
+            _MODE_ID[mode], acc.dtype.type(coef), acc)
+    return y
+
+
+@register("activation_backward", "numba", tolerance=_TOL)
+def _activation_backward_numba(x, y, dy, mode, coef, stream):
+    from ..kernels import activation_bwd_kernel
+    dx = arrays.empty_like(x, stream)
+    acc = arrays.acc_array(x.dtype)
+    _launch(activation_bwd_kernel, x.size, stream, arrays.flat(x), arrays.flat(y),
+            arrays.flat(dy), arrays.flat(dx), _MODE_ID[mode], acc.dtype.type(coef), acc)
+    return dx
+
+
+# ---------------------------------------------------------------- cuDNN
+
+def _cudnn_supports(x, *rest):
+    mode = rest[-3]   # (x, mode, coef, stream) or (x, y, dy, mode, coef, stream)
+    if mode == "identity":
+        return "cuDNN has no stand-alone identity activation (only inside fused convolutions)"
+    if x.size >= 2**31:
+        return f"{x.size} elements exceed cuDNN's 32-bit tensor size"
+    return None
+
+
+@register("activation", "cudnn", supports=_cudnn_supports)
+def _activation_cudnn(x, mode, coef, stream):
+    from ..cudnn import calls
+    y = arrays.empty_like(x, stream)
+    if x.size:
+        calls.activation_forward(x, y, mode, coef, arrays.stream_pointer(stream))
+    return y
+
+
+@register("activation_backward", "cudnn", supports=_cudnn_supports)
+def _activation_backward_cudnn(x, y, dy, mode, coef, stream):
+    from ..cudnn import calls
+    dx = arrays.empty_like(x, stream)
+    if x.size:
+        calls.activation_backward(x, y, dy, dx, mode, coef, arrays.stream_pointer(stream))
+    return dx

@@ -1,0 +1,129 @@
+"""Softmax and log-softmax over channels or over whole instances, forward and backward.
+
+``algo``: ``accurate`` subtracts the maximum before exponentiating (never overflows),
+``fast`` does not (overflows for logits above ~88 in float32, as cuDNN's FAST), ``log`` gives
+log-softmax (max-subtracted). ``mode``: ``channel`` normalises over axis 1 at each spatial
+position; ``instance`` over all of C*H*W of each sample. Inputs are (N, C) or NCHW.
+
+    softmax:      y = exp(x - m) / sum exp(x - m)        dx = y * (dy - sum(dy * y))
+    log-softmax:  y = x - m - log(sum exp(x - m))        dx = dy - exp(y) * sum(dy)
+
+cuDNN: cudnnSoftmaxForward/Backward on the 4-D (N, C, H, W) descriptor ((N, C, 1, 1) for 2-D).
+"""
+
+from .. import arrays
+from ..dispatch import dispatch, note_algo, register
+
+ALGOS = ("fast", "accurate", "log")
+_ALGO_ID = {"fast": 0, "accurate": 1, "log": 2}   # matches kernels/softmax.py
+MODES = ("channel", "instance")
+_TOL = {"float16": (5e-3, 1e-3), "float32": (1e-5, 1e-6), "float64": (1e-12, 1e-14)}
+
+
+def _check(op, algo, mode):
+    if algo not in _ALGO_ID:
+        raise ValueError(f"{op}: algo must be one of {', '.join(ALGOS)}; got {algo!r}")
+    if mode not in MODES:
+        raise ValueError(f"{op}: mode must be one of {', '.join(MODES)}; got {mode!r}")
+
+
+def softmax(x, algo="accurate", mode="channel", *, backend=None, stream=None):
+    """Softmax of ``x`` ((N, C) or (N, C, H, W)); returns a new device array."""
+    _check("softmax", algo, mode)
+    s = arrays.as_stream(stream)
+    x = arrays.device_input("softmax", "x", x, s, ndim=(2, 4))
+    return dispatch("softmax", x, algo, mode, s, backend=backend)
+
+
+def log_softmax(x, mode="channel", *, backend=None, stream=None):
+    """``softmax(x, algo="log", mode=mode)``."""
+    return softmax(x, "log", mode, backend=backend, stream=stream)
+
+
+def softmax_backward(y, dy, algo="accurate", mode="channel", *, backend=None, stream=None):
+    """Gradient wrt x of ``y = softmax(x, algo, mode)``, from y and dy."""
+    op = "softmax_backward"
+    _check(op, algo, mode)
+    s = arrays.as_stream(stream)
+    y = arrays.device_input(op, "y", y, s, ndim=(2, 4))
+    dy = arrays.device_input(op, "dy", dy, s, ndim=(2, 4))
+    arrays.same_shape(op, "y", y, dy=dy)
+    return dispatch(op, y, dy, algo, mode, s, backend=backend)
+
+
+def _ncs(shape, mode):
+    """(N, C, S): reduce over C at stride S (see kernels/softmax.py)."""
+    n, c = shape[0], shape[1]
+    spatial = 1
+    for d in shape[2:]:
+        spatial *= d
+    return (n, c * spatial, 1) if mode == "instance" else (n, c, spatial)
+
+
+def _pow2_at_most(v, cap):
+    p = 1
+    while p < v and p < cap:
+        p *= 2
+    return p
+
+
+def _launch(kernel, shape, mode, algo, stream, *arrays_):
+    from ..kernels.softmax import MAX_THREADS
+    n, c, s = _ncs(shape, mode)
+    if n * c * s == 0:
+        return
+    bx = 1 if s == 1 else _pow2_at_most(s, 32)
+    by = _pow2_at_most(c, MAX_THREADS // bx)
+    blocks = min(n * ((s + bx - 1) // bx), 65535)
+    flat = [arrays.flat(a) for a in arrays_]
+    kernel[blocks, (bx, by), stream](*flat, n, c, s, _ALGO_ID[algo],
+                                     arrays.acc_array(arrays_[0].dtype))
+
+
+@register("softmax", "numba", tolerance=_TOL)
+def _softmax_numba(x, algo, mode, stream):
+    from ..kernels import softmax_fwd_kernel
+    note_algo(algo)
+    y = arrays.empty_like(x, stream)
+    _launch(softmax_fwd_kernel, x.shape, mode, algo, stream, x, y)
+    return y
+
+
+@register("softmax_backward", "numba", tolerance=_TOL)
+def _softmax_backward_numba(y, dy, algo, mode, stream):
+    from ..kernels import softmax_bwd_kernel
+    note_algo(algo)
+    dx = arrays.empty_like(y, stream)
+    _launch(softmax_bwd_kernel, y.shape, mode, algo, stream, y, dy, dx)
+    return dx
+
+
+def _dims4(shape):
+    return tuple(shape) + (1,) * (4 - len(shape))
+
+
+def _cudnn_supports(x, *rest):
+    if any(d >= 2**31 for d in x.shape) or x.size >= 2**31:
+        return f"shape {tuple(x.shape)} exceeds cuDNN's 32-bit tensor size"
+    return None
+
+
+@register("softmax", "cudnn", supports=_cudnn_supports)
+def _softmax_cudnn(x, algo, mode, stream):
+    from ..cudnn import calls
+    note_algo(algo)
+    y = arrays.empty_like(x, stream)
+    if x.size:
+        calls.softmax_forward(x, y, _dims4(x.shape), algo, mode, arrays.stream_pointer(stream))
+    return y
+
+
+@register("softmax_backward", "cudnn", supports=_cudnn_supports)
+def _softmax_backward_cudnn(y, dy, algo, mode, stream):
+    from ..cudnn import calls
+    note_algo(algo)
+    dx = arrays.empty_like(y, stream)
+    if y.size:
+        calls.softmax_backward(y, dy, dx, _dims4(y.shape), algo, mode,
+                               arrays.stream_pointer(stream))
+    return dx

@@ -1,0 +1,90 @@
+"""Float64 NumPy references: the definitions every backend is checked against."""
+
+import numpy as np
+
+
+def activation(x, mode="relu", coef=0.0):
+    x = np.asarray(x, dtype=np.float64)
+    with np.errstate(over="ignore"):
+        if mode == "relu":
+            return np.where(x > 0, x, np.where(np.isnan(x), x, 0.0))
+        if mode == "clipped_relu":
+            return np.where(np.isnan(x), x, np.clip(x, 0.0, coef))
+        if mode == "tanh":
+            return np.tanh(x)
+        if mode == "sigmoid":
+            return 1.0 / (1.0 + np.exp(-x))
+        if mode == "elu":
+            return np.where(x > 0, x, coef * np.expm1(np.minimum(x, 0)))
+        if mode == "swish":
+            return x / (1.0 + np.exp(-coef * x))
+        if mode == "identity":
+            return x.copy()
+    raise ValueError(f"unknown activation mode {mode!r}")
+
+
+def activation_backward(x, dy, mode="relu", coef=0.0):
+    x = np.asarray(x, dtype=np.float64)
+    dy = np.asarray(dy, dtype=np.float64)
+    with np.errstate(over="ignore"):
+        if mode == "relu":
+            d = (x > 0) * 1.0
+        elif mode == "clipped_relu":
+            d = ((x > 0) & (x < coef)) * 1.0
+        elif mode == "tanh":
+            d = 1.0 - np.tanh(x) ** 2
+        elif mode == "sigmoid":
+            s = 1.0 / (1.0 + np.exp(-x))
+            d = s * (1.0 - s)
+        elif mode == "elu":
+            d = np.where(x > 0, 1.0, coef * np.exp(np.minimum(x, 0)))
+        elif mode == "swish":
+            s = 1.0 / (1.0 + np.exp(-coef * x))
+            d = s + coef * x * s * (1.0 - s)
+        elif mode == "identity":
+            d = np.ones_like(x)
+        else:
+            raise ValueError(f"unknown activation mode {mode!r}")
+    return dy * d
+
+
+def _rows(x, mode):
+    """View x as (N, C, S) with the reduction over axis 1."""
+    x = np.asarray(x, dtype=np.float64)
+    n, c = x.shape[0], x.shape[1]
+    s = int(np.prod(x.shape[2:], dtype=np.int64))
+    return x.reshape(n, c * s, 1) if mode == "instance" else x.reshape(n, c, s)
+
+
+def softmax(x, algo="accurate", mode="channel"):
+    shape = np.shape(x)
+    r = _rows(x, mode)
+    m = r.max(axis=1, keepdims=True)
+    e = np.exp(r - m)
+    tot = e.sum(axis=1, keepdims=True)
+    out = (r - m - np.log(tot)) if algo == "log" else e / tot
+    return out.reshape(shape)
+
+
+def softmax_backward(y, dy, algo="accurate", mode="channel"):
+    shape = np.shape(y)
+    y, dy = _rows(y, mode), _rows(dy, mode)
+    if algo == "log":
+        out = dy - np.exp(y) * dy.sum(axis=1, keepdims=True)
+    else:
+        out = y * (dy - (dy * y).sum(axis=1, keepdims=True))
+    return out.reshape(shape)
+
+
+def rel_error(got, ref):
+    """max |got - ref| / max |ref| (inf when got has a NaN where ref does not)."""
+    got = np.asarray(got, dtype=np.float64)
+    ref = np.asarray(ref, dtype=np.float64)
+    if not np.array_equal(np.isnan(got), np.isnan(ref)):
+        return float("inf")
+    ok = ~np.isnan(ref)
+    if not ok.any():
+        return 0.0
+    scale = np.abs(ref[ok]).max()
+    err = np.abs(got[ok] - ref[ok]).max()
+    return float(err / scale) if scale > 0 else float(err)
