@@ -74,3 +74,17 @@ def status():
                    cudnn_path=st.path and os.fspath(st.path), cudnn_found_via=st.found_via,
                    cudnn_reason=st.reason)
     return Status(numba=numba_status(), policy=policy, **cud)
+
+
+def driver_available():
+    """True when a CUDA driver with at least one device is present. Uses cuda-bindings, so it
+    neither imports numba.cuda (which fixes simulator-or-not at import) nor touches ctypes."""
+    try:
+        from cuda.bindings import driver
+        err, = driver.cuInit(0)
+        if int(err) != 0:
+            return False
+        err, count = driver.cuDeviceGetCount()
+        return int(err) == 0 and count > 0
+    except Exception:
+        return False

@@ -11,6 +11,7 @@ Policy, per call: ``backend=None`` follows the ``dnn.enabled`` flag; ``"auto"``,
 
 import contextlib
 import dataclasses
+import functools
 import logging
 import threading
 
@@ -42,6 +43,21 @@ DEFAULT_TOLERANCE = {"float16": (1e-2, 1e-2), "float32": (1e-5, 1e-5), "float64"
 
 REGISTRY = {}   # op -> {backend: Impl}
 OPS = {}        # op -> OpInfo
+PREPARE = {}    # op -> fn(public args) -> tuple of implementation args (validated)
+
+
+def public_op(name):
+    """Decorator for an op's public function. The decorated body validates the user's
+    arguments and returns the tuple of (device) arguments the implementations take; the
+    returned wrapper adds ``backend=`` and dispatches. ``select_backend`` reuses the body."""
+    def deco(prepare):
+        @functools.wraps(prepare)
+        def wrapper(*args, backend=None, **kw):
+            return dispatch(name, *prepare(*args, **kw), backend=backend)
+        PREPARE[name] = prepare
+        wrapper.op_name = name
+        return wrapper
+    return deco
 
 
 def register(op, backend, *, supports=None, tolerance=None, crosscheck=True):
@@ -122,7 +138,7 @@ _announced = set()
 
 
 def _policy(op, backend):
-    if backend not in _POLICY_OF_BACKEND:
+    if not (backend is None or isinstance(backend, str)) or backend not in _POLICY_OF_BACKEND:
         raise ValueError(f"{op}: backend must be None, 'auto', 'cudnn' or 'numba'; got {backend!r}")
     pol = _POLICY_OF_BACKEND[backend]
     if pol is None:
@@ -165,9 +181,13 @@ def _choose(op, args, kw, backend):
 
 
 def select_backend(op, *args, backend=None, explain=False, **kw):
-    """Which backend ``op`` would run on with these (already validated) arguments, without
-    running it. With ``explain=True`` returns ``(backend, reason)``. Raises like the call would."""
-    chosen, reason, _ = _choose(op, args, kw, backend)
+    """Which backend ``op`` would run on for these arguments (as the public function takes
+    them: ``select_backend("softmax", x, algo="log")``), without running it. Host inputs are
+    copied to the device to validate them. With ``explain=True`` returns ``(backend, reason)``.
+    Raises what the call would raise (bad arguments, or CudnnUnavailableError when forced)."""
+    if op not in PREPARE:
+        raise ValueError(f"unknown op {op!r}; ops: {', '.join(sorted(PREPARE))}")
+    chosen, reason, _ = _choose(op, PREPARE[op](*args, **kw), {}, backend)
     return (chosen, reason) if explain else chosen
 
 

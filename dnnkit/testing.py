@@ -11,18 +11,11 @@ def assert_backends_agree(fn, *args, rtol=None, atol=None, **kw):
     ``CudnnUnavailableError`` when cuDNN cannot run the call. Returns the cuDNN result."""
     if "backend" in kw:
         raise TypeError("assert_backends_agree chooses the backends itself; drop backend=")
-    name = getattr(fn, "__name__", str(fn))
+    op = getattr(fn, "op_name", None) or getattr(fn, "__name__", str(fn))
     got = fn(*args, backend="cudnn", **kw)
     ref = fn(*args, backend="numba", **kw)
-    op = _op_name(name)
     compare(op, got, ref, labels=("cudnn", "numba"), rtol=rtol, atol=atol)
     return got
-
-
-def _op_name(fn_name):
-    aliases = {"log_softmax": "softmax", "relu": "activation", "tanh": "activation",
-               "sigmoid": "activation"}
-    return aliases.get(fn_name, fn_name)
 
 
 __all__ = ["assert_backends_agree", "CudnnUnavailableError"]

@@ -16,9 +16,12 @@ RELU, CLIPPED_RELU, TANH, SIGMOID, ELU, SWISH, IDENTITY = range(7)
 
 @cuda.jit(device=True, inline=True)
 def _sigmoid(v, one):
-    # 1 / (1 + e^-v): e^-v overflows to inf for v << 0 and the quotient then rounds to 0,
-    # which is the right limit.
-    return one / (one + math.exp(-v))
+    # exp of a non-positive argument only, so nothing overflows: 1/(1+e^-v) for v >= 0 and
+    # e^v/(1+e^v) for v < 0 (equal in exact arithmetic). NaN takes the second branch.
+    if v >= one - one:
+        return one / (one + math.exp(-v))
+    e = math.exp(v)
+    return e / (one + e)
 
 
 @cuda.jit(device=True, inline=True)

@@ -18,7 +18,10 @@ backward reads y and dy twice and writes dx once.
 
 ``acc`` is a one-element array holding 0 in the accumulation type (float32 for float16 and
 float32 data, float64 for float64): it types both the arithmetic (``x[i] + zero``) and the
-shared-memory scratch (``dtype=acc.dtype``), so one kernel serves every dtype.
+shared-memory scratch (``dtype=acc.dtype``), so one kernel serves every dtype. The scratch is
+dynamic shared memory of bx*by elements (the launcher passes its size); a static array would do
+on the GPU, but Numba's simulator allocates static shared arrays racily (two threads of a block
+can each create their own), which breaks the reduction there.
 """
 
 import math
@@ -57,7 +60,7 @@ def _block_reduce(red, val, op):
 @cuda.jit
 def softmax_fwd_kernel(x, y, n, c, s, algo, acc):
     """x, y: flat arrays of n*c*s elements; see the module docstring for the mapping."""
-    red = cuda.shared.array(MAX_THREADS, dtype=acc.dtype)
+    red = cuda.shared.array(0, dtype=acc.dtype)  # bx*by elements, sized at launch
     zero = acc[0]
     tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
     bx, by = cuda.blockDim.x, cuda.blockDim.y
@@ -95,7 +98,7 @@ def softmax_fwd_kernel(x, y, n, c, s, algo, acc):
 @cuda.jit
 def softmax_bwd_kernel(y, dy, dx, n, c, s, algo, acc):
     """dx from y and dy (flat, n*c*s elements); same mapping as the forward kernel."""
-    red = cuda.shared.array(MAX_THREADS, dtype=acc.dtype)
+    red = cuda.shared.array(0, dtype=acc.dtype)  # bx*by elements, sized at launch
     zero = acc[0]
     tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
     bx, by = cuda.blockDim.x, cuda.blockDim.y

@@ -16,7 +16,7 @@ it has no stand-alone identity, so identity always runs on Numba.
 import numpy as np
 
 from .. import arrays
-from ..dispatch import dispatch, register
+from ..dispatch import public_op, register
 
 MODES = ("relu", "clipped_relu", "tanh", "sigmoid", "elu", "swish", "identity")
 _MODE_ID = {m: i for i, m in enumerate(MODES)}   # matches kernels/activation.py
@@ -37,19 +37,22 @@ def _check(op, mode, coef):
     return coef
 
 
-def activation(x, mode="relu", coef=0.0, *, backend=None, stream=None):
+@public_op("activation")
+def activation(x, mode="relu", coef=0.0, *, stream=None):
     """Apply an activation elementwise; returns a new device array shaped like ``x``.
 
     ``coef`` is the ceiling of clipped_relu, the alpha of elu and the beta of swish (ignored
     otherwise). ``x`` is float16, float32 or float64, any shape, C-contiguous.
+    ``backend=None|"auto"|"cudnn"|"numba"`` overrides ``dnn.enabled`` for this call.
     """
     coef = _check("activation", mode, coef)
     s = arrays.as_stream(stream)
     x = arrays.device_input("activation", "x", x, s)
-    return dispatch("activation", x, mode, coef, s, backend=backend)
+    return x, mode, coef, s
 
 
-def activation_backward(x, y, dy, mode="relu", coef=0.0, *, backend=None, stream=None):
+@public_op("activation_backward")
+def activation_backward(x, y, dy, mode="relu", coef=0.0, *, stream=None):
     """Gradient of :func:`activation`: ``dx = dy * f'(x)``, given ``y = activation(x)``."""
     op = "activation_backward"
     coef = _check(op, mode, coef)
@@ -58,19 +61,19 @@ def activation_backward(x, y, dy, mode="relu", coef=0.0, *, backend=None, stream
     y = arrays.device_input(op, "y", y, s)
     dy = arrays.device_input(op, "dy", dy, s)
     arrays.same_shape(op, "x", x, y=y, dy=dy)
-    return dispatch(op, x, y, dy, mode, coef, s, backend=backend)
+    return x, y, dy, mode, coef, s
 
 
-def relu(x, **kw):
-    return activation(x, "relu", **kw)
+def _shortcut(mode):
+    def fn(x, *, backend=None, stream=None):
+        return activation(x, mode, backend=backend, stream=stream)
+    fn.__name__ = fn.__qualname__ = mode
+    fn.__doc__ = f"``activation(x, {mode!r})``."
+    fn.op_name = "activation"
+    return fn
 
 
-def tanh(x, **kw):
-    return activation(x, "tanh", **kw)
-
-
-def sigmoid(x, **kw):
-    return activation(x, "sigmoid", **kw)
+relu, tanh, sigmoid = _shortcut("relu"), _shortcut("tanh"), _shortcut("sigmoid")
 
 
 # ---------------------------------------------------------------- Numba

@@ -12,7 +12,7 @@ cuDNN: cudnnSoftmaxForward/Backward on the 4-D (N, C, H, W) descriptor ((N, C, 1
 """
 
 from .. import arrays
-from ..dispatch import dispatch, note_algo, register
+from ..dispatch import note_algo, public_op, register
 
 ALGOS = ("fast", "accurate", "log")
 _ALGO_ID = {"fast": 0, "accurate": 1, "log": 2}   # matches kernels/softmax.py
@@ -27,12 +27,14 @@ def _check(op, algo, mode):
         raise ValueError(f"{op}: mode must be one of {', '.join(MODES)}; got {mode!r}")
 
 
-def softmax(x, algo="accurate", mode="channel", *, backend=None, stream=None):
-    """Softmax of ``x`` ((N, C) or (N, C, H, W)); returns a new device array."""
+@public_op("softmax")
+def softmax(x, algo="accurate", mode="channel", *, stream=None):
+    """Softmax of ``x`` ((N, C) or (N, C, H, W)); returns a new device array.
+    ``backend=None|"auto"|"cudnn"|"numba"`` overrides ``dnn.enabled`` for this call."""
     _check("softmax", algo, mode)
     s = arrays.as_stream(stream)
     x = arrays.device_input("softmax", "x", x, s, ndim=(2, 4))
-    return dispatch("softmax", x, algo, mode, s, backend=backend)
+    return x, algo, mode, s
 
 
 def log_softmax(x, mode="channel", *, backend=None, stream=None):
@@ -40,7 +42,11 @@ def log_softmax(x, mode="channel", *, backend=None, stream=None):
     return softmax(x, "log", mode, backend=backend, stream=stream)
 
 
-def softmax_backward(y, dy, algo="accurate", mode="channel", *, backend=None, stream=None):
+log_softmax.op_name = "softmax"
+
+
+@public_op("softmax_backward")
+def softmax_backward(y, dy, algo="accurate", mode="channel", *, stream=None):
     """Gradient wrt x of ``y = softmax(x, algo, mode)``, from y and dy."""
     op = "softmax_backward"
     _check(op, algo, mode)
@@ -48,7 +54,7 @@ def softmax_backward(y, dy, algo="accurate", mode="channel", *, backend=None, st
     y = arrays.device_input(op, "y", y, s, ndim=(2, 4))
     dy = arrays.device_input(op, "dy", dy, s, ndim=(2, 4))
     arrays.same_shape(op, "y", y, dy=dy)
-    return dispatch(op, y, dy, algo, mode, s, backend=backend)
+    return y, dy, algo, mode, s
 
 
 def _ncs(shape, mode):
@@ -76,8 +82,9 @@ def _launch(kernel, shape, mode, algo, stream, *arrays_):
     by = _pow2_at_most(c, MAX_THREADS // bx)
     blocks = min(n * ((s + bx - 1) // bx), 65535)
     flat = [arrays.flat(a) for a in arrays_]
-    kernel[blocks, (bx, by), stream](*flat, n, c, s, _ALGO_ID[algo],
-                                     arrays.acc_array(arrays_[0].dtype))
+    acc = arrays.acc_array(arrays_[0].dtype)
+    scratch = bx * by * acc.dtype.itemsize
+    kernel[blocks, (bx, by), stream, scratch](*flat, n, c, s, _ALGO_ID[algo], acc)
 
 
 @register("softmax", "numba", tolerance=_TOL)

@@ -1,0 +1,153 @@
+"""Cross-check of every registered op on every available backend against float64 NumPy.
+
+``python -m dnnkit check`` prints one row per (op, variant, dtype, backend): the max relative
+error ``max|y - ref| / max|ref|`` and the median time of CUDA-event-timed runs after a warm-up
+(on the simulator: one host-timed run, only to show it ran).
+"""
+
+import dataclasses
+import statistics
+import time
+
+import numpy as np
+
+from . import ops, reference
+from .ops.activation import MODES as ACT_MODES
+from .dispatch import REGISTRY
+from .errors import CudnnUnavailableError
+
+# Pass thresholds on the relative error vs float64, per dtype (float16 has an 11-bit mantissa).
+THRESHOLD = {"float16": 5e-3, "float32": 1e-5, "float64": 1e-12}
+ACT_COEF = {"clipped_relu": 2.0, "elu": 1.0, "swish": 1.5}
+
+
+@dataclasses.dataclass
+class Case:
+    op: str
+    variant: str
+    run: object        # (backend, stream, inputs) -> device result
+    ref: object        # inputs (float64 NumPy) -> float64 NumPy
+    make: object       # (rng, dtype, big) -> tuple of NumPy inputs
+
+
+def _x(shape_small, shape_big, scale=3.0):
+    def make(rng, dtype, big):
+        shape = shape_big if big else shape_small
+        return (rng.standard_normal(shape).astype(dtype) * dtype.type(scale),)
+    return make
+
+
+def _act_backward_inputs(mode, coef, small, big):
+    def make(rng, dtype, b):
+        shape = big if b else small
+        x = rng.standard_normal(shape).astype(dtype) * dtype.type(3)
+        y = reference.activation(x, mode, coef).astype(dtype)
+        return x, y, rng.standard_normal(shape).astype(dtype)
+    return make
+
+
+def _softmax_backward_inputs(algo, mode, small, big):
+    def make(rng, dtype, b):
+        shape = big if b else small
+        x = rng.standard_normal(shape) * 3
+        y = reference.softmax(x, algo, mode).astype(dtype)
+        return y, rng.standard_normal(shape).astype(dtype)
+    return make
+
+
+def cases():
+    out = []
+    small, big = (3, 70), (64, 256, 56, 56)
+    for mode in ACT_MODES:
+        c = ACT_COEF.get(mode, 0.0)
+        out.append(Case("activation", mode,
+                        lambda b, s, i, m=mode, c=c: ops.activation(i[0], m, c, backend=b, stream=s),
+                        lambda i, m=mode, c=c: reference.activation(i[0], m, c),
+                        _x(small, big)))
+        out.append(Case("activation_backward", mode,
+                        lambda b, s, i, m=mode, c=c: ops.activation_backward(
+                            i[0], i[1], i[2], m, c, backend=b, stream=s),
+                        lambda i, m=mode, c=c: reference.activation_backward(i[0], i[2], m, c),
+                        _act_backward_inputs(mode, c, small, big)))
+    sm_small, sm_big = (2, 5, 3, 4), (64, 1000, 8, 8)
+    for algo in ("accurate", "fast", "log"):
+        for mode in ("channel", "instance"):
+            out.append(Case("softmax", f"{algo}/{mode}",
+                            lambda b, s, i, a=algo, m=mode: ops.softmax(i[0], a, m, backend=b,
+                                                                         stream=s),
+                            lambda i, a=algo, m=mode: reference.softmax(i[0], a, m),
+                            _x(sm_small, sm_big, scale=2.0)))
+            out.append(Case("softmax_backward", f"{algo}/{mode}",
+                            lambda b, s, i, a=algo, m=mode: ops.softmax_backward(
+                                i[0], i[1], a, m, backend=b, stream=s),
+                            lambda i, a=algo, m=mode: reference.softmax_backward(i[0], i[1], a, m),
+                            _softmax_backward_inputs(algo, mode, sm_small, sm_big)))
+    missing = set(REGISTRY) - {c.op for c in out}
+    if missing:  # every registered op must be cross-checked
+        raise RuntimeError(f"selfcheck has no case for {sorted(missing)}")
+    return out
+
+
+def _time_gpu(fn, reps):
+    from numba import cuda
+    for _ in range(3):
+        fn()
+    times = []
+    for _ in range(reps):
+        start, stop = cuda.event(), cuda.event()
+        start.record()
+        fn()
+        stop.record()
+        stop.synchronize()
+        times.append(cuda.event_elapsed_time(start, stop))
+    return statistics.median(times)
+
+
+def _time_sim(fn):
+    t0 = time.perf_counter()
+    fn()
+    return (time.perf_counter() - t0) * 1e3
+
+
+def run(dtypes=("float16", "float32", "float64"), reps=20, seed=0, simulator=None, ops_=None):
+    """Yield result rows (dicts) for every case, dtype and runnable backend."""
+    from numba import cuda
+    from .backends import numba_status
+    sim = numba_status().simulator if simulator is None else simulator
+    big = not sim
+    rng = np.random.default_rng(seed)
+    for case in cases():
+        if ops_ and case.op not in ops_:
+            continue
+        for dt in map(np.dtype, dtypes):
+            host = case.make(rng, dt, big)
+            ref = case.ref([h.astype(np.float64) for h in host])
+            dev = [cuda.to_device(h) for h in host]
+            for backend in ("numba", "cudnn"):
+                row = dict(op=case.op, variant=case.variant, dtype=dt.name, backend=backend,
+                           shape=host[0].shape)
+                fn = lambda: case.run(backend, None, dev)  # noqa: E731
+                try:
+                    got = fn().copy_to_host()
+                except CudnnUnavailableError:
+                    row.update(status="skipped", note="cuDNN unavailable")
+                    yield row
+                    continue
+                err = reference.rel_error(got, ref)
+                ms = _time_sim(fn) if sim else _time_gpu(fn, reps)
+                ok = err <= THRESHOLD[dt.name]
+                row.update(status="ok" if ok else "FAIL", rel_err=err, ms=ms)
+                yield row
+
+
+def format_table(rows):
+    head = f"{'op':<20} {'variant':<18} {'dtype':<8} {'backend':<7} {'rel err':>9} {'ms':>9}  status"
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        if r["status"] == "skipped":
+            lines.append(f"{r['op']:<20} {r['variant']:<18} {r['dtype']:<8} {r['backend']:<7} "
+                         f"{'-':>9} {'-':>9}  skipped: {r['note']}")
+        else:
+            lines.append(f"{r['op']:<20} {r['variant']:<18} {r['dtype']:<8} {r['backend']:<7} "
+                         f"{r['rel_err']:9.2e} {r['ms']:9.4f}  {r['status']}")
+    return "\n".join(lines)

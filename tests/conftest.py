@@ -1,0 +1,68 @@
+"""Test set-up: the CUDA simulator when there is no GPU, markers, and clean flags per test."""
+
+import os
+import zlib
+import sys
+
+from dnnkit.backends import driver_available
+
+HAVE_DRIVER = driver_available()
+if not HAVE_DRIVER:
+    # Must be set before numba.cuda is first imported.
+    os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")
+# The simulator runs one Python thread per CUDA thread; switch often so barriers are cheap.
+sys.setswitchinterval(1e-4)
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+from dnnkit import config  # noqa: E402
+
+SIMULATOR = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
+
+
+def cudnn_ok():
+    from dnnkit.cudnn import loader
+    return loader.status("").available
+
+
+def pytest_collection_modifyitems(config, items):  # noqa: F811 - pytest hook name
+    skip_gpu = pytest.mark.skip(reason="needs a real CUDA GPU (running on the simulator)")
+    skip_cudnn = None
+    for item in items:
+        if "gpu" in item.keywords and SIMULATOR:
+            item.add_marker(skip_gpu)
+        if "cudnn" in item.keywords:
+            if skip_cudnn is None:
+                from dnnkit.cudnn import loader
+                st = loader.status("")
+                skip_cudnn = False if st.available else pytest.mark.skip(
+                    reason=f"cuDNN unavailable: {st.reason}")
+            if skip_cudnn:
+                item.add_marker(skip_cudnn)
+
+
+@pytest.fixture(autouse=True)
+def _clean_flags(monkeypatch):
+    """Every test starts from the defaults (no env, no rc file) and leaves no assignment."""
+    monkeypatch.delenv("DNNKIT_FLAGS", raising=False)
+    monkeypatch.setenv("DNNKIT_RC", os.devnull + ".absent")
+    config.reset()
+    yield
+    config.reset()
+
+
+@pytest.fixture
+def rng(request):
+    # A fresh stream per test, seeded from its name so failures reproduce.
+    return np.random.default_rng(zlib.crc32(request.node.nodeid.encode()))
+
+
+def backend_params():
+    """[numba, cudnn] with cudnn skipped where it cannot run."""
+    return ["numba", pytest.param("cudnn", marks=pytest.mark.cudnn)]
+
+
+DTYPES = ["float16", "float32", "float64"]
+# max relative error (max|y - ref| / max|ref|) accepted vs the float64 reference
+REL_TOL = {"float16": 4e-3, "float32": 2e-6, "float64": 1e-13}

@@ -1,0 +1,123 @@
+import numpy as np
+import pytest
+
+import dnnkit
+from dnnkit import reference
+from tests.conftest import DTYPES, REL_TOL, backend_params
+
+MODES = ["relu", "clipped_relu", "tanh", "sigmoid", "elu", "swish", "identity"]
+COEF = {"clipped_relu": 1.5, "elu": 0.7, "swish": 1.3}
+SHAPES = [(37,), (3, 5, 7), (2, 3, 4, 5)]
+
+
+def _mode_backend():
+    out = []
+    for m in MODES:
+        out.append(pytest.param(m, "numba", id=f"{m}-numba"))
+        if m != "identity":  # cuDNN has no stand-alone identity
+            out.append(pytest.param(m, "cudnn", id=f"{m}-cudnn", marks=pytest.mark.cudnn))
+    return out
+
+
+def _input(rng, shape, dtype):
+    return (rng.standard_normal(shape) * 3).astype(dtype)
+
+
+def _rel(got, ref):
+    return reference.rel_error(got, ref)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("mode,backend", _mode_backend())
+def test_forward_and_backward_match_float64(rng, mode, backend, dtype, shape):
+    coef = COEF.get(mode, 0.0)
+    x = _input(rng, shape, dtype)
+    with dnnkit.trace() as t:
+        y = dnnkit.activation(x, mode, coef, backend=backend)
+    assert t.backends() == [backend]
+    got = y.copy_to_host()
+    assert got.dtype == np.dtype(dtype) and got.shape == shape
+    ref = reference.activation(x.astype(np.float64), mode, coef)
+    assert _rel(got, ref) <= REL_TOL[dtype]
+
+    dy = _input(rng, shape, dtype)
+    dx = dnnkit.activation_backward(x, got, dy, mode, coef, backend=backend).copy_to_host()
+    ref_dx = reference.activation_backward(x.astype(np.float64), dy.astype(np.float64), mode, coef)
+    # y enters the slope in y's precision, so allow that rounding on top of the op's own.
+    assert _rel(dx, ref_dx) <= 4 * REL_TOL[dtype]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_reference_gradient_is_the_derivative(rng, mode):
+    """The float64 backward reference against central finite differences of the forward."""
+    coef = COEF.get(mode, 0.0)
+    x = rng.standard_normal(200) * 3
+    x = x[(np.abs(x) > 1e-3) & (np.abs(x - coef) > 1e-3)]  # stay off the kinks
+    h = 1e-6
+    fd = (reference.activation(x + h, mode, coef) - reference.activation(x - h, mode, coef)) / (2 * h)
+    assert np.allclose(reference.activation_backward(x, np.ones_like(x), mode, coef), fd,
+                       rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("backend", backend_params())
+@pytest.mark.parametrize("mode", ["relu", "clipped_relu", "tanh", "sigmoid", "elu", "swish"])
+def test_nan_propagates(mode, backend):
+    x = np.array([np.nan, -1.0, 0.5, np.nan, 2.0], dtype=np.float32)
+    y = dnnkit.activation(x, mode, COEF.get(mode, 0.0), backend=backend).copy_to_host()
+    assert np.isnan(y[[0, 3]]).all() and not np.isnan(y[[1, 2, 4]]).any()
+
+
+@pytest.mark.parametrize("backend", backend_params())
+def test_extreme_inputs_do_not_overflow(backend):
+    x = np.array([-1e4, -100.0, 100.0, 1e4], dtype=np.float32)
+    y = dnnkit.sigmoid(x, backend=backend).copy_to_host()
+    assert np.array_equal(y, [0.0, 0.0, 1.0, 1.0]) or np.allclose(y, [0, 0, 1, 1], atol=1e-30)
+    y = dnnkit.activation(x, "swish", 1.0, backend=backend).copy_to_host()
+    assert np.isfinite(y).all()
+
+
+def test_shortcuts_and_empty_input():
+    x = np.array([-2.0, 0.25, 3.0])
+    assert np.allclose(dnnkit.relu(x).copy_to_host(), [0, 0.25, 3])
+    assert np.allclose(dnnkit.tanh(x).copy_to_host(), np.tanh(x))
+    assert np.allclose(dnnkit.sigmoid(x).copy_to_host(), 1 / (1 + np.exp(-x)))
+    empty = dnnkit.activation(np.zeros((0, 3), np.float32), "tanh")
+    assert empty.shape == (0, 3)
+
+
+@pytest.mark.parametrize("call,exc,words", [
+    (lambda x: dnnkit.activation(x, "gelu"), ValueError, ["activation", "gelu", "relu"]),
+    (lambda x: dnnkit.activation(x, "clipped_relu", 0.0), ValueError, ["clipped_relu", "0.0"]),
+    (lambda x: dnnkit.activation(x, "elu", "big"), TypeError, ["coef", "big"]),
+    (lambda x: dnnkit.activation(x, "elu", float("nan")), ValueError, ["coef", "nan"]),
+    (lambda x: dnnkit.activation(x.astype(np.int32)), TypeError, ["activation", "int32"]),
+    (lambda x: dnnkit.activation(x.astype(np.complex64)), TypeError, ["complex64"]),
+    (lambda x: dnnkit.activation_backward(x, x, x[:2]), ValueError, ["dy", "(2, 4)", "(3, 4)"]),
+    (lambda x: dnnkit.activation_backward(x, x.astype(np.float64), x), TypeError,
+     ["y", "float64", "float32"]),
+    (lambda x: dnnkit.activation(x, backend="cudann"), ValueError, ["backend", "cudann"]),
+    (lambda x: dnnkit.activation("abc"), TypeError, ["activation", "x"]),
+])
+def test_bad_arguments_name_op_and_values(call, exc, words):
+    x = np.ones((3, 4), np.float32)
+    with pytest.raises(exc) as ei:
+        call(x)
+    for w in words:
+        assert w in str(ei.value)
+
+
+def test_non_contiguous_device_input_is_rejected():
+    from numba import cuda
+    d = cuda.to_device(np.ones((4, 6), np.float32))[:, ::2]
+    with pytest.raises(ValueError, match=r"activation: x must be C-contiguous"):
+        dnnkit.activation(d)
+
+
+def test_device_input_is_used_without_copy_and_output_is_device():
+    from numba import cuda
+    from dnnkit import arrays
+    d = cuda.to_device(np.ones((2, 3), np.float32))
+    assert arrays.device_input("activation", "x", d, cuda.default_stream()) is d
+    y = dnnkit.relu(d)
+    assert arrays.is_device_array(y)
