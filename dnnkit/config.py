@@ -205,7 +205,11 @@ def change_flags(flags=None, **kwargs):
     try:
         yield
     finally:
-        stack.remove(layer)
+        # By identity: nested blocks may hold equal dicts, and they must unwind in order.
+        for i in range(len(stack) - 1, -1, -1):
+            if stack[i] is layer:
+                del stack[i]
+                break
 
 
 class _Namespace:

@@ -108,7 +108,15 @@ def trace():
     try:
         yield t
     finally:
-        stack.remove(t)
+        _remove_identical(stack, t)
+
+
+def _remove_identical(stack, item):
+    """Remove ``item`` itself (not an equal one: two traces can hold the same entries)."""
+    for i in range(len(stack) - 1, -1, -1):
+        if stack[i] is item:
+            del stack[i]
+            return
 
 
 def note_algo(algo):
@@ -157,10 +165,12 @@ def _cudnn_reason(op, args, kw):
     impl = REGISTRY.get(op, {}).get("cudnn")
     if impl is None:
         return "dnnkit has no cuDNN implementation of this op"
-    st = cudnn_status()
-    if not st.available:
-        return st.describe()
-    return impl.supports(*args, **kw) if impl.supports else None
+    # The arguments first: that needs no library, and it is the more specific answer.
+    reason = impl.supports(*args, **kw) if impl.supports else None
+    if reason is None:
+        st = cudnn_status()
+        reason = None if st.available else st.describe()
+    return reason
 
 
 def _choose(op, args, kw, backend):
@@ -263,7 +273,8 @@ def compare(op, got, expected, *, labels=("a", "b"), rtol=None, atol=None):
         a64, b64 = a.astype(np.float64), b.astype(np.float64)
         nan_a, nan_b = np.isnan(a64), np.isnan(b64)
         finite = np.isfinite(a64) & np.isfinite(b64)
-        diff = np.abs(a64 - b64)
+        with np.errstate(invalid="ignore"):   # inf - inf where both are inf
+            diff = np.abs(a64 - b64)
         max_abs = float(diff[finite].max()) if finite.any() else 0.0
         max_rel = float((diff[finite] / np.maximum(np.abs(b64[finite]), 1e-30)).max()) \
             if finite.any() else 0.0

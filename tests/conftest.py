@@ -45,11 +45,13 @@ def pytest_collection_modifyitems(config, items):  # noqa: F811 - pytest hook na
 @pytest.fixture(autouse=True)
 def _clean_flags(monkeypatch):
     """Every test starts from the defaults (no env, no rc file) and leaves no assignment."""
-    monkeypatch.delenv("DNNKIT_FLAGS", raising=False)
-    monkeypatch.setenv("DNNKIT_RC", os.devnull + ".absent")
-    config.reset()
+    def clean():
+        monkeypatch.delenv("DNNKIT_FLAGS", raising=False)
+        monkeypatch.setenv("DNNKIT_RC", os.devnull + ".absent")
+        config.reset()
+    clean()
     yield
-    config.reset()
+    clean()
 
 
 @pytest.fixture

@@ -1,0 +1,40 @@
+import os
+import subprocess
+import sys
+
+from tests.conftest import HAVE_DRIVER
+
+
+def _run(*args, env=None):
+    e = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
+    e.update(env or {})
+    return subprocess.run([sys.executable, "-m", "dnnkit", *args], capture_output=True,
+                          text=True, env=e, timeout=600)
+
+
+def test_info_prints_both_backends_and_flags():
+    r = _run("info", env={"DNNKIT_FLAGS": "dnn.verbose=True"})
+    assert r.returncode == 0, r.stderr
+    out = r.stdout
+    assert "cuDNN       : " in out and "version   : 9." in out and "found via : " in out
+    assert "Numba       : " in out
+    assert "dnn.verbose          = True         (env)" in out
+    if not HAVE_DRIVER:
+        assert "running on Numba's CUDA simulator" in out
+        assert "reason    : no CUDA device (cudnnCreate returned CUDNN_STATUS_NOT_INITIALIZED)" in out
+
+
+def test_check_prints_a_passing_table():
+    r = _run("check", "--ops", "softmax,activation_backward", "--dtypes", "float32")
+    assert r.returncode == 0, r.stdout + r.stderr
+    lines = r.stdout.splitlines()
+    rows = [ln for ln in lines if ln.startswith(("softmax ", "activation_backward "))]
+    assert len(rows) == 2 * (6 + 7)  # (6 softmax variants + 7 modes) x 2 backends
+    assert all(ln.rstrip().endswith(("ok", "skipped: cuDNN unavailable")) for ln in rows)
+    assert sum(ln.rstrip().endswith("ok") for ln in rows) >= 13
+    assert "0 failed" in lines[-1]
+
+
+def test_no_command_shows_help():
+    r = _run()
+    assert r.returncode == 2 and "info" in r.stdout and "check" in r.stdout

@@ -1,0 +1,108 @@
+"""Discovery and failure modes with the real cuDNN 9 wheel (nvidia-cudnn-cu12/cu13), no mocks."""
+
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from dnnkit.cudnn import loader
+from tests.conftest import HAVE_DRIVER
+
+
+@pytest.fixture(scope="module")
+def real():
+    st = loader.status("")
+    assert st.path, f"the cuDNN wheel must be installed for the tests: {st.reason}"
+    return st
+
+
+def test_wheel_is_found_and_versioned(real):
+    assert real.found_via == "site-packages"
+    assert os.path.basename(real.path) == "libcudnn.so.9"
+    assert real.version >= 90000 and real.version_string.startswith("9.")
+
+
+@pytest.mark.skipif(HAVE_DRIVER, reason="this machine has a CUDA driver")
+def test_no_device_reason_comes_from_cudnnCreate(real):
+    assert not real.available
+    assert real.reason == "no CUDA device (cudnnCreate returned CUDNN_STATUS_NOT_INITIALIZED)"
+    assert f"found cuDNN {real.version_string} at {real.path}" in real.describe()
+
+
+def test_explicit_file_path(real):
+    st = loader.status(real.path)
+    assert (st.path, st.found_via, st.version) == (real.path, "dnn.library_path", real.version)
+    assert st.available == real.available
+
+
+def test_empty_folder(tmp_path):
+    st = loader.status(str(tmp_path))
+    assert not st.available and st.path is None
+    assert st.reason.startswith("library not found") and "without libcudnn.so.9" in st.reason
+
+
+def test_missing_path(tmp_path):
+    st = loader.status(str(tmp_path / "nowhere"))
+    assert not st.available and "does not exist" in st.reason
+
+
+def _partial_copy(real, dest, keep):
+    src = os.path.dirname(real.path)
+    for name in keep:
+        shutil.copy(os.path.join(src, name), dest / name)
+
+
+def test_folder_with_only_the_main_library(real, tmp_path):
+    _partial_copy(real, tmp_path, ["libcudnn.so.9"])
+    st = loader.status(str(tmp_path))
+    assert not st.available and st.version is None  # no cuDNN call was made
+    assert st.reason.startswith("sub-library missing: libcudnn_graph.so.9, libcudnn_ops.so.9, "
+                                "libcudnn_cnn.so.9, libcudnn_adv.so.9 not beside")
+
+
+def test_folder_missing_one_sub_library(real, tmp_path):
+    src = os.path.dirname(real.path)
+    _partial_copy(real, tmp_path, ["libcudnn.so.9"])  # a copy, so its real folder is tmp_path
+    for name in os.listdir(src):
+        if name not in ("libcudnn_adv.so.9", "libcudnn.so.9"):
+            os.symlink(os.path.join(src, name), tmp_path / name)
+    st = loader.status(str(tmp_path))
+    assert st.reason.startswith("sub-library missing: libcudnn_adv.so.9 not beside")
+
+
+def _run(code, **env):
+    e = dict(os.environ, **env)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=e,
+                          timeout=300)
+
+
+_MAPS = "open('/proc/self/maps').read().count('libcudnn')"
+
+
+def test_forced_with_a_broken_folder_raises_and_does_not_abort(real, tmp_path):
+    _partial_copy(real, tmp_path, ["libcudnn.so.9"])
+    code = ("import dnnkit, numpy as np\n"
+            "try:\n    dnnkit.relu(np.ones(3, np.float32))\n"
+            "except dnnkit.CudnnUnavailableError as e:\n    print('RAISED', e)\n")
+    r = _run(code, DNNKIT_FLAGS=f"dnn.enabled=forced,dnn.library_path={tmp_path}")
+    assert r.returncode == 0, r.stderr
+    assert "RAISED activation: cuDNN is required (dnn.enabled=forced) but cannot be used: " \
+           "sub-library missing: libcudnn_graph.so.9" in r.stdout
+
+
+def test_disabled_never_loads_cudnn_and_auto_does():
+    code = f"import dnnkit, numpy as np\ndnnkit.relu(np.ones(3, np.float32))\nprint({_MAPS})"
+    r = _run(code, DNNKIT_FLAGS="dnn.enabled=disabled")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split()[-1] == "0"
+    r = _run(code, DNNKIT_FLAGS="dnn.enabled=auto")
+    assert r.returncode == 0, r.stderr
+    assert int(r.stdout.split()[-1]) > 0
+
+
+def test_import_does_not_load_cudnn_or_numba_cuda():
+    r = _run("import sys, dnnkit\nprint('numba.cuda' in sys.modules, " + _MAPS + ")")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["False", "0"]

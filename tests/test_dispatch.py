@@ -1,0 +1,212 @@
+"""Which path runs under each policy; runtime fallback; cross-checking; tracing; logging."""
+
+import logging
+
+import numpy as np
+import pytest
+
+import dnnkit
+from dnnkit import config, dispatch
+from dnnkit.cudnn.loader import CudnnStatus
+from dnnkit.errors import CrosscheckError, CudnnError, CudnnUnavailableError
+from tests.conftest import cudnn_ok
+
+X = np.linspace(-2, 2, 12, dtype=np.float32).reshape(3, 4)
+
+
+def test_auto_picks_cudnn_when_it_can_else_numba():
+    with dnnkit.trace() as t:
+        dnnkit.softmax(X)
+        dnnkit.activation(X, "identity")   # cuDNN has no identity: always Numba
+    assert t.backends() == ["cudnn" if cudnn_ok() else "numba", "numba"]
+    assert "identity" in t[1].reason
+
+
+@pytest.mark.skipif(cudnn_ok(), reason="cuDNN works here")
+def test_forced_raises_with_op_and_reason():
+    config.dnn.enabled = "forced"
+    with pytest.raises(CudnnUnavailableError) as ei:
+        dnnkit.softmax(X)
+    st = dispatch.cudnn_status()
+    assert str(ei.value) == (f"softmax: cuDNN is required (dnn.enabled=forced) but cannot be "
+                             f"used: {st.describe()}")
+    assert ei.value.op == "softmax" and ei.value.reason == st.describe()
+    with pytest.raises(CudnnUnavailableError, match=r"^relu|^activation: cuDNN is required "
+                       r"\(backend='cudnn'\)"):
+        config.dnn.enabled = "auto"
+        dnnkit.relu(X, backend="cudnn")
+
+
+def test_forced_identity_names_the_unsupported_argument():
+    with pytest.raises(CudnnUnavailableError, match="activation: .*forced.*identity"):
+        with config.change_flags({"dnn.enabled": "forced"}):
+            dnnkit.activation(X, "identity")
+
+
+def test_per_call_backend_overrides_the_flag():
+    config.dnn.enabled = "forced"
+    with dnnkit.trace() as t:
+        dnnkit.relu(X, backend="numba")
+    assert t.backends() == ["numba"] and t[0].reason == "backend='numba'"
+
+
+def test_disabled_runs_numba():
+    with config.change_flags({"dnn.enabled": "disabled"}), dnnkit.trace() as t:
+        dnnkit.tanh(X)
+        dnnkit.softmax(X, backend="auto")
+    assert t.backends() == ["numba", "cudnn" if cudnn_ok() else "numba"]
+    assert t[0].reason == "dnn.enabled=disabled"
+
+
+def test_select_backend_answers_without_running():
+    with dnnkit.trace() as t:
+        b, why = dnnkit.select_backend("softmax", X, algo="log", explain=True)
+        assert dnnkit.select_backend("activation", X, "identity") == "numba"
+        assert dnnkit.select_backend("softmax", X, backend="numba") == "numba"
+    assert len(t) == 0
+    assert b == ("cudnn" if cudnn_ok() else "numba") and why
+    with pytest.raises(ValueError, match="softmax: algo must be"):
+        dnnkit.select_backend("softmax", X, algo="nope")
+    with pytest.raises(ValueError, match="unknown op 'conv9d'"):
+        dnnkit.select_backend("conv9d", X)
+    if not cudnn_ok():
+        with pytest.raises(CudnnUnavailableError):
+            dnnkit.select_backend("softmax", X, backend="cudnn")
+
+
+def test_trace_records_op_backend_algo_shapes_dtype():
+    with dnnkit.trace() as outer:
+        with dnnkit.trace() as inner:
+            dnnkit.log_softmax(X.astype(np.float64))
+        dnnkit.relu(X)
+    assert [(e.op, e.algo, e.shapes, e.dtype) for e in inner] == \
+        [("softmax", "log", ((3, 4),), "float64")]
+    assert outer.ops() == ["softmax", "activation"]
+
+
+def test_fallback_is_logged_once_and_verbose_logs_every_decision(caplog):
+    if cudnn_ok():
+        pytest.skip("cuDNN works here: nothing falls back")
+    dispatch._announced.clear()
+    with caplog.at_level(logging.INFO, logger="dnnkit"):
+        dnnkit.relu(X)
+        dnnkit.relu(X)
+    notes = [r for r in caplog.records if "cuDNN not used" in r.getMessage()]
+    assert len(notes) == 1 and "NOT_INITIALIZED" in notes[0].getMessage()
+    assert not [r for r in caplog.records if r.getMessage().startswith("activation: numba")]
+    caplog.clear()
+    config.dnn.verbose = True
+    with caplog.at_level(logging.INFO, logger="dnnkit"):
+        dnnkit.relu(X)
+    assert [r.getMessage() for r in caplog.records if r.levelno == logging.INFO][-1] \
+        .startswith("activation: numba backend (no CUDA device")
+
+
+# ------------------------------------------------ dispatcher logic with a test-only op
+
+@pytest.fixture
+def fake_op(monkeypatch):
+    """An op 'fake' whose cuDNN side is scripted, with cuDNN reported available."""
+    monkeypatch.setattr(dispatch, "cudnn_status", lambda: CudnnStatus(True, version=91900))
+    script = {"cudnn": lambda a: a * 2, "numba": lambda a: a * 2, "supports": None}
+    dispatch.register("fake", "numba")(lambda a: script["numba"](a))
+    dispatch.register("fake", "cudnn", supports=lambda a: script["supports"])(
+        lambda a: script["cudnn"](a))
+    yield script
+    dispatch.REGISTRY.pop("fake")
+    dispatch.OPS.pop("fake")
+
+
+def _raise(status):
+    def fn(a):
+        raise CudnnError("cudnnFake", status, {3000: "CUDNN_STATUS_NOT_SUPPORTED",
+                                               3002: "CUDNN_STATUS_NOT_SUPPORTED_SHAPE",
+                                               2000: "CUDNN_STATUS_BAD_PARAM"}[status],
+                         "x (2,)")
+    return fn
+
+
+@pytest.mark.parametrize("status", [3000, 3002])
+def test_runtime_not_supported_falls_back_under_auto_only(fake_op, status):
+    fake_op["cudnn"] = _raise(status)
+    a = np.arange(2.0)
+    with dnnkit.trace() as t:
+        assert np.array_equal(dispatch.dispatch("fake", a), a * 2)
+    assert t.backends() == ["numba"] and "at run time" in t[0].reason
+    with pytest.raises(CudnnError, match="cudnnFake failed with CUDNN_STATUS_NOT_SUPPORTED"):
+        dispatch.dispatch("fake", a, backend="cudnn")
+
+
+def test_other_cudnn_errors_propagate(fake_op):
+    fake_op["cudnn"] = _raise(2000)
+    with pytest.raises(CudnnError) as ei:
+        dispatch.dispatch("fake", np.arange(2.0))
+    assert (ei.value.function, ei.value.status_name, ei.value.context) == \
+        ("cudnnFake", "CUDNN_STATUS_BAD_PARAM", "x (2,)")
+
+
+def test_supports_predicate_routes_and_forced_reports_it(fake_op):
+    fake_op["supports"] = "odd sizes are not supported"
+    assert dispatch.select_backend.__name__  # public
+    with dnnkit.trace() as t:
+        dispatch.dispatch("fake", np.arange(3.0))
+    assert t.backends() == ["numba"] and t[0].reason == "odd sizes are not supported"
+    with pytest.raises(CudnnUnavailableError, match="fake: cuDNN is required .* odd sizes"):
+        dispatch.dispatch("fake", np.arange(3.0), backend="cudnn")
+
+
+def test_crosscheck_passes_when_backends_agree_and_raises_when_not(fake_op):
+    config.dnn.crosscheck = True
+    a = np.linspace(1, 2, 5)
+    dispatch.dispatch("fake", a)
+    fake_op["numba"] = lambda v: v * 2 * (1 + 1e-3)
+    with pytest.raises(CrosscheckError) as ei:
+        dispatch.dispatch("fake", a)
+    e = ei.value
+    assert e.op == "fake" and e.max_abs == pytest.approx(4e-3) and e.max_rel == pytest.approx(1e-3, rel=1e-2)
+    assert "cudnn vs numba max abs error 0.004" in str(e)
+
+
+def test_assert_backends_agree(fake_op):
+    def fake(a, backend=None):
+        return dispatch.dispatch("fake", a, backend=backend)
+    out = dnnkit.testing.assert_backends_agree(fake, np.ones(4))
+    assert np.array_equal(out, np.full(4, 2.0))
+    fake_op["cudnn"] = lambda v: v * 2 + 1e-3
+    with pytest.raises(CrosscheckError, match="max abs error 0.001"):
+        dnnkit.testing.assert_backends_agree(fake, np.ones(4))
+    dnnkit.testing.assert_backends_agree(fake, np.ones(4), atol=1e-2)
+
+
+@pytest.mark.skipif(cudnn_ok(), reason="cuDNN works here")
+def test_crosscheck_without_cudnn_warns_once_and_returns(caplog):
+    config.dnn.crosscheck = True
+    dispatch._announced.clear()
+    with caplog.at_level(logging.WARNING, logger="dnnkit"):
+        y1 = dnnkit.relu(X)
+        dnnkit.relu(X)
+    assert np.array_equal(y1.copy_to_host(), np.maximum(X, 0))
+    assert len([r for r in caplog.records if "not cross-checked" in r.getMessage()]) == 1
+    with pytest.raises(CudnnUnavailableError):
+        dnnkit.testing.assert_backends_agree(dnnkit.relu, X)
+
+
+@pytest.mark.parametrize("a,b,ok", [
+    ([1.0, np.nan, np.inf], [1.0, np.nan, np.inf], True),
+    ([1.0, np.nan, 2.0], [1.0, 2.0, 2.0], False),
+    ([1.0, np.inf], [1.0, -np.inf], False),
+    ([1.0, 2.0], [1.0, 2.0 + 1e-9], True),
+    ([1.0, 2.0], [1.0, 2.1], False),
+])
+def test_compare_treats_nan_and_inf_as_ieee(a, b, ok):
+    a, b = np.array(a, np.float32), np.array(b, np.float32)
+    if ok:
+        dispatch.compare("x", a, b)
+    else:
+        with pytest.raises(CrosscheckError):
+            dispatch.compare("x", a, b)
+
+
+def test_unknown_backend_names_the_op():
+    with pytest.raises(ValueError, match=r"softmax: backend must be .*got 'tpu'"):
+        dnnkit.softmax(X, backend="tpu")
