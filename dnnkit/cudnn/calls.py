@@ -12,6 +12,11 @@ from .enums import ACTIVATION, SOFTMAX_ALGO, SOFTMAX_MODE
 
 
 def _ptr(a):
+    # Numba arrays: read the pointer directly (their __cuda_array_interface__ also converts
+    # the array's stream, which warns under cuda-bindings 13); others through the interface.
+    p = getattr(a, "device_ctypes_pointer", None)
+    if p is not None:
+        return ctypes.c_void_p(p.value)
     return ctypes.c_void_p(a.__cuda_array_interface__["data"][0] or None)
 
 

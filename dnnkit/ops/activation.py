@@ -17,6 +17,7 @@ import numpy as np
 
 from .. import arrays
 from ..dispatch import public_op, register
+from ..launch import launch
 
 MODES = ("relu", "clipped_relu", "tanh", "sigmoid", "elu", "swish", "identity")
 _MODE_ID = {m: i for i, m in enumerate(MODES)}   # matches kernels/activation.py
@@ -81,7 +82,7 @@ relu, tanh, sigmoid = _shortcut("relu"), _shortcut("tanh"), _shortcut("sigmoid")
 def _launch(kernel, n, stream, *args):
     if n:
         blocks, threads = arrays.grid_1d(n)
-        kernel[blocks, threads, stream](*args)
+        launch(kernel, blocks, threads, stream, args)
 
 
 @register("activation", "numba", tolerance=_TOL)

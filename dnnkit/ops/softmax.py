@@ -13,6 +13,7 @@ cuDNN: cudnnSoftmaxForward/Backward on the 4-D (N, C, H, W) descriptor ((N, C, 1
 
 from .. import arrays
 from ..dispatch import note_algo, public_op, register
+from ..launch import launch
 
 ALGOS = ("fast", "accurate", "log")
 _ALGO_ID = {"fast": 0, "accurate": 1, "log": 2}   # matches kernels/softmax.py
@@ -84,7 +85,7 @@ def _launch(kernel, shape, mode, algo, stream, *arrays_):
     flat = [arrays.flat(a) for a in arrays_]
     acc = arrays.acc_array(arrays_[0].dtype)
     scratch = bx * by * acc.dtype.itemsize
-    kernel[blocks, (bx, by), stream, scratch](*flat, n, c, s, _ALGO_ID[algo], acc)
+    launch(kernel, blocks, (bx, by), stream, (*flat, n, c, s, _ALGO_ID[algo], acc), scratch)
 
 
 @register("softmax", "numba", tolerance=_TOL)
