@@ -27,7 +27,8 @@ def launch(kernel, grid, block, stream, args, shared=0):
         return
     from numba.core.errors import NumbaPerformanceWarning
     with warnings.catch_warnings():
+        # Numba wraps the message in terminal colour codes, hence the leading ".*".
         warnings.filterwarnings("ignore", category=NumbaPerformanceWarning,
-                                message="Grid size")
+                                message=".*Grid size")
         configured = kernel[grid, block, stream, shared]
     configured(*args)

@@ -24,20 +24,23 @@ def activation(x, mode="relu", coef=0.0):
 
 
 def activation_backward(x, dy, mode="relu", coef=0.0):
+    """dy * f'(x). At the kinks the slope is cuDNN's: relu 0 at x == 0, clipped_relu 1 at
+    x == coef (0 at x == 0), elu 1 at x == 0. A NaN x gives 0 for relu/clipped_relu."""
     x = np.asarray(x, dtype=np.float64)
     dy = np.asarray(dy, dtype=np.float64)
     with np.errstate(over="ignore"):
         if mode == "relu":
-            d = (x > 0) * 1.0
+            d = (x > 0) * 1.0   # NaN > 0 is False: slope 0, as cuDNN
         elif mode == "clipped_relu":
-            d = ((x > 0) & (x < coef)) * 1.0
+            d = ((x > 0) & (x <= coef)) * 1.0
         elif mode == "tanh":
             d = 1.0 - np.tanh(x) ** 2
         elif mode == "sigmoid":
             s = 1.0 / (1.0 + np.exp(-x))
             d = s * (1.0 - s)
         elif mode == "elu":
-            d = np.where(x > 0, 1.0, coef * np.exp(np.minimum(x, 0)))
+            d = np.where(x >= 0, 1.0, coef * np.exp(np.minimum(x, 0)))
+            d = np.where(np.isnan(x), np.nan, d)
         elif mode == "swish":
             s = 1.0 / (1.0 + np.exp(-coef * x))
             d = s + coef * x * s * (1.0 - s)

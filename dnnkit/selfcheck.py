@@ -88,6 +88,12 @@ def cases():
     return out
 
 
+def _cudnn_env_reason():
+    from .cudnn import loader
+    st = loader.loaded_status()
+    return st.describe() if st is not None and not st.available else None
+
+
 def _time_gpu(fn, reps):
     from numba import cuda
     for _ in range(3):
@@ -129,8 +135,9 @@ def run(dtypes=("float16", "float32", "float64"), reps=20, seed=0, simulator=Non
                 fn = lambda: case.run(backend, None, dev)  # noqa: E731
                 try:
                     got = fn().copy_to_host()
-                except CudnnUnavailableError:
-                    row.update(status="skipped", note="cuDNN unavailable")
+                except CudnnUnavailableError as e:
+                    env = e.reason == _cudnn_env_reason()
+                    row.update(status="skipped", note="cuDNN unavailable" if env else e.reason)
                     yield row
                     continue
                 err = reference.rel_error(got, ref)

@@ -48,20 +48,23 @@ def _forward(v, mode, coef, zero):
 
 @cuda.jit(device=True, inline=True)
 def _derivative(v, w, mode, coef, zero):
-    """f'(x) from x (v) and y = f(x) (w); 0 at the kinks of relu and clipped_relu."""
+    """f'(x) from x (v) and y = f(x) (w). At the kinks and for a NaN x this follows cuDNN 9
+    (probed on an H200, validation/cudnn_conventions.py): relu slope 1 for x > 0 only;
+    clipped_relu 1 for 0 < x <= coef; elu 1 for x >= 0; a NaN x gives slope 0 for relu and
+    clipped_relu and NaN for elu (through y)."""
     one = zero + float32(1)
     if mode == RELU:
-        return zero if v <= zero else one
+        return one if v > zero else zero
     if mode == CLIPPED_RELU:
-        return one if (v > zero and v < coef) else zero
+        return one if (v > zero and v <= coef) else zero
     if mode == TANH:
         return one - w * w
     if mode == SIGMOID:
         return w * (one - w)
     if mode == ELU:
-        return w + coef if v <= zero else one          # alpha*e^x = y + alpha for x <= 0
+        return one if v >= zero else w + coef          # alpha*e^x = y + alpha for x < 0
     if mode == SWISH:
-        s = _sigmoid(coef * v, one)                        # d/dx x*s(bx) = s + b*y*(1 - s)
+        s = _sigmoid(coef * v, one)                     # d/dx x*s(bx) = s + b*y*(1 - s)
         return s + coef * w * (one - s)
     return one
 

@@ -37,12 +37,24 @@ def _events_median(fn, reps, warmup=3):
 
 
 def copy_bandwidth(reps):
+    """Device copy rate, bytes read + written, the best of cuMemcpyDtoD and (where installed)
+    PyTorch's copy kernel on a 1 GiB buffer."""
     from numba import cuda
-    n = 256 * 2**20
+    n = 2**30
     src = cuda.to_device(np.random.default_rng(0).standard_normal(n // 4).astype(np.float32))
     dst = cuda.device_array_like(src)
-    ms = _events_median(lambda i: dst.copy_to_device(src), reps)
-    return 2 * n / ms / 1e6  # GB/s, read + write
+    rates = [2 * n / _events_median(lambda i: dst.copy_to_device(src), reps) / 1e6]
+    torch = _torch()
+    if torch is not None:
+        ts, td = torch.as_tensor(src, device="cuda"), torch.as_tensor(dst, device="cuda")
+        rates.append(2 * n / _events_median(lambda i: td.copy_(ts), reps) / 1e6)
+    return max(rates)
+
+
+def allocation_ms(shape, reps):
+    """What one output allocation costs: Numba's device_array goes to cudaMalloc each time."""
+    from numba import cuda
+    return _events_median(lambda i: cuda.device_array(shape, np.float32), reps)
 
 
 def _torch():
@@ -139,6 +151,9 @@ def main():
     bw = copy_bandwidth(a.reps)
     rows = run(a.reps)
     print(table(rows, bw))
+    alloc = allocation_ms((64, 256, 56, 56), a.reps)
+    print(f"\nallocating one 64x256x56x56 float32 output with numba.cuda.device_array: "
+          f"{alloc:.3f} ms (included in every dnnkit row above)")
     if a.json:
         with open(a.json, "w") as f:
             json.dump(dict(copy_gbps=bw, rows=rows), f, indent=1)

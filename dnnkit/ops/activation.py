@@ -8,8 +8,10 @@
     swish         y = x * sigmoid(coef * x)                        (coef = beta)
     identity      y = x
 
-Backward: dx = dy * f'(x); at the kinks of relu and clipped_relu (x == 0, x == coef) the slope
-taken is 0. NaN propagates (cuDNN's CUDNN_PROPAGATE_NAN). cuDNN: cudnnActivationForward/Backward;
+Backward: dx = dy * f'(x). Where the slope is a choice, both backends take cuDNN's: relu 0 at
+x == 0; clipped_relu 0 at x == 0 and 1 at x == coef (PyTorch's hardtanh takes 0 there); elu 1
+at x == 0. NaN propagates forward (CUDNN_PROPAGATE_NAN); backward, a NaN dy always propagates,
+and a NaN x gives slope 0 for relu/clipped_relu, NaN otherwise. cuDNN: cudnnActivationForward/Backward;
 it has no stand-alone identity, so identity always runs on Numba.
 """
 

@@ -121,3 +121,22 @@ def test_device_input_is_used_without_copy_and_output_is_device():
     assert arrays.device_input("activation", "x", d, cuda.default_stream()) is d
     y = dnnkit.relu(d)
     assert arrays.is_device_array(y)
+
+
+@pytest.mark.parametrize("backend", backend_params())
+def test_slopes_at_kinks_and_nan_follow_cudnn(backend):
+    """Probed with the real cuDNN 9.19 on an H200 (validation/cudnn_conventions.py)."""
+    x = np.array([-1.0, 0.0, 0.5, 2.0, 3.0, np.nan, 1.0], np.float32)
+    dy = np.ones_like(x)
+    dy[-1] = np.nan
+    expected = {
+        "relu": [0, 0, 1, 1, 1, 0, np.nan],
+        "clipped_relu": [0, 0, 1, 1, 0, 0, np.nan],
+        "elu": [2 * np.exp(-1.0), 1, 1, 1, 1, np.nan, np.nan],
+    }
+    for mode, want in expected.items():
+        y = dnnkit.activation(x, mode, 2.0, backend=backend).copy_to_host()
+        dx = dnnkit.activation_backward(x, y, dy, mode, 2.0, backend=backend).copy_to_host()
+        np.testing.assert_allclose(dx, np.array(want, np.float32), rtol=1e-6, err_msg=mode)
+        ref = reference.activation_backward(x.astype(np.float64), dy.astype(np.float64), mode, 2.0)
+        np.testing.assert_allclose(ref, want, rtol=1e-6, err_msg=mode)
