@@ -35,11 +35,10 @@ def cmd_check(args):
           f"Numba: {st.numba.describe()}\n")
     rows = []
     only = args.ops.split(",") if args.ops else None
+    print(selfcheck.HEADER + "\n" + "-" * len(selfcheck.HEADER), flush=True)
     for row in selfcheck.run(dtypes=args.dtypes.split(","), reps=args.reps, ops_=only):
         rows.append(row)
-        if args.verbose:
-            print(row, flush=True)
-    print(selfcheck.format_table(rows))
+        print(selfcheck.format_row(row), flush=True)
     bad = [r for r in rows if r["status"] == "FAIL"]
     ran = sum(r["status"] != "skipped" for r in rows)
     print(f"\n{ran} checks ran, {len(bad)} failed, "
@@ -56,7 +55,6 @@ def main(argv=None):
     c.add_argument("--dtypes", default="float16,float32,float64")
     c.add_argument("--reps", type=int, default=20, help="timed runs per row (GPU)")
     c.add_argument("--ops", default="", help="comma-separated op names (default: all)")
-    c.add_argument("-v", "--verbose", action="store_true")
     args = p.parse_args(argv)
     if args.cmd is None:
         p.print_help()
