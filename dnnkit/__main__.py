@@ -4,6 +4,7 @@ every registered op on every available backend against float64 NumPy, with timin
 import argparse
 import os
 import sys
+import time
 
 
 def _ensure_device(argv):
@@ -33,6 +34,7 @@ def cmd_check(args):
     print(f"cuDNN: {'available' if st.cudnn_available else 'unavailable'}"
           f"{'' if st.cudnn_available else ' (' + st.cudnn_reason + ')'}; "
           f"Numba: {st.numba.describe()}\n")
+    t0 = time.perf_counter()
     rows = []
     only = args.ops.split(",") if args.ops else None
     print(selfcheck.HEADER + "\n" + "-" * len(selfcheck.HEADER), flush=True)
@@ -40,9 +42,10 @@ def cmd_check(args):
         rows.append(row)
         print(selfcheck.format_row(row), flush=True)
     bad = [r for r in rows if r["status"] == "FAIL"]
+    elapsed = time.perf_counter() - t0
     ran = sum(r["status"] != "skipped" for r in rows)
     print(f"\n{ran} checks ran, {len(bad)} failed, "
-          f"{sum(r['status'] == 'skipped' for r in rows)} skipped")
+          f"{sum(r['status'] == 'skipped' for r in rows)} skipped ({elapsed:.0f} s)")
     return 1 if bad else 0
 
 

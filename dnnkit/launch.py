@@ -25,10 +25,10 @@ def launch(kernel, grid, block, stream, args, shared=0):
     if _blocks(grid) >= _QUIET_BELOW:
         kernel[grid, block, stream, shared](*args)
         return
-    from numba.core.errors import NumbaPerformanceWarning
     with warnings.catch_warnings():
-        # Numba wraps the message in terminal colour codes, hence the leading ".*".
-        warnings.filterwarnings("ignore", category=NumbaPerformanceWarning,
-                                message=".*Grid size")
+        # Matched by message alone: numba-cuda raises its own copy of NumbaPerformanceWarning
+        # (not numba.core.errors'), wrapped in terminal colour codes, hence the leading ".*".
+        warnings.filterwarnings("ignore", message=r".*Grid size \d+ will likely result in GPU "
+                                "under-utilization")
         configured = kernel[grid, block, stream, shared]
     configured(*args)

@@ -57,7 +57,7 @@ def _softmax_backward_inputs(algo, mode, small, big):
 
 def cases():
     out = []
-    small, big = (3, 70), (32, 64, 56, 56)
+    small, big = (3, 70), (32, 64, 32, 32)
     for mode in ACT_MODES:
         c = ACT_COEF.get(mode, 0.0)
         out.append(Case("activation", mode,
@@ -69,7 +69,7 @@ def cases():
                             i[0], i[1], i[2], m, c, backend=b, stream=s),
                         lambda i, m=mode, c=c: reference.activation_backward(i[0], i[2], m, c),
                         _act_backward_inputs(mode, c, small, big)))
-    sm_small, sm_big = (2, 5, 3, 4), (64, 1000, 8, 8)
+    sm_small, sm_big = (2, 5, 3, 4), (16, 1000, 8, 8)
     for algo in ("accurate", "fast", "log"):
         for mode in ("channel", "instance"):
             out.append(Case("softmax", f"{algo}/{mode}",

@@ -1,0 +1,70 @@
+"""Where the time of one op call goes: host wall time per call vs the GPU kernels' own time.
+
+    python -m validation.overhead
+
+For each op and backend: ``host us/call`` is the wall time of 200 back-to-back calls (one sync
+at the end) divided by 200, so it is the host cost when the GPU keeps up; ``gpu us/call`` is
+the sum of kernel durations per call from the PyTorch profiler (CUPTI). When host >> gpu the
+op is launch-bound; compare the PyTorch row for the same shape.
+"""
+
+import time
+
+import numpy as np
+
+import dnnkit
+
+
+def host_us(fn, n=200):
+    from numba import cuda
+    for _ in range(5):
+        fn()
+    cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    cuda.synchronize()
+    return (time.perf_counter() - t0) / n * 1e6
+
+
+def gpu_us(torch, fn, n=20):
+    from torch.profiler import ProfilerActivity, profile
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(n):
+            fn()
+        torch.cuda.synchronize()
+    total = sum(e.device_time_total for e in prof.key_averages())
+    names = sorted({e.key[:40] for e in prof.key_averages() if e.device_time_total > 0})
+    return total / n, names
+
+
+def main():
+    import torch
+    from numba import cuda
+    print(dnnkit.backends.status(), "\n")
+    rows = []
+    for shape in [(1024,), (64, 256, 56, 56)]:
+        x = cuda.to_device(np.random.default_rng(0).standard_normal(shape).astype(np.float32))
+        t = torch.as_tensor(x, device="cuda")
+        calls = {"numba": lambda: dnnkit.relu(x, backend="numba"),
+                 "cudnn": lambda: dnnkit.relu(x, backend="cudnn"),
+                 "torch": lambda: torch.relu(t)}
+        for name, fn in calls.items():
+            g, kernels = gpu_us(torch, fn)
+            rows.append((f"relu {shape}", name, host_us(fn), g, ", ".join(kernels)))
+    sm = cuda.to_device(np.random.default_rng(1).standard_normal((8192, 4096)).astype(np.float32))
+    ts = torch.as_tensor(sm, device="cuda")
+    for name, fn in {"numba": lambda: dnnkit.softmax(sm, backend="numba"),
+                     "cudnn": lambda: dnnkit.softmax(sm, backend="cudnn"),
+                     "torch": lambda: torch.softmax(ts, 1)}.items():
+        g, kernels = gpu_us(torch, fn)
+        rows.append(("softmax (8192, 4096)", name, host_us(fn), g, ", ".join(kernels)))
+    print(f"{'op':<26} {'backend':<7} {'host us/call':>12} {'gpu us/call':>11}  kernels")
+    for op, b, h, g, k in rows:
+        print(f"{op:<26} {b:<7} {h:12.1f} {g:11.1f}  {k[:90]}")
+
+
+if __name__ == "__main__":
+    main()
