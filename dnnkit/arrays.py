@@ -13,9 +13,16 @@ from .errors import NumbaUnavailableError
 FLOAT_DTYPES = ("float16", "float32", "float64")
 
 
+_available = False
+
+
 def _cuda():
+    global _available
     from numba import cuda
-    if not cuda.is_available():
+    if _available:
+        return cuda
+    _available = cuda.is_available()   # a device does not go away: ask until the first yes
+    if not _available:
         raise NumbaUnavailableError(
             "no CUDA GPU or driver found for the Numba kernels; on a machine without a GPU set "
             "NUMBA_ENABLE_CUDASIM=1 before importing numba to use its (slow) CUDA simulator")

@@ -4,11 +4,19 @@ Numba warns (NumbaPerformanceWarning) about every grid of fewer than 128 blocks.
 that warning is noise: small tensors need small grids, and the user cannot act on it. So small
 launches build their launch configuration with that one warning silenced; large launches are
 left alone (the filter change is process-wide while it lasts, so keep it short and rare).
+
+Building a launch configuration (``kernel[grid, block, stream, shared]``) costs tens of
+microseconds of host time in Numba; configurations are reusable, so they are cached by
+(kernel, grid, block, stream, shared). The cache is bounded and simply emptied when full.
 """
 
+import threading
 import warnings
 
 _QUIET_BELOW = 128
+_CACHE_MAX = 1024
+_cache = {}
+_lock = threading.Lock()
 
 
 def _blocks(grid):
@@ -22,13 +30,25 @@ def _blocks(grid):
 
 def launch(kernel, grid, block, stream, args, shared=0):
     """``kernel[grid, block, stream, shared](*args)`` without Numba's small-grid warning."""
+    from .arrays import stream_pointer
+    # By the raw stream handle: Numba hands out a new Stream object for the same stream.
+    key = (id(kernel), grid, block, stream_pointer(stream), shared)
+    configured = _cache.get(key)
+    if configured is None:
+        configured = _configure(kernel, grid, block, stream, shared)
+        with _lock:
+            if len(_cache) >= _CACHE_MAX:
+                _cache.clear()
+            _cache[key] = configured
+    configured(*args)
+
+
+def _configure(kernel, grid, block, stream, shared):
     if _blocks(grid) >= _QUIET_BELOW:
-        kernel[grid, block, stream, shared](*args)
-        return
+        return kernel[grid, block, stream, shared]
     with warnings.catch_warnings():
         # Matched by message alone: numba-cuda raises its own copy of NumbaPerformanceWarning
         # (not numba.core.errors'), wrapped in terminal colour codes, hence the leading ".*".
         warnings.filterwarnings("ignore", message=r".*Grid size \d+ will likely result in GPU "
                                 "under-utilization")
-        configured = kernel[grid, block, stream, shared]
-    configured(*args)
+        return kernel[grid, block, stream, shared]
