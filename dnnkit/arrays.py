@@ -143,3 +143,8 @@ def acc_array(dtype):
 def grid_1d(n, threads=256, max_blocks=4096):
     """(blocks, threads) for a grid-stride loop over ``n`` elements."""
     return max(1, min(max_blocks, (n + threads - 1) // threads)), threads
+
+
+def cuda_empty(shape, dtype, stream):
+    """An uninitialised device array."""
+    return _cuda().device_array(tuple(shape), dtype=dtype, stream=stream)

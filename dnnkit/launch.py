@@ -36,6 +36,11 @@ def launch(kernel, grid, block, stream, args, shared=0):
     configured = _cache.get(key)
     if configured is None:
         configured = _configure(kernel, grid, block, stream, shared)
+        if configured is kernel:
+            # Numba's simulator configures the kernel object in place and returns it: a cached
+            # entry would replay whatever configuration was set last. Never cache those.
+            configured(*args)
+            return
         with _lock:
             if len(_cache) >= _CACHE_MAX:
                 _cache.clear()

@@ -82,9 +82,61 @@ def cases():
                                 i[0], i[1], a, m, backend=b, stream=s),
                             lambda i, a=algo, m=mode: reference.softmax_backward(i[0], i[1], a, m),
                             _softmax_backward_inputs(algo, mode, sm_small, sm_big)))
+    out += _conv_cases()
     missing = set(REGISTRY) - {c.op for c in out}
     if missing:  # every registered op must be cross-checked
         raise RuntimeError(f"selfcheck has no case for {sorted(missing)}")
+    return out
+
+
+# (nd, small x, small w, big x, big w); stride 1, padding 1
+_CONV = [(2, (1, 2, 5, 5), (3, 2, 3, 3), (16, 64, 28, 28), (64, 64, 3, 3)),
+         (3, (1, 2, 3, 4, 4), (2, 2, 2, 3, 3), (4, 16, 8, 16, 16), (16, 16, 3, 3, 3))]
+
+
+def _conv_inputs(xs_small, ws_small, xs_big, ws_big, with_dy):
+    def make(rng, dtype, big):
+        xs, ws = (xs_big, ws_big) if big else (xs_small, ws_small)
+        fan_in = int(np.prod(ws[1:]))
+        x = rng.standard_normal(xs).astype(dtype)
+        w = (rng.standard_normal(ws) / np.sqrt(fan_in)).astype(dtype)
+        if not with_dy:
+            return x, w
+        ys = reference.conv_forward(x[:1, :, ...].astype(np.float64), w.astype(np.float64),
+                                    None, (1,) * len(ws[2:]), (1,) * len(ws[2:]),
+                                    (1,) * len(ws[2:])).shape
+        return x, w, rng.standard_normal((xs[0],) + ys[1:]).astype(dtype)
+    return make
+
+
+def _conv_cases():
+    out = []
+    for nd, xs, ws, xb, wb in _CONV:
+        name = f"conv{nd}d"
+        one = (1,) * nd
+        kw = dict(stride=1, padding=1)
+        fwd, bdata, bfilt = (getattr(ops, name), getattr(ops, name + "_backward_data"),
+                             getattr(ops, name + "_backward_filter"))
+        out.append(Case(name, "3x3 pad 1" if nd == 2 else "3x3x3 pad 1",
+                        lambda b, s, i, f=fwd: f(i[0], i[1], backend=b, stream=s, **kw),
+                        lambda i, o=one: reference.conv_forward(i[0], i[1], None, o, o, o),
+                        _conv_inputs(xs, ws, xb, wb, False)))
+        out.append(Case(name + "_backward_data", "pad 1",
+                        lambda b, s, i, f=bdata: f(i[2], i[1], i[0].shape, backend=b, stream=s,
+                                                   **kw),
+                        lambda i, o=one: reference.conv_backward_data(i[2], i[1], i[0].shape,
+                                                                      o, o, o),
+                        _conv_inputs(xs, ws, xb, wb, True)))
+        out.append(Case(name + "_backward_filter", "pad 1",
+                        lambda b, s, i, f=bfilt: f(i[0], i[2], i[1].shape, backend=b, stream=s,
+                                                   **kw),
+                        lambda i, o=one: reference.conv_backward_filter(i[0], i[2], i[1].shape,
+                                                                        o, o, o),
+                        _conv_inputs(xs, ws, xb, wb, True)))
+    out.append(Case("conv_backward_bias", "4-D",
+                    lambda b, s, i: ops.conv_backward_bias(i[0], backend=b, stream=s),
+                    lambda i: reference.conv_backward_bias(i[0]),
+                    _x((2, 3, 4, 5), (32, 64, 28, 28), scale=1.0)))
     return out
 
 

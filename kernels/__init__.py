@@ -10,7 +10,12 @@ constants are written ``float32(c)``: a Python literal would promote float32 mat
 """
 
 from .activation import activation_bwd_kernel, activation_fwd_kernel  # noqa: F401
+from .conv import (conv_bias_bwd_kernel, conv_col2im_bwd_kernel,  # noqa: F401
+                   conv_gemm_bwd_kernel, conv_gemm_fwd_kernel, conv_im2col_fwd_kernel,
+                   conv_wsum_bwd_kernel)
 from .softmax import softmax_bwd_kernel, softmax_fwd_kernel  # noqa: F401
 
 ALL_KERNELS = ("activation_fwd_kernel", "activation_bwd_kernel",
-               "softmax_fwd_kernel", "softmax_bwd_kernel")
+               "softmax_fwd_kernel", "softmax_bwd_kernel",
+               "conv_im2col_fwd_kernel", "conv_col2im_bwd_kernel", "conv_gemm_fwd_kernel",
+               "conv_gemm_bwd_kernel", "conv_bias_bwd_kernel", "conv_wsum_bwd_kernel")

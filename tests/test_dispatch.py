@@ -210,3 +210,15 @@ def test_compare_treats_nan_and_inf_as_ieee(a, b, ok):
 def test_unknown_backend_names_the_op():
     with pytest.raises(ValueError, match=r"softmax: backend must be .*got 'tpu'"):
         dnnkit.softmax(X, backend="tpu")
+
+
+def test_launch_configurations_do_not_leak_between_block_shapes(rng):
+    """Softmax picks its block shape from the input; alternating shapes must each be right
+    (the simulator configures kernels in place, so a naive launch cache would replay the
+    last configuration)."""
+    a = rng.standard_normal((2, 3, 4, 5)).astype(np.float32)
+    b = rng.standard_normal((3, 70)).astype(np.float32)
+    for _ in range(2):
+        for x in (a, b):
+            y = dnnkit.softmax(x).copy_to_host()
+            assert dnnkit.reference.rel_error(y, dnnkit.reference.softmax(x)) < 1e-6

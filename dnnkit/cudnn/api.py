@@ -64,6 +64,132 @@ PROTOTYPES = {
     "cudnnGetErrorString": [c_int],
     # size_t cudnnGetVersion(void);
     "cudnnGetVersion": [],
+    # --- convolution (cudnn_ops.h / cudnn_cnn.h). Every perfResults argument is a pointer to
+    # an array of cudnnConvolution{Fwd,BwdData,BwdFilter}AlgoPerf_t, declared as void* here
+    # (the struct lives in dnnkit.cudnn.conv); size_t* arguments are POINTER(c_size_t).
+    # cudnnStatus_t cudnnCreateFilterDescriptor(cudnnFilterDescriptor_t *filterDesc);
+    "cudnnCreateFilterDescriptor": [POINTER(_p)],
+    # cudnnStatus_t cudnnDestroyFilterDescriptor(cudnnFilterDescriptor_t filterDesc);
+    "cudnnDestroyFilterDescriptor": [_p],
+    # cudnnStatus_t cudnnSetFilterNdDescriptor(cudnnFilterDescriptor_t filterDesc,
+    #     cudnnDataType_t dataType, cudnnTensorFormat_t format, int nbDims,
+    #     const int filterDimA[]);
+    "cudnnSetFilterNdDescriptor": [_p, c_int, c_int, c_int, _int_p],
+    # cudnnStatus_t cudnnCreateConvolutionDescriptor(cudnnConvolutionDescriptor_t *convDesc);
+    "cudnnCreateConvolutionDescriptor": [POINTER(_p)],
+    # cudnnStatus_t cudnnDestroyConvolutionDescriptor(cudnnConvolutionDescriptor_t convDesc);
+    "cudnnDestroyConvolutionDescriptor": [_p],
+    # cudnnStatus_t cudnnSetConvolutionNdDescriptor(cudnnConvolutionDescriptor_t convDesc,
+    #     int arrayLength, const int padA[], const int filterStrideA[], const int dilationA[],
+    #     cudnnConvolutionMode_t mode, cudnnDataType_t computeType);
+    "cudnnSetConvolutionNdDescriptor": [_p, c_int, _int_p, _int_p, _int_p, c_int, c_int],
+    # cudnnStatus_t cudnnSetConvolutionGroupCount(cudnnConvolutionDescriptor_t convDesc,
+    #     int groupCount);
+    "cudnnSetConvolutionGroupCount": [_p, c_int],
+    # cudnnStatus_t cudnnSetConvolutionMathType(cudnnConvolutionDescriptor_t convDesc,
+    #     cudnnMathType_t mathType);
+    "cudnnSetConvolutionMathType": [_p, c_int],
+    # cudnnStatus_t cudnnGetConvolutionForwardAlgorithmMaxCount(cudnnHandle_t handle, int *count);
+    "cudnnGetConvolutionForwardAlgorithmMaxCount": [_p, _int_p],
+    # cudnnStatus_t cudnnGetConvolutionBackwardDataAlgorithmMaxCount(cudnnHandle_t handle,
+    #     int *count);
+    "cudnnGetConvolutionBackwardDataAlgorithmMaxCount": [_p, _int_p],
+    # cudnnStatus_t cudnnGetConvolutionBackwardFilterAlgorithmMaxCount(cudnnHandle_t handle,
+    #     int *count);
+    "cudnnGetConvolutionBackwardFilterAlgorithmMaxCount": [_p, _int_p],
+    # cudnnStatus_t cudnnGetConvolutionForwardAlgorithm_v7(cudnnHandle_t handle,
+    #     const cudnnTensorDescriptor_t srcDesc, const cudnnFilterDescriptor_t filterDesc,
+    #     const cudnnConvolutionDescriptor_t convDesc, const cudnnTensorDescriptor_t destDesc,
+    #     const int requestedAlgoCount, int *returnedAlgoCount,
+    #     cudnnConvolutionFwdAlgoPerf_t *perfResults);
+    "cudnnGetConvolutionForwardAlgorithm_v7": [_p, _p, _p, _p, _p, c_int, _int_p, _p],
+    # cudnnStatus_t cudnnGetConvolutionBackwardDataAlgorithm_v7(cudnnHandle_t handle,
+    #     const cudnnFilterDescriptor_t filterDesc, const cudnnTensorDescriptor_t diffDesc,
+    #     const cudnnConvolutionDescriptor_t convDesc, const cudnnTensorDescriptor_t gradDesc,
+    #     const int requestedAlgoCount, int *returnedAlgoCount,
+    #     cudnnConvolutionBwdDataAlgoPerf_t *perfResults);
+    "cudnnGetConvolutionBackwardDataAlgorithm_v7": [_p, _p, _p, _p, _p, c_int, _int_p, _p],
+    # cudnnStatus_t cudnnGetConvolutionBackwardFilterAlgorithm_v7(cudnnHandle_t handle,
+    #     const cudnnTensorDescriptor_t srcDesc, const cudnnTensorDescriptor_t diffDesc,
+    #     const cudnnConvolutionDescriptor_t convDesc, const cudnnFilterDescriptor_t gradDesc,
+    #     const int requestedAlgoCount, int *returnedAlgoCount,
+    #     cudnnConvolutionBwdFilterAlgoPerf_t *perfResults);
+    "cudnnGetConvolutionBackwardFilterAlgorithm_v7": [_p, _p, _p, _p, _p, c_int, _int_p, _p],
+    # cudnnStatus_t cudnnFindConvolutionForwardAlgorithmEx(cudnnHandle_t handle,
+    #     const cudnnTensorDescriptor_t xDesc, const void *x,
+    #     const cudnnFilterDescriptor_t wDesc, const void *w,
+    #     const cudnnConvolutionDescriptor_t convDesc, const cudnnTensorDescriptor_t yDesc,
+    #     void *y, const int requestedAlgoCount, int *returnedAlgoCount,
+    #     cudnnConvolutionFwdAlgoPerf_t *perfResults, void *workSpace,
+    #     size_t workSpaceSizeInBytes);
+    "cudnnFindConvolutionForwardAlgorithmEx": [_p, _p, _p, _p, _p, _p, _p, _p, c_int, _int_p,
+                                               _p, _p, c_size_t],
+    # cudnnStatus_t cudnnFindConvolutionBackwardDataAlgorithmEx(cudnnHandle_t handle,
+    #     const cudnnFilterDescriptor_t wDesc, const void *w,
+    #     const cudnnTensorDescriptor_t dyDesc, const void *dy,
+    #     const cudnnConvolutionDescriptor_t convDesc, const cudnnTensorDescriptor_t dxDesc,
+    #     void *dx, const int requestedAlgoCount, int *returnedAlgoCount,
+    #     cudnnConvolutionBwdDataAlgoPerf_t *perfResults, void *workSpace,
+    #     size_t workSpaceSizeInBytes);
+    "cudnnFindConvolutionBackwardDataAlgorithmEx": [_p, _p, _p, _p, _p, _p, _p, _p, c_int,
+                                                    _int_p, _p, _p, c_size_t],
+    # cudnnStatus_t cudnnFindConvolutionBackwardFilterAlgorithmEx(cudnnHandle_t handle,
+    #     const cudnnTensorDescriptor_t xDesc, const void *x,
+    #     const cudnnTensorDescriptor_t dyDesc, const void *y,
+    #     const cudnnConvolutionDescriptor_t convDesc, const cudnnFilterDescriptor_t dwDesc,
+    #     void *dw, const int requestedAlgoCount, int *returnedAlgoCount,
+    #     cudnnConvolutionBwdFilterAlgoPerf_t *perfResults, void *workSpace,
+    #     size_t workSpaceSizeInBytes);
+    "cudnnFindConvolutionBackwardFilterAlgorithmEx": [_p, _p, _p, _p, _p, _p, _p, _p, c_int,
+                                                      _int_p, _p, _p, c_size_t],
+    # cudnnStatus_t cudnnGetConvolutionForwardWorkspaceSize(cudnnHandle_t handle,
+    #     const cudnnTensorDescriptor_t xDesc, const cudnnFilterDescriptor_t wDesc,
+    #     const cudnnConvolutionDescriptor_t convDesc, const cudnnTensorDescriptor_t yDesc,
+    #     cudnnConvolutionFwdAlgo_t algo, size_t *sizeInBytes);
+    "cudnnGetConvolutionForwardWorkspaceSize": [_p, _p, _p, _p, _p, c_int, POINTER(c_size_t)],
+    # cudnnStatus_t cudnnGetConvolutionBackwardDataWorkspaceSize(cudnnHandle_t handle,
+    #     const cudnnFilterDescriptor_t wDesc, const cudnnTensorDescriptor_t dyDesc,
+    #     const cudnnConvolutionDescriptor_t convDesc, const cudnnTensorDescriptor_t dxDesc,
+    #     cudnnConvolutionBwdDataAlgo_t algo, size_t *sizeInBytes);
+    "cudnnGetConvolutionBackwardDataWorkspaceSize": [_p, _p, _p, _p, _p, c_int,
+                                                     POINTER(c_size_t)],
+    # cudnnStatus_t cudnnGetConvolutionBackwardFilterWorkspaceSize(cudnnHandle_t handle,
+    #     const cudnnTensorDescriptor_t xDesc, const cudnnTensorDescriptor_t dyDesc,
+    #     const cudnnConvolutionDescriptor_t convDesc, const cudnnFilterDescriptor_t gradDesc,
+    #     cudnnConvolutionBwdFilterAlgo_t algo, size_t *sizeInBytes);
+    "cudnnGetConvolutionBackwardFilterWorkspaceSize": [_p, _p, _p, _p, _p, c_int,
+                                                       POINTER(c_size_t)],
+    # cudnnStatus_t cudnnConvolutionForward(cudnnHandle_t handle, const void *alpha,
+    #     const cudnnTensorDescriptor_t xDesc, const void *x,
+    #     const cudnnFilterDescriptor_t wDesc, const void *w,
+    #     const cudnnConvolutionDescriptor_t convDesc, cudnnConvolutionFwdAlgo_t algo,
+    #     void *workSpace, size_t workSpaceSizeInBytes, const void *beta,
+    #     const cudnnTensorDescriptor_t yDesc, void *y);
+    "cudnnConvolutionForward": [_p, _p, _p, _p, _p, _p, _p, c_int, _p, c_size_t, _p, _p, _p],
+    # cudnnStatus_t cudnnConvolutionBackwardData(cudnnHandle_t handle, const void *alpha,
+    #     const cudnnFilterDescriptor_t wDesc, const void *w,
+    #     const cudnnTensorDescriptor_t dyDesc, const void *dy,
+    #     const cudnnConvolutionDescriptor_t convDesc, cudnnConvolutionBwdDataAlgo_t algo,
+    #     void *workSpace, size_t workSpaceSizeInBytes, const void *beta,
+    #     const cudnnTensorDescriptor_t dxDesc, void *dx);
+    "cudnnConvolutionBackwardData": [_p, _p, _p, _p, _p, _p, _p, c_int, _p, c_size_t, _p, _p,
+                                     _p],
+    # cudnnStatus_t cudnnConvolutionBackwardFilter(cudnnHandle_t handle, const void *alpha,
+    #     const cudnnTensorDescriptor_t xDesc, const void *x,
+    #     const cudnnTensorDescriptor_t dyDesc, const void *dy,
+    #     const cudnnConvolutionDescriptor_t convDesc, cudnnConvolutionBwdFilterAlgo_t algo,
+    #     void *workSpace, size_t workSpaceSizeInBytes, const void *beta,
+    #     const cudnnFilterDescriptor_t dwDesc, void *dw);
+    "cudnnConvolutionBackwardFilter": [_p, _p, _p, _p, _p, _p, _p, c_int, _p, c_size_t, _p,
+                                       _p, _p],
+    # cudnnStatus_t cudnnConvolutionBackwardBias(cudnnHandle_t handle, const void *alpha,
+    #     const cudnnTensorDescriptor_t dyDesc, const void *dy, const void *beta,
+    #     const cudnnTensorDescriptor_t dbDesc, void *db);
+    "cudnnConvolutionBackwardBias": [_p, _p, _p, _p, _p, _p, _p],
+    # cudnnStatus_t cudnnAddTensor(cudnnHandle_t handle, const void *alpha,
+    #     const cudnnTensorDescriptor_t aDesc, const void *A, const void *beta,
+    #     const cudnnTensorDescriptor_t cDesc, void *C);
+    "cudnnAddTensor": [_p, _p, _p, _p, _p, _p, _p],
 }
 RESTYPES = {"cudnnGetErrorString": ctypes.c_char_p, "cudnnGetVersion": c_size_t}
 

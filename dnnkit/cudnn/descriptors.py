@@ -6,7 +6,7 @@ import weakref
 import numpy as np
 
 from . import api
-from .enums import DATA_TYPES, PROPAGATE_NAN
+from .enums import DATA_TYPES, PROPAGATE_NAN, TENSOR_NCHW
 
 INT_MAX = 2**31 - 1
 
@@ -73,6 +73,55 @@ class ActivationDescriptor(_Descriptor):
             if swish_beta is not None:
                 api.call("cudnnSetActivationDescriptorSwishBeta", self.ptr, float(swish_beta),
                          context=f"beta {swish_beta}")
+        except Exception:
+            self.close()
+            raise
+
+
+def _int_array(values, what):
+    values = [int(v) for v in values]
+    if values and max(abs(v) for v in values) > INT_MAX:
+        raise ValueError(f"{what} {tuple(values)} exceeds cuDNN's 32-bit dimension limit")
+    return (ctypes.c_int * len(values))(*values)
+
+
+class FilterDescriptor(_Descriptor):
+    """A packed NCHW (or NCDHW) filter (K, C/groups, [T,] R, S) of 4 or 5 dims."""
+    _create, _destroy_fn = "cudnnCreateFilterDescriptor", "cudnnDestroyFilterDescriptor"
+
+    def __init__(self, shape, dtype):
+        dims = _int_array(shape, "filter")  # before creating, so a bad shape leaks nothing
+        super().__init__()
+        self.shape = tuple(shape)
+        try:
+            api.call("cudnnSetFilterNdDescriptor", self.ptr, DATA_TYPES[np.dtype(dtype).name],
+                     TENSOR_NCHW, len(dims), dims,
+                     context=f"filter {self.shape}, dtype {np.dtype(dtype).name}")
+        except Exception:
+            self.close()
+            raise
+
+
+class ConvolutionDescriptor(_Descriptor):
+    """Padding, stride and dilation per spatial dim (2 or 3 of each), mode, compute type, group
+    count and math type (cudnnSetConvolutionNdDescriptor, ...GroupCount, ...MathType)."""
+    _create, _destroy_fn = "cudnnCreateConvolutionDescriptor", "cudnnDestroyConvolutionDescriptor"
+
+    def __init__(self, padding, stride, dilation, mode, compute_dtype, groups=1, math_type=0):
+        n = len(padding)
+        if not len(stride) == len(dilation) == n:
+            raise ValueError(f"padding {padding}, stride {stride} and dilation {dilation} must "
+                             "have one value per spatial dimension")
+        arrays = [_int_array(v, name) for v, name in
+                  ((padding, "padding"), (stride, "stride"), (dilation, "dilation"))]
+        super().__init__()
+        ctx = (f"padding {tuple(padding)}, stride {tuple(stride)}, dilation {tuple(dilation)}, "
+               f"mode {mode}, compute {compute_dtype}, groups {groups}, math type {math_type}")
+        try:
+            api.call("cudnnSetConvolutionNdDescriptor", self.ptr, n, *arrays, int(mode),
+                     DATA_TYPES[np.dtype(compute_dtype).name], context=ctx)
+            api.call("cudnnSetConvolutionGroupCount", self.ptr, int(groups), context=ctx)
+            api.call("cudnnSetConvolutionMathType", self.ptr, int(math_type), context=ctx)
         except Exception:
             self.close()
             raise

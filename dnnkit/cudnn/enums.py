@@ -76,3 +76,32 @@ ACTIVATION = {"sigmoid": 0, "relu": 1, "tanh": 2, "clipped_relu": 3, "elu": 4,
 # cudnnSoftmaxAlgorithm_t / cudnnSoftmaxMode_t
 SOFTMAX_ALGO = {"fast": 0, "accurate": 1, "log": 2}
 SOFTMAX_MODE = {"instance": 0, "channel": 1}
+
+# cudnnTensorFormat_t (filters are described NCHW: K, C/groups, [T,] R, S)
+TENSOR_NCHW = 0
+
+# cudnnConvolutionMode_t
+CONVOLUTION = 0
+CROSS_CORRELATION = 1
+
+# cudnnMathType_t
+MATH_DEFAULT = 0
+MATH_TENSOR_OP = 1
+MATH_TENSOR_OP_ALLOW_CONVERSION = 2
+MATH_FMA = 3
+MATH_NAMES = {0: "default", 1: "tensor_op", 2: "tensor_op_allow_conversion", 3: "fma"}
+
+# cudnnDeterminism_t
+NON_DETERMINISTIC = 0
+DETERMINISTIC = 1
+
+# cudnnConvolutionFwdAlgo_t, cudnnConvolutionBwdDataAlgo_t, cudnnConvolutionBwdFilterAlgo_t
+# (declared in cudnn_ops.h), keyed by the lower-case suffix of the C name: these names are what
+# dnnkit reports in traces and stores in the algorithm cache.
+CONV_FWD_ALGO = {"implicit_gemm": 0, "implicit_precomp_gemm": 1, "gemm": 2, "direct": 3,
+                 "fft": 4, "fft_tiling": 5, "winograd": 6, "winograd_nonfused": 7}
+CONV_BWD_DATA_ALGO = {"algo_0": 0, "algo_1": 1, "fft": 2, "fft_tiling": 3, "winograd": 4,
+                      "winograd_nonfused": 5}
+CONV_BWD_FILTER_ALGO = {"algo_0": 0, "algo_1": 1, "fft": 2, "algo_3": 3,
+                        "winograd": 4,  # declared but not implemented by cuDNN
+                        "winograd_nonfused": 5, "fft_tiling": 6}

@@ -1,0 +1,192 @@
+"""Convolution, 2-D (NCHW, weights KCRS) and 3-D (NCDHW, weights KCTRS): forward, gradient wrt
+data, wrt filter, and bias.
+
+    y[n, k, o] = sum_{c, t} x_pad[n, g*C/G + c, o*stride + t*dilation] * w[k, c, t'] + bias[k]
+
+with t' = t for ``mode="cross"`` (cross-correlation, what every framework computes) and the
+reversed tap for ``mode="conv"`` (true convolution, Theano's default). ``padding``: an int, a
+tuple, or Theano's border modes ``"valid"`` (0), ``"full"`` ((k-1)*d) and ``"half"``
+(((k-1)*d + 1) // 2: "same" for odd kernels). Output size per spatial dim:
+``(I + 2p - d(k-1) - 1) // s + 1``.
+
+Backends: Numba (im2col + tiled GEMM, col2im gather for the data gradient; ops/conv_numba.py)
+and cuDNN (cudnnConvolutionForward/BackwardData/BackwardFilter/BackwardBias; cudnn/conv.py).
+Flags: ``dnn.conv.algo_fwd|algo_bwd_data|algo_bwd_filter`` (cuDNN algorithm or runtime choice;
+``algo=`` overrides per call), ``dnn.conv.workspace_limit``, ``dnn.conv.precision``
+(``precision=`` overrides), ``dnn.conv.allow_tf32``, ``dnn.deterministic``.
+"""
+
+from .. import arrays
+from ..dispatch import note_algo, public_op, register
+from . import conv_args as A
+
+
+@public_op("conv2d")
+def conv2d(x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1, mode="cross",
+           algo=None, precision=None, stream=None):
+    """2-D convolution of x (N, C, H, W) with w (K, C/groups, R, S); returns y (N, K, OH, OW).
+    ``backend=None|"auto"|"cudnn"|"numba"`` overrides ``dnn.enabled`` for this call."""
+    return A.forward_args("conv2d", 2, x, w, bias, stride, padding, dilation, groups, mode,
+                          algo, precision, stream)
+
+
+@public_op("conv3d")
+def conv3d(x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1, mode="cross",
+           algo=None, precision=None, stream=None):
+    """3-D convolution of x (N, C, D, H, W) with w (K, C/groups, T, R, S)."""
+    return A.forward_args("conv3d", 3, x, w, bias, stride, padding, dilation, groups, mode,
+                          algo, precision, stream)
+
+
+@public_op("conv2d_backward_data")
+def conv2d_backward_data(dy, w, x_shape, *, stride=1, padding=0, dilation=1, groups=1,
+                         mode="cross", algo=None, precision=None, stream=None):
+    """Gradient wrt x of :func:`conv2d` (same keyword arguments), shaped ``x_shape``."""
+    return A.backward_data_args("conv2d_backward_data", 2, dy, w, x_shape, stride, padding,
+                                dilation, groups, mode, algo, precision, stream)
+
+
+@public_op("conv3d_backward_data")
+def conv3d_backward_data(dy, w, x_shape, *, stride=1, padding=0, dilation=1, groups=1,
+                         mode="cross", algo=None, precision=None, stream=None):
+    """Gradient wrt x of :func:`conv3d`."""
+    return A.backward_data_args("conv3d_backward_data", 3, dy, w, x_shape, stride, padding,
+                                dilation, groups, mode, algo, precision, stream)
+
+
+@public_op("conv2d_backward_filter")
+def conv2d_backward_filter(x, dy, w_shape, *, stride=1, padding=0, dilation=1, groups=1,
+                           mode="cross", algo=None, precision=None, stream=None):
+    """Gradient wrt w of :func:`conv2d`, shaped ``w_shape``."""
+    return A.backward_filter_args("conv2d_backward_filter", 2, x, dy, w_shape, stride, padding,
+                                  dilation, groups, mode, algo, precision, stream)
+
+
+@public_op("conv3d_backward_filter")
+def conv3d_backward_filter(x, dy, w_shape, *, stride=1, padding=0, dilation=1, groups=1,
+                           mode="cross", algo=None, precision=None, stream=None):
+    """Gradient wrt w of :func:`conv3d`."""
+    return A.backward_filter_args("conv3d_backward_filter", 3, x, dy, w_shape, stride,
+                                  padding, dilation, groups, mode, algo, precision, stream)
+
+
+@public_op("conv_backward_bias")
+def conv_backward_bias(dy, *, stream=None):
+    """Gradient wrt the bias: ``db[k] = sum over n and space of dy[n, k, ...]`` (4-D or 5-D)."""
+    s = arrays.as_stream(stream)
+    dy = arrays.device_input("conv_backward_bias", "dy", dy, s, ndim=(3, 4, 5))
+    return dy, s
+
+
+FORWARD = ("conv2d", "conv3d")
+BACKWARD_DATA = ("conv2d_backward_data", "conv3d_backward_data")
+BACKWARD_FILTER = ("conv2d_backward_filter", "conv3d_backward_filter")
+_TOL = {"float16": (1e-2, 1e-2), "float32": (1e-4, 1e-5), "float64": (1e-10, 1e-12)}
+
+
+def _five(a, shape5):
+    return a.reshape(*shape5)
+
+
+# ---------------------------------------------------------------- Numba
+
+def _numba_forward(x, w, bias, geom, opts, stream):
+    from . import conv_numba
+    y = conv_numba.forward(_five(x, geom.x_shape), _five(w, geom.w_shape), bias, geom, stream)
+    note_algo("im2col+gemm")
+    return y.reshape(*geom.user_shape(geom.y_shape))
+
+
+def _numba_backward_data(dy, w, geom, opts, stream):
+    from . import conv_numba
+    dx = conv_numba.backward_data(_five(dy, geom.y_shape), _five(w, geom.w_shape), geom, stream)
+    note_algo("gemm+col2im")
+    return dx.reshape(*geom.user_shape(geom.x_shape))
+
+
+def _numba_backward_filter(x, dy, geom, opts, stream):
+    from . import conv_numba
+    dw = conv_numba.backward_filter(_five(x, geom.x_shape), _five(dy, geom.y_shape), geom,
+                                    stream)
+    note_algo("im2col+gemm")
+    return dw.reshape(*geom.user_shape(geom.w_shape))
+
+
+def _numba_backward_bias(dy, stream):
+    from . import conv_numba
+    return conv_numba.backward_bias(dy, stream)
+
+
+# ---------------------------------------------------------------- cuDNN
+
+def _cudnn_supports(*args):
+    geom, opts = args[-3], args[-2]
+    from ..cudnn import conv as cconv
+    return cconv.supports(geom, opts["dtype"], opts["compute_dtype"])
+
+
+def _cudnn_kw(opts, direction, stream):
+    return dict(algo=opts["algo"], compute_dtype=opts["compute_dtype"],
+                allow_tf32=opts["allow_tf32"], deterministic=opts["deterministic"],
+                workspace_limit=A.workspace_limit(opts), stream=arrays.stream_pointer(stream))
+
+
+def _cudnn_forward(x, w, bias, geom, opts, stream):
+    from ..cudnn import conv as cconv
+    y = arrays.cuda_empty(geom.user_shape(geom.y_shape), x.dtype, stream)
+    if y.size:
+        note_algo(cconv.forward(_five(x, geom.x_shape), _five(w, geom.w_shape),
+                                _five(y, geom.y_shape), geom, **_cudnn_kw(opts, "fwd", stream)))
+        if bias is not None:
+            cconv.add_bias(_five(y, geom.y_shape), bias, geom, arrays.stream_pointer(stream))
+    return y
+
+
+def _cudnn_backward_data(dy, w, geom, opts, stream):
+    from ..cudnn import conv as cconv
+    dx = arrays.cuda_empty(geom.user_shape(geom.x_shape), dy.dtype, stream)
+    if dx.size:
+        note_algo(cconv.backward_data(_five(dy, geom.y_shape), _five(w, geom.w_shape),
+                                      _five(dx, geom.x_shape), geom,
+                                      **_cudnn_kw(opts, "bwd_data", stream)))
+    return dx
+
+
+def _cudnn_backward_filter(x, dy, geom, opts, stream):
+    from ..cudnn import conv as cconv
+    dw = arrays.cuda_empty(geom.user_shape(geom.w_shape), x.dtype, stream)
+    if dw.size:
+        note_algo(cconv.backward_filter(_five(x, geom.x_shape), _five(dy, geom.y_shape),
+                                        _five(dw, geom.w_shape), geom,
+                                        **_cudnn_kw(opts, "bwd_filter", stream)))
+    return dw
+
+
+def _cudnn_bias_supports(dy, stream):
+    if dy.ndim not in (4, 5) or max(dy.shape) >= 2**31:
+        return f"cudnnConvolutionBackwardBias takes 4-D or 5-D tensors below 2**31; got {dy.shape}"
+    return None
+
+
+def _cudnn_backward_bias(dy, stream):
+    from ..cudnn import conv as cconv
+    db = arrays.cuda_empty((dy.shape[1],), dy.dtype, stream)
+    cconv.backward_bias(dy, db, None, arrays.stream_pointer(stream))
+    return db
+
+
+for _name in FORWARD:
+    register(_name, "numba", tolerance=_TOL)(_numba_forward)
+    register(_name, "cudnn", supports=_cudnn_supports, tolerance=_TOL)(_cudnn_forward)
+for _name in BACKWARD_DATA:
+    register(_name, "numba", tolerance=_TOL)(_numba_backward_data)
+    register(_name, "cudnn", supports=_cudnn_supports, tolerance=_TOL)(_cudnn_backward_data)
+for _name in BACKWARD_FILTER:
+    register(_name, "numba", tolerance=_TOL)(_numba_backward_filter)
+    register(_name, "cudnn", supports=_cudnn_supports, tolerance=_TOL)(_cudnn_backward_filter)
+register("conv_backward_bias", "numba", tolerance=_TOL)(_numba_backward_bias)
+register("conv_backward_bias", "cudnn", supports=_cudnn_bias_supports,
+         tolerance=_TOL)(_cudnn_backward_bias)
+
+__all__ = ["conv2d", "conv3d", "conv2d_backward_data", "conv3d_backward_data",
+           "conv2d_backward_filter", "conv3d_backward_filter", "conv_backward_bias"]

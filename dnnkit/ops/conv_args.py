@@ -1,0 +1,211 @@
+"""Argument checking and flag resolution for the convolution ops (dnnkit/ops/conv.py).
+
+Every bad argument raises ValueError/TypeError naming the op and the value, before any
+backend runs. The checked arguments become (arrays, ConvGeom, opts, stream) for the backends.
+"""
+
+import numpy as np
+
+from .. import arrays, config
+from ..geometry import ConvGeom
+
+CHOICES = ("guess_once", "guess_on_shape_change", "time_once", "time_on_shape_change")
+ALGOS = {
+    "fwd": ("none", "small", "large", "fft", "fft_tiling", "winograd", "winograd_non_fused",
+            "direct") + CHOICES,
+    "bwd_data": ("none", "deterministic", "fft", "fft_tiling", "winograd",
+                 "winograd_non_fused") + CHOICES,
+    "bwd_filter": ("none", "deterministic", "fft", "small", "fft_tiling",
+                   "winograd_non_fused") + CHOICES,
+}
+PRECISIONS = ("as_input_f32", "as_input", "float16", "float32", "float64")
+# Default workspace limit: this share of the free device memory, at most WORKSPACE_CAP bytes.
+WORKSPACE_SHARE, WORKSPACE_CAP = 0.25, 4 * 2**30
+
+
+def _enum_flag(name, allowed):
+    def parse(flag, value):
+        v = str(value).strip().lower()
+        if v not in allowed:
+            raise ValueError(f"flag {flag}: bad value {value!r}; allowed: {', '.join(allowed)}")
+        return v
+    return parse
+
+
+def _workspace(flag, value):
+    if isinstance(value, str) and value.strip().lower() == "auto":
+        return "auto"
+    try:
+        v = int(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"flag {flag}: bad value {value!r}; allowed: 'auto' or a number of "
+                         "bytes >= 0") from None
+    if v < 0:
+        raise ValueError(f"flag {flag}: bad value {value!r}; allowed: 'auto' or bytes >= 0")
+    return v
+
+
+def _bool(flag, value):
+    return config._parse_bool(flag, value)
+
+
+config.register_flag("dnn.conv.algo_fwd", "small", _enum_flag("fwd", ALGOS["fwd"]),
+                     "cuDNN forward algorithm or runtime choice")
+config.register_flag("dnn.conv.algo_bwd_data", "none", _enum_flag("bwd_data", ALGOS["bwd_data"]),
+                     "cuDNN backward-data algorithm or runtime choice")
+config.register_flag("dnn.conv.algo_bwd_filter", "none",
+                     _enum_flag("bwd_filter", ALGOS["bwd_filter"]),
+                     "cuDNN backward-filter algorithm or runtime choice")
+config.register_flag("dnn.conv.workspace_limit", "auto", _workspace,
+                     "largest cuDNN workspace in bytes; auto: a quarter of free memory, <= 4 GiB")
+config.register_flag("dnn.conv.precision", "as_input_f32", _enum_flag("precision", PRECISIONS),
+                     "compute type: as_input_f32 (float16 computes in float32), as_input, float16, "
+                     "float32, float64")
+config.register_flag("dnn.conv.allow_tf32", False, _bool,
+                     "let cuDNN use TF32 tensor cores for float32 (off: float32 means float32)")
+
+
+def _ints(op, name, value, nd, minimum):
+    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+        value = (int(value),) * nd
+    try:
+        t = tuple(value)
+    except TypeError:
+        raise TypeError(f"{op}: {name} must be an int or a tuple of {nd} ints; got {value!r}") \
+            from None
+    if len(t) != nd or not all(isinstance(v, (int, np.integer)) and not isinstance(v, bool)
+                               for v in t):
+        raise TypeError(f"{op}: {name} must be an int or a tuple of {nd} ints; got {value!r}")
+    if any(v < minimum for v in t):
+        raise ValueError(f"{op}: {name} must be >= {minimum}; got {value!r}")
+    return tuple(int(v) for v in t)
+
+
+def _padding(op, padding, kernel, dilation, nd):
+    if isinstance(padding, str):
+        eff = [(k - 1) * d for k, d in zip(kernel, dilation)]
+        modes = {"valid": [0] * nd, "full": eff, "half": [(e + 1) // 2 for e in eff]}
+        if padding not in modes:
+            raise ValueError(f"{op}: padding must be an int, a tuple or one of 'valid', 'full', "
+                             f"'half'; got {padding!r}")
+        return tuple(modes[padding])
+    return _ints(op, "padding", padding, nd, 0)
+
+
+def _mode(op, mode):
+    if mode not in ("cross", "conv"):
+        raise ValueError(f"{op}: mode must be 'cross' or 'conv'; got {mode!r}")
+    return mode == "conv"
+
+
+def _opts(op, direction, dtype, algo, precision):
+    flag = {"fwd": "dnn.conv.algo_fwd", "bwd_data": "dnn.conv.algo_bwd_data",
+            "bwd_filter": "dnn.conv.algo_bwd_filter"}[direction]
+    if algo is None:
+        algo = config.get(flag)
+    elif algo not in ALGOS[direction]:
+        raise ValueError(f"{op}: algo must be one of {', '.join(ALGOS[direction])}; got {algo!r}")
+    if precision is None:
+        precision = config.get("dnn.conv.precision")
+    elif precision not in PRECISIONS:
+        raise ValueError(f"{op}: precision must be one of {', '.join(PRECISIONS)}; "
+                         f"got {precision!r}")
+    name = np.dtype(dtype).name
+    compute = {"as_input_f32": "float32" if name == "float16" else name,
+               "as_input": name}.get(precision, precision)
+    return dict(direction=direction, algo=algo, dtype=name, compute_dtype=compute,
+                allow_tf32=config.get("dnn.conv.allow_tf32"),
+                deterministic=config.get("dnn.deterministic"),
+                workspace=config.get("dnn.conv.workspace_limit"))
+
+
+def workspace_limit(opts):
+    """The workspace limit in bytes ('auto' resolved against the free device memory now)."""
+    if opts["workspace"] != "auto":
+        return opts["workspace"]
+    from numba import cuda
+    free, _total = cuda.current_context().get_memory_info()
+    return int(min(WORKSPACE_CAP, free * WORKSPACE_SHARE))
+
+
+def _shape(op, name, shape, rank):
+    try:
+        t = tuple(int(v) for v in shape)
+    except TypeError:
+        raise TypeError(f"{op}: {name} must be a shape tuple; got {shape!r}") from None
+    if len(t) != rank or any(v < 0 for v in t):
+        raise ValueError(f"{op}: {name} must be {rank} non-negative sizes; got {shape!r}")
+    return t
+
+
+def make_geom(op, nd, x_shape, w_shape, stride, padding, dilation, groups, mode):
+    """Check every geometric argument and return the ConvGeom (3-D form)."""
+    if not isinstance(groups, (int, np.integer)) or isinstance(groups, bool) or groups < 1:
+        raise ValueError(f"{op}: groups must be a positive int; got {groups!r}")
+    n, c = x_shape[:2]
+    k, cg = w_shape[:2]
+    if c % groups or k % groups:
+        raise ValueError(f"{op}: groups={groups} must divide the input channels C={c} and the "
+                         f"filters K={k}")
+    if cg * groups != c:
+        raise ValueError(f"{op}: w has {cg} input channels per group but x has C={c} with "
+                         f"groups={groups} (expected {c // groups}); w {w_shape}, x {x_shape}")
+    stride = _ints(op, "stride", stride, nd, 1)
+    dilation = _ints(op, "dilation", dilation, nd, 1)
+    pad = _padding(op, padding, w_shape[2:], dilation, nd)
+    for i, (size, kk, p, d) in enumerate(zip(x_shape[2:], w_shape[2:], pad, dilation)):
+        if (kk - 1) * d + 1 > size + 2 * p:
+            raise ValueError(f"{op}: the dilated kernel ({(kk - 1) * d + 1} in spatial dim {i}, "
+                             f"kernel {kk}, dilation {d}) is larger than the padded input "
+                             f"({size} + 2*{p}); x {x_shape}, w {w_shape}")
+    lift = (1,) * (3 - nd)
+    return ConvGeom(nd, tuple(x_shape[:2]) + lift + tuple(x_shape[2:]),
+                    tuple(w_shape[:2]) + lift + tuple(w_shape[2:]),
+                    lift + stride, (0,) * (3 - nd) + pad, lift + dilation, int(groups),
+                    _mode(op, mode))
+
+
+def _inputs(op, nd, stream, **named):
+    s = arrays.as_stream(stream)
+    out = [arrays.device_input(op, k, v, s, ndim=(nd + 2,)) for k, v in named.items()]
+    first = next(iter(named))
+    for k, a in zip(list(named)[1:], out[1:]):
+        if a.dtype != out[0].dtype:
+            raise TypeError(f"{op}: {k} has dtype {a.dtype} but {first} has {out[0].dtype}")
+    return out, s
+
+
+def forward_args(op, nd, x, w, bias, stride, padding, dilation, groups, mode, algo, precision,
+                 stream):
+    (x, w), s = _inputs(op, nd, stream, x=x, w=w)
+    geom = make_geom(op, nd, x.shape, w.shape, stride, padding, dilation, groups, mode)
+    if bias is not None:
+        bias = arrays.device_input(op, "bias", bias, s, ndim=(1,))
+        if bias.shape[0] != w.shape[0] or bias.dtype != x.dtype:
+            raise ValueError(f"{op}: bias must be ({w.shape[0]},) {x.dtype}; got "
+                             f"{tuple(bias.shape)} {bias.dtype}")
+    return x, w, bias, geom, _opts(op, "fwd", x.dtype, algo, precision), s
+
+
+def backward_data_args(op, nd, dy, w, x_shape, stride, padding, dilation, groups, mode, algo,
+                       precision, stream):
+    (dy, w), s = _inputs(op, nd, stream, dy=dy, w=w)
+    x_shape = _shape(op, "x_shape", x_shape, nd + 2)
+    geom = make_geom(op, nd, x_shape, w.shape, stride, padding, dilation, groups, mode)
+    _expect(op, "dy", dy.shape, geom.user_shape(geom.y_shape))
+    return dy, w, geom, _opts(op, "bwd_data", dy.dtype, algo, precision), s
+
+
+def backward_filter_args(op, nd, x, dy, w_shape, stride, padding, dilation, groups, mode, algo,
+                         precision, stream):
+    (x, dy), s = _inputs(op, nd, stream, x=x, dy=dy)
+    w_shape = _shape(op, "w_shape", w_shape, nd + 2)
+    geom = make_geom(op, nd, x.shape, w_shape, stride, padding, dilation, groups, mode)
+    _expect(op, "dy", dy.shape, geom.user_shape(geom.y_shape))
+    return x, dy, geom, _opts(op, "bwd_filter", x.dtype, algo, precision), s
+
+
+def _expect(op, name, got, want):
+    if tuple(got) != tuple(want):
+        raise ValueError(f"{op}: {name} has shape {tuple(got)} but the convolution's output "
+                         f"is {tuple(want)}")

@@ -1,0 +1,166 @@
+"""The Numba convolution backend (dnnkit/ops/conv_numba.py) against a float64 NumPy reference.
+
+The reference enumerates every term x[n, c, i] * w[k, c', tap] of the convolution sum as index
+triples (x, w, y) and accumulates them with bincount: forward sums into y, the data gradient
+into x, the filter gradient into w. A finite-difference test checks that those gradients are
+the true gradients of sum(y * dy).
+"""
+
+import numpy as np
+import pytest
+
+from dnnkit import reference
+from dnnkit.geometry import ConvGeom
+from dnnkit.ops import conv_numba
+
+TOL = {"float16": 4e-3, "float32": 2e-6, "float64": 1e-12}
+
+
+def _geom(x, w, stride=1, padding=0, dilation=1, groups=1, flip=False, nd=None):
+    t3 = [v if isinstance(v, tuple) else (v,) * 3 for v in (stride, padding, dilation)]
+    return ConvGeom(nd or (2 if x[2] == w[2] == 1 else 3), x, w, *t3, groups, flip)
+
+
+CASES = {
+    "2d": _geom((2, 3, 1, 5, 6), (4, 3, 1, 3, 3), padding=(0, 1, 1)),
+    "2d-s2-dil2-pad-flip": _geom((1, 2, 1, 6, 5), (2, 2, 1, 2, 3), (1, 2, 2), (0, 0, 1),
+                                 (1, 2, 2), flip=True),
+    "2d-s3-over-kernel": _geom((2, 2, 1, 6, 5), (3, 2, 1, 2, 2), (1, 3, 3), (0, 1, 0)),
+    "2d-1x1-groups2": _geom((2, 4, 1, 3, 4), (4, 2, 1, 1, 1), groups=2, flip=True),
+    "2d-depthwise": _geom((1, 4, 1, 5, 5), (4, 1, 1, 3, 3), (1, 2, 1), (0, 1, 1), groups=4,
+                          flip=True),
+    "2d-depthwise-x2": _geom((2, 2, 1, 4, 6), (4, 1, 1, 3, 2), 1, (0, 1, 0), (1, 1, 2),
+                             groups=2),
+    "3d-dil-flip": _geom((1, 2, 4, 4, 3), (2, 2, 2, 2, 2), (1, 2, 1), (1, 0, 1), (2, 1, 1),
+                         flip=True),
+    "3d-groups2-s2": _geom((2, 4, 3, 4, 3), (4, 2, 3, 1, 2), (2, 1, 2), (1, 1, 0), groups=2),
+    "3d-1x1x1-s3": _geom((1, 3, 3, 3, 4), (2, 3, 1, 1, 1), (2, 2, 3)),
+}
+
+
+# ------------------------------------------------------------------ float64 reference
+
+def _terms(g):
+    """Flat indices (xi, wi, yi) of every in-bounds term of the convolution sum."""
+    n_, _, *size = g.x_shape
+    k_, cg, *ks = g.w_shape
+    out = g.out_spatial
+    n, k, c, *rest = np.meshgrid(*[np.arange(v) for v in (n_, k_, cg, *ks, *out)],
+                                 indexing="ij")
+    taps, outs = rest[:3], rest[3:]
+    if g.flip:
+        taps = [kn - 1 - t for kn, t in zip(ks, taps)]
+    pos = [o * s + t * d - p for o, t, s, d, p in zip(outs, taps, g.stride, g.dilation,
+                                                         g.padding)]
+    inside = np.logical_and.reduce([(0 <= p) & (p < i) for p, i in zip(pos, size)])
+    ci = (k // (k_ // g.groups)) * cg + c
+    xi = np.ravel_multi_index([n, ci] + [np.where(inside, p, 0) for p in pos], g.x_shape)
+    wi = np.ravel_multi_index([k, c] + rest[:3], g.w_shape)
+    yi = np.ravel_multi_index([n, k] + outs, g.y_shape)
+    return xi[inside], wi[inside], yi[inside]
+
+
+def _sum_into(index, values, shape):
+    return np.bincount(index, weights=values, minlength=int(np.prod(shape))).reshape(shape)
+
+
+def ref_forward(x, w, b, g):
+    xi, wi, yi = _terms(g)
+    y = _sum_into(yi, x.ravel()[xi] * w.ravel()[wi], g.y_shape)
+    return y if b is None else y + b.reshape(1, -1, 1, 1, 1)
+
+
+def ref_backward_data(dy, w, g):
+    xi, wi, yi = _terms(g)
+    return _sum_into(xi, dy.ravel()[yi] * w.ravel()[wi], g.x_shape)
+
+
+def ref_backward_filter(x, dy, g):
+    xi, wi, yi = _terms(g)
+    return _sum_into(wi, dy.ravel()[yi] * x.ravel()[xi], g.w_shape)
+
+
+def ref_backward_bias(dy):
+    return dy.sum(axis=(0,) + tuple(range(2, dy.ndim)))
+
+
+@pytest.mark.parametrize("name", ["2d-s2-dil2-pad-flip", "2d-depthwise-x2", "3d-groups2-s2"])
+def test_reference_gradients_are_the_finite_differences(rng, name):
+    g = CASES[name]
+    x, w = rng.standard_normal(g.x_shape), rng.standard_normal(g.w_shape)
+    b, dy = rng.standard_normal(g.w_shape[0]), rng.standard_normal(g.y_shape)
+
+    def fd(arr):
+        # the loss is linear in each argument, so central differences are exact up to rounding
+        out, h = np.zeros_like(arr), 0.5
+        for idx in np.ndindex(arr.shape):
+            arr[idx] += h
+            up = (ref_forward(x, w, b, g) * dy).sum()
+            arr[idx] -= 2 * h
+            down = (ref_forward(x, w, b, g) * dy).sum()
+            arr[idx] += h
+            out[idx] = (up - down) / (2 * h)
+        return out
+
+    assert np.allclose(ref_backward_data(dy, w, g), fd(x), rtol=1e-10, atol=1e-10)
+    assert np.allclose(ref_backward_filter(x, dy, g), fd(w), rtol=1e-10, atol=1e-10)
+    assert np.allclose(ref_backward_bias(dy), fd(b), rtol=1e-10, atol=1e-10)
+
+
+# ------------------------------------------------------------------ the Numba backend
+
+def _run_all(rng, g, dtype):
+    """Every pass of the backend on random data vs the reference; the relative errors."""
+    from numba import cuda
+    host = [rng.standard_normal(s).astype(dtype) for s in
+            (g.x_shape, g.w_shape, (g.w_shape[0],), g.y_shape)]
+    x, w, b, dy = (cuda.to_device(a) for a in host)
+    x64, w64, b64, dy64 = (a.astype(np.float64) for a in host)
+    s = cuda.default_stream()
+    got = {"forward": conv_numba.forward(x, w, b, g, s),
+           "data": conv_numba.backward_data(dy, w, g, s),
+           "filter": conv_numba.backward_filter(x, dy, g, s),
+           "bias": conv_numba.backward_bias(dy, s)}
+    want = {"forward": ref_forward(x64, w64, b64, g), "data": ref_backward_data(dy64, w64, g),
+            "filter": ref_backward_filter(x64, dy64, g), "bias": ref_backward_bias(dy64)}
+    for key, a in got.items():
+        assert a.dtype == np.dtype(dtype) and a.shape == want[key].shape, key
+    return {key: reference.rel_error(a.copy_to_host(), want[key]) for key, a in got.items()}
+
+
+def _check(errors, dtype):
+    assert max(errors.values()) <= TOL[dtype], errors
+
+
+@pytest.mark.parametrize("dtype", list(TOL))
+@pytest.mark.parametrize("name", list(CASES))
+def test_matches_reference(rng, name, dtype):
+    _check(_run_all(rng, CASES[name], dtype), dtype)
+
+
+@pytest.mark.parametrize("images", [1, 2])
+def test_batch_in_chunks(rng, monkeypatch, images):
+    """A column budget of `images` images: N = 3 runs as chunks of 2 + 1 (the filter gradient's
+    image split then differs in the last chunk) or 1 + 1 + 1."""
+    g = _geom((3, 4, 1, 4, 5), (4, 2, 1, 2, 3), (1, 1, 2), (0, 1, 1), groups=2, flip=True)
+    per_image = 4 * 6 * int(np.prod(g.out_spatial)) * 4      # C*T*R*S * O * sizeof(float32)
+    monkeypatch.setattr(conv_numba, "COL_BUDGET_BYTES", images * per_image + 1)
+    assert conv_numba._Sizes(g, 4).chunk == images
+    _check(_run_all(rng, g, "float32"), "float32")
+
+
+@pytest.mark.parametrize("block", [(4, 2), (8, 8)])
+def test_larger_gemm_blocks(rng, monkeypatch, block):
+    """More threads per GEMM block than the simulator's default: shared slabs filled and read
+    by several threads; with 8 x 8 threads, as on a GPU, the next slab is prefetched."""
+    monkeypatch.setattr(conv_numba, "GEMM_BLOCK_MAX", block)
+    g = _geom((2, 4, 1, 6, 6), (4, 4, 1, 3, 3), padding=(0, 1, 1))
+    _check(_run_all(rng, g, "float32"), "float32")
+
+
+@pytest.mark.parametrize("shape", [(3, 4), (2, 3, 5), (1, 2, 3, 1, 4)])
+def test_bias_gradient_any_rank(rng, shape):
+    from numba import cuda
+    dy = rng.standard_normal(shape)
+    db = conv_numba.backward_bias(cuda.to_device(dy), cuda.default_stream()).copy_to_host()
+    assert reference.rel_error(db, ref_backward_bias(dy)) <= TOL["float64"]
