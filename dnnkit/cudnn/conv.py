@@ -434,12 +434,14 @@ def add_bias(y, bias, geom, stream):
                  _ptr(y), context=f"bias {dims.bias} onto y {dims.y} {np.dtype(y.dtype).name}")
 
 
-def backward_bias(dy, db, geom, stream):
-    """db (K,) = dy summed over N and the spatial dims (cudnnConvolutionBackwardBias)."""
+def backward_bias(dy, db, stream):
+    """db (K,) = dy (4-D or 5-D) summed over N and the spatial dims
+    (cudnnConvolutionBackwardBias)."""
     h = handle.get(stream)
     alpha, beta = scalars(dy.dtype)
-    dims = descriptor_dims(geom)
-    with TensorDescriptor(dims.bias, dy.dtype) as bd, TensorDescriptor(dims.y, dy.dtype) as yd:
+    y_dims = tuple(dy.shape)
+    b_dims = (1, y_dims[1]) + (1,) * (len(y_dims) - 2)
+    with TensorDescriptor(b_dims, dy.dtype) as bd, TensorDescriptor(y_dims, dy.dtype) as yd:
         api.call("cudnnConvolutionBackwardBias", h, ctypes.byref(alpha), yd, _ptr(dy),
                  ctypes.byref(beta), bd, _ptr(db),
-                 context=f"dy {dims.y} into db {dims.bias} {np.dtype(dy.dtype).name}")
+                 context=f"dy {y_dims} into db {b_dims} {np.dtype(dy.dtype).name}")

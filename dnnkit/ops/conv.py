@@ -171,7 +171,7 @@ def _cudnn_bias_supports(dy, stream):
 def _cudnn_backward_bias(dy, stream):
     from ..cudnn import conv as cconv
     db = arrays.cuda_empty((dy.shape[1],), dy.dtype, stream)
-    cconv.backward_bias(dy, db, None, arrays.stream_pointer(stream))
+    cconv.backward_bias(dy, db, arrays.stream_pointer(stream))
     return db
 
 
