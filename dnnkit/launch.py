@@ -19,6 +19,14 @@ _cache = {}
 _lock = threading.Lock()
 
 
+def pow2_at_most(v, cap):
+    """The smallest power of two >= v, but at most ``cap`` (block-dimension sizing)."""
+    p = 1
+    while p < v and p < cap:
+        p *= 2
+    return p
+
+
 def _blocks(grid):
     if isinstance(grid, int):
         return grid

@@ -16,7 +16,7 @@ accumulated over chunks, and summed at the end in a fixed order. Every pass is d
 from numba import config
 
 from .. import arrays
-from ..launch import launch
+from ..launch import launch, pow2_at_most
 
 COL_BUDGET_BYTES = 256 << 20
 _SIM = bool(config.ENABLE_CUDASIM)
@@ -67,18 +67,11 @@ class _Sizes:
         return self.n * self.k * self.out * self.rows == 0
 
 
-def _pow2_at_most(v, cap):
-    p = 1
-    while p < v and p < cap:
-        p *= 2
-    return p
-
-
 def _gemm_block(m, n):
     """(bx, by): about one row/column of blocks per TM/TN rows/columns, within the caps."""
     from ..kernels.conv import TM, TN
-    by = _pow2_at_most(-(-m // TM), GEMM_BLOCK_MAX[1])
-    bx = _pow2_at_most(-(-n // TN), min(GEMM_BLOCK_MAX[0], max(1, GEMM_THREADS // by)))
+    by = pow2_at_most(-(-m // TM), GEMM_BLOCK_MAX[1])
+    bx = pow2_at_most(-(-n // TN), min(GEMM_BLOCK_MAX[0], max(1, GEMM_THREADS // by)))
     return bx, by
 
 
@@ -198,7 +191,7 @@ def backward_bias(dy, stream):
     if k == 0:
         return db
     acc = arrays.acc_array(dy.dtype)
-    by = _pow2_at_most(n * s, ELEM_THREADS if _SIM else MAX_THREADS)
+    by = pow2_at_most(n * s, ELEM_THREADS if _SIM else MAX_THREADS)
     launch(_kernels().conv_bias_bwd_kernel, min(k, 65535), (1, by), stream,
            (arrays.flat(dy), db, n, k, s, acc), by * acc.dtype.itemsize)
     return db

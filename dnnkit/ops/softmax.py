@@ -13,7 +13,7 @@ cuDNN: cudnnSoftmaxForward/Backward on the 4-D (N, C, H, W) descriptor ((N, C, 1
 
 from .. import arrays
 from ..dispatch import note_algo, public_op, register
-from ..launch import launch
+from ..launch import launch, pow2_at_most
 
 ALGOS = ("fast", "accurate", "log")
 _ALGO_ID = {"fast": 0, "accurate": 1, "log": 2}   # matches kernels/softmax.py
@@ -67,20 +67,13 @@ def _ncs(shape, mode):
     return (n, c * spatial, 1) if mode == "instance" else (n, c, spatial)
 
 
-def _pow2_at_most(v, cap):
-    p = 1
-    while p < v and p < cap:
-        p *= 2
-    return p
-
-
 def _launch(kernel, shape, mode, algo, stream, *arrays_):
     from ..kernels.softmax import MAX_THREADS
     n, c, s = _ncs(shape, mode)
     if n * c * s == 0:
         return
-    bx = 1 if s == 1 else _pow2_at_most(s, 32)
-    by = _pow2_at_most(c, MAX_THREADS // bx)
+    bx = 1 if s == 1 else pow2_at_most(s, 32)
+    by = pow2_at_most(c, MAX_THREADS // bx)
     blocks = min(n * ((s + bx - 1) // bx), 65535)
     flat = [arrays.flat(a) for a in arrays_]
     acc = arrays.acc_array(arrays_[0].dtype)
