@@ -144,6 +144,8 @@ def make_geom(op, nd, x_shape, w_shape, stride, padding, dilation, groups, mode)
         raise ValueError(f"{op}: groups must be a positive int; got {groups!r}")
     n, c = x_shape[:2]
     k, cg = w_shape[:2]
+    if c == 0:
+        raise ValueError(f"{op}: x has no input channels (C=0); x {x_shape}, w {w_shape}")
     if c % groups or k % groups:
         raise ValueError(f"{op}: groups={groups} must divide the input channels C={c} and the "
                          f"filters K={k}")

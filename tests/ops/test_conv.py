@@ -128,6 +128,7 @@ def test_border_modes_give_the_documented_output_sizes():
     (lambda x, w: dnnkit.conv2d(x, w, stride=(1, 2, 3)), TypeError, ["stride", "(1, 2, 3)"]),
     (lambda x, w: dnnkit.conv2d(x, w, groups=3), ValueError, ["groups=3", "C=4"]),
     (lambda x, w: dnnkit.conv2d(x, w[:, :2]), ValueError, ["2 input channels", "C=4"]),
+    (lambda x, w: dnnkit.conv2d(x[:, :0], w[:, :0]), ValueError, ["conv2d", "C=0"]),
     (lambda x, w: dnnkit.conv2d(x, np.ones((2, 4, 9, 3), np.float32)), ValueError,
      ["larger than the padded input", "9"]),
     (lambda x, w: dnnkit.conv2d(x, w, mode="corr"), ValueError, ["mode", "'corr'"]),
@@ -165,6 +166,18 @@ def test_conv_flags_validate_and_resolve():
     o = _opts("conv2d", "fwd", np.float16, None, None)
     assert (o["algo"], o["compute_dtype"], o["workspace"]) == ("time_once", "float32", 2**20)
     assert _opts("conv2d", "fwd", np.float16, "fft", "as_input")["compute_dtype"] == "float16"
+
+
+@pytest.mark.parametrize("backend", backend_params())
+def test_empty_batch_and_no_filters(backend):
+    x = np.ones((0, 4, 6, 6), np.float32)
+    w = np.ones((2, 4, 3, 3), np.float32)
+    assert dnnkit.conv2d(x, w, backend=backend).shape == (0, 2, 4, 4)
+    x = np.ones((1, 4, 6, 6), np.float32)
+    assert dnnkit.conv2d(x, w[:0], backend=backend).shape == (1, 0, 4, 4)
+    dw = dnnkit.conv2d_backward_filter(x, np.ones((1, 2, 4, 4), np.float32), w.shape,
+                                       backend=backend).copy_to_host()
+    assert np.allclose(dw, 16.0)
 
 
 def test_select_backend_for_conv():
