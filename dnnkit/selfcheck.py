@@ -199,12 +199,12 @@ def run(dtypes=("float16", "float32", "float64"), reps=20, seed=0, simulator=Non
                 yield row
 
 
-HEADER = (f"{'op':<20} {'variant':<18} {'dtype':<8} {'backend':<7} {'rel err':>9} "
+HEADER = (f"{'op':<24} {'variant':<18} {'dtype':<8} {'backend':<7} {'rel err':>9} "
           f"{'ms':>9}  status")
 
 
 def format_row(r):
-    head = f"{r['op']:<20} {r['variant']:<18} {r['dtype']:<8} {r['backend']:<7} "
+    head = f"{r['op']:<24} {r['variant']:<18} {r['dtype']:<8} {r['backend']:<7} "
     if r["status"] == "skipped":
         return head + f"{'-':>9} {'-':>9}  skipped: {r['note']}"
     return head + f"{r['rel_err']:9.2e} {r['ms']:9.4f}  {r['status']}"
