@@ -138,7 +138,6 @@ def conv_forward(x, w, bias=None, stride=1, padding=0, dilation=1, groups=1, fli
 
 def conv_backward_data(dy, w, x_shape, stride=1, padding=0, dilation=1, groups=1, flip=False):
     dy, w = np.asarray(dy, np.float64), np.asarray(w, np.float64)
-    nd = dy.ndim - 2
     w = _flip(w) if flip else w
     ks = w.shape[2:]
     padded = tuple(x_shape[:2]) + tuple(s + 2 * p for s, p in zip(x_shape[2:], padding))

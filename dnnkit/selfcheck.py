@@ -6,7 +6,6 @@ error ``max|y - ref| / max|ref|`` and the median time of CUDA-event-timed runs a
 """
 
 import dataclasses
-import statistics
 import time
 
 import numpy as np
@@ -15,6 +14,7 @@ from . import ops, reference
 from .ops.activation import MODES as ACT_MODES
 from .dispatch import REGISTRY
 from .errors import CudnnUnavailableError
+from .timing import median_ms
 
 # Pass thresholds on the relative error vs float64, per dtype (float16 has an 11-bit mantissa).
 THRESHOLD = {"float16": 5e-3, "float32": 1e-5, "float64": 1e-12}
@@ -146,21 +146,6 @@ def _cudnn_env_reason():
     return st.describe() if st is not None and not st.available else None
 
 
-def _time_gpu(fn, reps):
-    from numba import cuda
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(reps):
-        start, stop = cuda.event(), cuda.event()
-        start.record()
-        fn()
-        stop.record()
-        stop.synchronize()
-        times.append(cuda.event_elapsed_time(start, stop))
-    return statistics.median(times)
-
-
 def _time_sim(fn):
     t0 = time.perf_counter()
     fn()
@@ -193,7 +178,7 @@ def run(dtypes=("float16", "float32", "float64"), reps=20, seed=0, simulator=Non
                     yield row
                     continue
                 err = reference.rel_error(got, ref)
-                ms = _time_sim(fn) if sim else _time_gpu(fn, reps)
+                ms = _time_sim(fn) if sim else median_ms(lambda i: fn(), reps)
                 ok = err <= THRESHOLD[dt.name]
                 row.update(status="ok" if ok else "FAIL", rel_err=err, ms=ms)
                 yield row

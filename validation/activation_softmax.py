@@ -11,29 +11,14 @@ bandwidth measured in the same run.
 
 import argparse
 import json
-import statistics
 
 import numpy as np
 
 import dnnkit
 from dnnkit import reference
+from dnnkit.timing import median_ms
 
 SETS = 3
-
-
-def _events_median(fn, reps, warmup=3):
-    from numba import cuda
-    for i in range(warmup):
-        fn(i)
-    times = []
-    for i in range(reps):
-        a, b = cuda.event(), cuda.event()
-        a.record()
-        fn(i)
-        b.record()
-        b.synchronize()
-        times.append(cuda.event_elapsed_time(a, b))
-    return statistics.median(times)
 
 
 def copy_bandwidth(reps):
@@ -43,11 +28,11 @@ def copy_bandwidth(reps):
     n = 2**30
     src = cuda.to_device(np.random.default_rng(0).standard_normal(n // 4).astype(np.float32))
     dst = cuda.device_array_like(src)
-    rates = [2 * n / _events_median(lambda i: dst.copy_to_device(src), reps) / 1e6]
+    rates = [2 * n / median_ms(lambda i: dst.copy_to_device(src), reps) / 1e6]
     torch = _torch()
     if torch is not None:
         ts, td = torch.as_tensor(src, device="cuda"), torch.as_tensor(dst, device="cuda")
-        rates.append(2 * n / _events_median(lambda i: td.copy_(ts), reps) / 1e6)
+        rates.append(2 * n / median_ms(lambda i: td.copy_(ts), reps) / 1e6)
     return max(rates)
 
 
@@ -138,7 +123,7 @@ def run(reps):
                 continue
             got = out.cpu().numpy() if hasattr(out, "cpu") else out.copy_to_host()
             err = reference.rel_error(got, ref)
-            ms = _events_median(f, reps)
+            ms = median_ms(f, reps)
             rows.append(dict(op=name, shape=list(shape), backend=backend, rel_err=err, ms=ms,
                              gbps=nbytes / ms / 1e6))
     return rows

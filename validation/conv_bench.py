@@ -11,31 +11,16 @@ Numba/cuDNN and cuDNN/PyTorch.
 import argparse
 import json
 import math
-import statistics
 
 import numpy as np
 
 import dnnkit
 from dnnkit import reference
+from dnnkit.timing import median_ms
 
 # (C, K, H=W, kernel, stride, padding)
 RESNET50 = [(3, 64, 224, 7, 2, 3), (64, 64, 56, 3, 1, 1), (256, 64, 56, 1, 1, 0),
             (128, 128, 28, 3, 1, 1), (256, 256, 14, 3, 1, 1), (512, 512, 7, 3, 1, 1)]
-
-
-def _median_ms(fn, reps, warmup=2):
-    from numba import cuda
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(reps):
-        a, b = cuda.event(), cuda.event()
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(cuda.event_elapsed_time(a, b))
-    return statistics.median(times)
 
 
 def _torch():
@@ -82,13 +67,13 @@ def bench_shape(shape, batch, reps, torch):
         outs = {}
         for b in ("numba", "cudnn"):
             outs[b] = fn(b).copy_to_host()
-            row[b + "_ms"] = _median_ms(lambda: fn(b), reps)
+            row[b + "_ms"] = median_ms(lambda i: fn(b), reps, warmup=2)
         ref = refs.get(d, outs["cudnn"])
         for b in ("numba", "cudnn"):
             row[b + "_err"] = reference.rel_error(outs[b], ref)
             row[b + "_tflops"] = flops / row[b + "_ms"] / 1e9
         if torch is not None:
-            row["torch_ms"] = _median_ms(tcalls[d], reps)
+            row["torch_ms"] = median_ms(lambda i: tcalls[d](), reps, warmup=2)
         rows.append(row)
     return rows
 

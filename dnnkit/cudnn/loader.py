@@ -117,7 +117,7 @@ def _probe(library_path, device_ok, device_reason):
     version = int(lib.cudnnGetVersion())
     base = dict(version=version, path=path, found_via=via, lib=lib)
     if version < MIN_VERSION:
-        return CudnnStatus(False, f"too old: cuDNN >= 9 is required", **base)
+        return CudnnStatus(False, "too old: cuDNN >= 9 is required", **base)
     # cudnnStatus_t cudnnCreate(cudnnHandle_t *handle);
     handle = ctypes.c_void_p()
     st = lib.cudnnCreate(ctypes.byref(handle))
