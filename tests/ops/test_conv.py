@@ -186,3 +186,14 @@ def test_select_backend_for_conv():
     assert dnnkit.select_backend("conv2d", x, w, backend="numba") == "numba"
     with pytest.raises(ValueError, match="conv2d: stride"):
         dnnkit.select_backend("conv2d", x, w, stride=0)
+
+
+def test_flag_values_are_exactly_the_cudnn_tables():
+    """conv_args validates names without loading cuDNN; they must match cudnn/conv.py's maps."""
+    from dnnkit.cudnn import conv as cconv
+    from dnnkit.ops import conv_args
+    tables = {"fwd": cconv.FWD_ALGOS, "bwd_data": cconv.BWD_DATA_ALGOS,
+              "bwd_filter": cconv.BWD_FILTER_ALGOS}
+    for direction, table in tables.items():
+        assert set(conv_args.ALGOS[direction]) == set(table) | set(cconv.CHOICES)
+    assert conv_args.CHOICES == cconv.CHOICES
