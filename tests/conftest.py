@@ -54,6 +54,15 @@ def _clean_flags(monkeypatch):
     clean()
 
 
+@pytest.fixture(scope="session")
+def real():
+    """The real cuDNN wheel's status (found, versioned; usable only where there is a GPU)."""
+    from dnnkit.cudnn import loader
+    st = loader.status("")
+    assert st.path, f"the cuDNN wheel must be installed for the tests: {st.reason}"
+    return st
+
+
 @pytest.fixture
 def rng(request):
     # A fresh stream per test, seeded from its name so failures reproduce.

@@ -11,12 +11,6 @@ from dnnkit.cudnn import loader
 from tests.conftest import HAVE_DRIVER
 
 
-@pytest.fixture(scope="module")
-def real():
-    st = loader.status("")
-    assert st.path, f"the cuDNN wheel must be installed for the tests: {st.reason}"
-    return st
-
 
 def test_wheel_is_found_and_versioned(real):
     assert real.found_via == "site-packages"
