@@ -8,9 +8,6 @@ from . import backends, config, dispatch, reference, testing  # noqa: F401
 from .dispatch import select_backend, trace  # noqa: F401
 from .errors import (CrosscheckError, CudnnError, CudnnUnavailableError,  # noqa: F401
                      DnnkitError, NumbaUnavailableError)
-from .ops import (activation, activation_backward, conv2d, conv2d_backward_data,  # noqa: F401
-                  conv2d_backward_filter, conv3d, conv3d_backward_data, conv3d_backward_filter,
-                  conv_backward_bias, log_softmax, relu, sigmoid, softmax, softmax_backward,
-                  tanh)
+from .ops import *  # noqa: F401,F403 - the public ops (dnnkit.ops.__all__)
 
 __version__ = "0.1.0"

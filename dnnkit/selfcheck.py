@@ -83,6 +83,9 @@ def cases():
                             lambda i, a=algo, m=mode: reference.softmax_backward(i[0], i[1], a, m),
                             _softmax_backward_inputs(algo, mode, sm_small, sm_big)))
     out += _conv_cases()
+    for family in ops.FAMILIES:
+        if hasattr(family, "selfcheck_cases"):
+            out += family.selfcheck_cases(Case)
     missing = set(REGISTRY) - {c.op for c in out}
     if missing:  # every registered op must be cross-checked
         raise RuntimeError(f"selfcheck has no case for {sorted(missing)}")

@@ -7,15 +7,31 @@ type (float32 for float16 and float32 data, float64 for float64). ``zero = acc[0
 ``x[i] + zero`` promote every load to that type, ``cuda.shared.array(..., dtype=acc.dtype)``
 types the scratch, and scalar arguments (``coef``) are passed in that type by the ops. Literal
 constants are written ``float32(c)``: a Python literal would promote float32 math to float64.
+
+Every kernel module defines ``SIGNATURES(t, acc)``: {kernel name: argument types} for data type
+``t`` accumulating in ``acc`` (Numba types), used by the ahead-of-time PTX checks
+(kernels/signatures.py). Its kernels are found by name (``*_kernel``) or, for kernels built by
+a factory at run time, through the module's ``VARIANTS`` {name: kernel}.
 """
 
-from .activation import activation_bwd_kernel, activation_fwd_kernel  # noqa: F401
-from .conv import (conv_bias_bwd_kernel, conv_col2im_bwd_kernel,  # noqa: F401
-                   conv_gemm_bwd_kernel, conv_gemm_fwd_kernel, conv_im2col_fwd_kernel,
-                   conv_wsum_bwd_kernel)
-from .softmax import softmax_bwd_kernel, softmax_fwd_kernel  # noqa: F401
+import importlib
 
-ALL_KERNELS = ("activation_fwd_kernel", "activation_bwd_kernel",
-               "softmax_fwd_kernel", "softmax_bwd_kernel",
-               "conv_im2col_fwd_kernel", "conv_col2im_bwd_kernel", "conv_gemm_fwd_kernel",
-               "conv_gemm_bwd_kernel", "conv_bias_bwd_kernel", "conv_wsum_bwd_kernel")
+# One module per op family; adding a family = adding its module here.
+MODULES = ("activation", "softmax", "conv", "gemm", "pool", "batchnorm", "dropout")
+
+_modules = [importlib.import_module(f".{m}", __name__) for m in MODULES]
+for _m in _modules:
+    for _name in dir(_m):
+        if _name.endswith("_kernel") and not _name.startswith("_"):
+            globals()[_name] = getattr(_m, _name)
+
+ALL_KERNELS = tuple(n for _m in _modules for n in dir(_m)
+                    if n.endswith("_kernel") and not n.startswith("_"))
+
+
+def all_kernels():
+    """{name: kernel} of every kernel, factory-built variants included."""
+    out = {n: globals()[n] for n in ALL_KERNELS}
+    for m in _modules:
+        out.update(getattr(m, "VARIANTS", {}))
+    return out

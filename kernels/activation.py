@@ -88,3 +88,10 @@ def activation_bwd_kernel(x, y, dy, dx, mode, coef, acc):
     for i in range(start, x.size, step):
         v = x[i] + zero
         dx[i] = (dy[i] + zero) * _derivative(v, y[i] + zero, mode, coef, zero)
+
+
+def SIGNATURES(t, acc):
+    from numba import int64
+    a, z = t[::1], acc[::1]
+    return {"activation_fwd_kernel": (a, a, int64, acc, z),
+            "activation_bwd_kernel": (a, a, a, a, int64, acc, z)}

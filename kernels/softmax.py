@@ -121,3 +121,10 @@ def softmax_bwd_kernel(y, dy, dx, n, c, s, algo, acc):
                     dx[i] = dy[i] + zero - math.exp(w) * total
                 else:
                     dx[i] = w * (dy[i] + zero - total)
+
+
+def SIGNATURES(t, acc):
+    from numba import int64
+    a, z = t[::1], acc[::1]
+    return {"softmax_fwd_kernel": (a, a, int64, int64, int64, int64, z),
+            "softmax_bwd_kernel": (a, a, a, int64, int64, int64, int64, z)}

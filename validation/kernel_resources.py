@@ -43,12 +43,15 @@ def report(ptxas):
     import dnnkit.kernels as K
     from dnnkit.kernels.signatures import DTYPES, signatures
     rows = []
-    names = sorted(n for n in dir(K) if n.endswith("_kernel"))
+    kernels = K.all_kernels()
+    names = sorted(kernels)
     with tempfile.TemporaryDirectory() as tmp:
         for dt in DTYPES:
             sigs = signatures(dt)
             for name in names:
-                ptx, _ = cuda.compile_ptx(getattr(K, name).py_func, sigs[name], cc=(9, 0))
+                fn = kernels[name].py_func
+                ptx, _ = cuda.compile_ptx(fn, sigs[name], cc=(9, 0),
+                                          launch_bounds=getattr(fn, "launch_bounds", None))
                 path = os.path.join(tmp, f"{name}_{dt}.ptx")
                 with open(path, "w") as f:
                     f.write(ptx)

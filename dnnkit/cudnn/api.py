@@ -193,6 +193,15 @@ PROTOTYPES = {
 }
 RESTYPES = {"cudnnGetErrorString": ctypes.c_char_p, "cudnnGetVersion": c_size_t}
 
+
+def register_prototypes(prototypes, restypes=None):
+    """Add an op family's prototypes (kept beside its calls, C signatures as comments)."""
+    clash = set(prototypes) & set(PROTOTYPES)
+    if clash:
+        raise ValueError(f"cuDNN prototypes declared twice: {sorted(clash)}")
+    PROTOTYPES.update(prototypes)
+    RESTYPES.update(restypes or {})
+
 _bound = {}  # id(lib) -> {name: function with prototype set}
 
 

@@ -1,16 +1,20 @@
 """The Numba backend of 2-D/3-D convolution: im2col + tiled GEMM, col2im for the data gradient.
 
 Every array is 5-D here (dnnkit/geometry.py): x (N, C, D, H, W), w (K, C/G, T, R, S),
-y (N, K, OD, OH, OW), one float dtype throughout; kernels/conv.py has the math. The batch goes
-through in chunks of images whose column buffer (C*T*R*S x n*OD*OH*OW elements) fits in
-``COL_BUDGET_BYTES`` (one image at a time if even one does not fit). The forward and the
+y (N, K, OD, OH, OW), one float dtype throughout; kernels/conv.py has the math and
+kernels/gemm.py the GEMM. The batch goes through in chunks of images whose column buffer
+(G*rows x n*O elements; rows = C/G*T*R*S, O = OD*OH*OW) fits in ``COL_BUDGET_BYTES`` (one image
+at a time if even one does not fit). Each chunk is one GEMM per group whose n dimension runs
+over every (image, position) column of the chunk, so small images still fill whole tiles: the
+GEMM's grouped indexing reads dy and writes y straight in NCHW order. The forward and the
 filter gradient keep the column buffer in the data type (im2col only copies, so this is exact);
 the data gradient's buffer, a GEMM result, is in the accumulation type.
 
-The filter gradient is a reduction over images: each chunk's images are split into ``parts``
-equal slices reduced by separate blocks (enough to fill the GPU when K x C*T*R*S alone does
-not) into a float32/float64 workspace (parts x w.size, within ``COL_BUDGET_BYTES``),
-accumulated over chunks, and summed at the end in a fixed order. Every pass is deterministic.
+The filter gradient is a reduction over the chunk's (image, position) columns: they are split
+into ``parts`` equal slices of whole images reduced by separate blocks (enough to fill the GPU
+when K x rows alone does not) into a float32/float64 workspace (parts x w.size, within
+``COL_BUDGET_BYTES``), accumulated over chunks, and summed at the end in a fixed order. Every
+pass is deterministic.
 """
 
 from numba import config
@@ -20,12 +24,9 @@ from ..launch import launch, pow2_at_most
 
 COL_BUDGET_BYTES = 256 << 20
 _SIM = bool(config.ENABLE_CUDASIM)
-# Largest GEMM block (bx, by): bx*TN columns by by*TM rows of C. The simulator runs one Python
-# thread per CUDA thread, so there tiles stay 8 to 16 wide.
-GEMM_BLOCK_MAX = (2, 2) if _SIM else (32, 16)
-GEMM_THREADS = 256
 ELEM_THREADS = 32 if _SIM else 256
-TARGET_THREADS = 132 * 1024    # filter gradient: split images until ~half an H100/H200 is busy
+TARGET_BLOCKS = 132 * 4      # filter gradient: split images until ~4 blocks per H100/H200 SM
+PLAIN = (1 << 62, 0)         # an ungrouped GEMM index (kernels/gemm.py)
 
 
 def _kernels():
@@ -67,28 +68,26 @@ class _Sizes:
         return self.n * self.k * self.out * self.rows == 0
 
 
-def _gemm_block(m, n):
-    """(bx, by): about one row/column of blocks per TM/TN rows/columns, within the caps."""
-    from ..kernels.conv import TM, TN
-    by = pow2_at_most(-(-m // TM), GEMM_BLOCK_MAX[1])
-    bx = pow2_at_most(-(-n // TN), min(GEMM_BLOCK_MAX[0], max(1, GEMM_THREADS // by)))
-    return bx, by
+def gemm_config(m):
+    """Tile configuration (kernels/gemm.py CONFIGS) for a GEMM of m rows."""
+    if _SIM:
+        return "sim"
+    return "small" if m <= 64 else "large"
 
 
-def _gemm(kernel, a, b, c, shape, lds, *, trans=(0, 0), batch, red=(1, 0, 0), beta=0.0,
-          bias=None, stream):
-    """Launch kernels/conv.py's GEMM (see its docstring for the arguments)."""
-    from ..kernels.conv import BK, PAD, TM, TN
-    m, n, _ = shape
-    bx, by = _gemm_block(m, n)
+def _gemm(layout, a, b, c, dims, lds, grps, batch, *, beta=0.0, bias=None, stream):
+    """Launch kernels/gemm.py's kernel for ``layout`` (see its docstring for the arguments)."""
+    from ..kernels.gemm import CONFIGS, VARIANTS, shared_bytes
+    m, n, _ = dims
+    name = gemm_config(m)
+    wm, wn, tx, ty, _ = CONFIGS[name]
     acc = arrays.acc_array(a.dtype)
-    t = acc.dtype.type
-    grid = (-(-n // (bx * TN)), min(-(-m // (by * TM)), 65535), min(batch[0] * batch[1], 65535))
-    shared = BK * (by * TM + bx * TN + 2 * PAD) * acc.dtype.itemsize
-    flags = trans + (int(bias is not None),)
-    bias = a if bias is None else bias            # never read without the flag
-    launch(kernel, grid, (bx, by), stream, (a, b, c, bias, shape, lds, flags, batch, red,
-                                             t(1), t(beta), acc), shared)
+    grid = (-(-n // (tx * wn)), min(-(-m // (ty * wm)), 65535), min(batch[0] * batch[1], 65535))
+    kernel = VARIANTS[f"gemm_{layout}_{name}_kernel"]
+    launch(kernel, grid, (tx, ty), stream,
+           (a, b, c, a if bias is None else bias, dims, lds, grps, batch,
+            acc.dtype.type(beta), int(bias is not None), acc),
+           shared_bytes(wm, wn, tx, ty, acc.dtype.itemsize))
 
 
 def _elementwise(kernel, n, stream, args):
@@ -109,13 +108,14 @@ def forward(x, w, bias, geom, stream):
         return y
     col = arrays.cuda_empty((sz.groups * sz.rows * sz.chunk * sz.out,), x.dtype, stream)
     wf, yf = arrays.flat(w), arrays.flat(y)
+    o, ko = sz.out, sz.k * sz.out
     for n0, nc in sz.chunks():
         _im2col(x, col, geom, sz, n0, nc, stream)
-        # y[n, g*Kg + k, o] = sum_j W_g[k, j] col[g*rows + j, n*O + o], batched over (g, n)
-        _gemm(_kernels().conv_gemm_fwd_kernel, wf, col, yf[n0 * sz.k * sz.out:],
-              (sz.kg, sz.out, sz.rows), (sz.rows, nc * sz.out, sz.out),
-              batch=(sz.groups, nc, sz.kg * sz.rows, 0, sz.rows * nc * sz.out, sz.out,
-                     sz.kg * sz.out, sz.k * sz.out),
+        # y[n, g*Kg + i, o] = sum_k W_g[i, k] col[g*rows + k, n*O + o]: C's column j = (n, o)
+        # lives at (j // O)*K*O + j % O. One batch entry per group.
+        _gemm("00", wf, col, yf[n0 * ko:], (sz.kg, nc * o, sz.rows), (sz.rows, nc * o, o),
+              PLAIN + PLAIN + (o, ko),
+              (sz.groups, 1, sz.kg * sz.rows, 0, sz.rows * nc * o, 0, sz.kg * o, 0),
               bias=None if bias is None else arrays.flat(bias), stream=stream)
     return y
 
@@ -131,12 +131,14 @@ def backward_data(dy, w, geom, stream):
         return _zeros(dx, stream)
     dcol = arrays.cuda_empty((sz.groups * sz.rows * sz.chunk * sz.out,), acc.dtype, stream)
     wf, dyf, dxf = arrays.flat(w), arrays.flat(dy), arrays.flat(dx)
+    o, ko = sz.out, sz.k * sz.out
     for n0, nc in sz.chunks():
-        # dcol[g*rows + j, n*O + o] = sum_k W_g[k, j] dy[n, g*Kg + k, o], batched over (g, n)
-        _gemm(_kernels().conv_gemm_bwd_kernel, wf, dyf[n0 * sz.k * sz.out:], dcol,
-              (sz.rows, sz.out, sz.kg), (sz.rows, sz.out, nc * sz.out), trans=(1, 0),
-              batch=(sz.groups, nc, sz.kg * sz.rows, 0, sz.kg * sz.out, sz.k * sz.out,
-                     sz.rows * nc * sz.out, sz.out), stream=stream)
+        # dcol[g*rows + i, n*O + o] = sum_k W_g[k, i] dy[n, g*Kg + k, o]: A = W_g transposed,
+        # B's column j = (n, o) at (j // O)*K*O + j % O. One batch entry per group.
+        _gemm("10", wf, dyf[n0 * ko:], dcol, (sz.rows, nc * o, sz.kg), (sz.rows, o, nc * o),
+              PLAIN + (o, ko) + PLAIN,
+              (sz.groups, 1, sz.kg * sz.rows, 0, sz.kg * o, 0, sz.rows * nc * o, 0),
+              stream=stream)
         _elementwise(_kernels().conv_col2im_bwd_kernel, nc * sz.image, stream,
                      (dcol, dxf[n0 * sz.image:(n0 + nc) * sz.image], _geo(geom), nc, acc))
     return dx
@@ -149,9 +151,18 @@ def _largest_divisor(n, cap):
     return d
 
 
+def _filter_parts(sz, dw_bytes):
+    """Image slices reduced by separate blocks: enough blocks to fill the GPU, within the
+    workspace budget, dividing the chunk evenly."""
+    from ..kernels.gemm import CONFIGS
+    wm, wn, tx, ty, _ = CONFIGS[gemm_config(sz.kg)]
+    blocks = -(-sz.kg // (ty * wm)) * -(-sz.rows // (tx * wn)) * sz.groups
+    cap = min(max(1, TARGET_BLOCKS // blocks), COL_BUDGET_BYTES // dw_bytes)
+    return _largest_divisor(sz.chunk, cap)
+
+
 def backward_filter(x, dy, geom, stream):
     """dw = the gradient of sum(conv(x, w) * dy) wrt w, shaped geom.w_shape."""
-    from ..kernels.conv import TM, TN
     dw = arrays.cuda_empty(geom.w_shape, x.dtype, stream)
     sz = _Sizes(geom, x.dtype.itemsize)
     if dw.size == 0:
@@ -159,24 +170,22 @@ def backward_filter(x, dy, geom, stream):
     if sz.empty():
         return _zeros(dw, stream)
     acc = arrays.acc_array(x.dtype)
-    bx, by = _gemm_block(sz.kg, sz.rows)
-    threads = -(-sz.kg // (by * TM)) * -(-sz.rows // (bx * TN)) * sz.groups * bx * by
-    cap = min(TARGET_THREADS // threads, COL_BUDGET_BYTES // (dw.size * acc.dtype.itemsize))
-    parts = _largest_divisor(sz.chunk, cap)
+    parts = _filter_parts(sz, dw.size * acc.dtype.itemsize)
     ws = arrays.cuda_empty((parts * dw.size,), acc.dtype, stream)
     col = arrays.cuda_empty((sz.groups * sz.rows * sz.chunk * sz.out,), x.dtype, stream)
     dyf = arrays.flat(dy)
+    o, ko = sz.out, sz.k * sz.out
     for i, (n0, nc) in enumerate(sz.chunks()):
         _im2col(x, col, geom, sz, n0, nc, stream)
         p = _largest_divisor(nc, parts)          # == parts except in a short last chunk
         per = nc // p
-        # ws[q, g*Kg + k, j] (+)= sum over the images n of slice q and o of
-        #     dy[n, g*Kg + k, o] col[g*rows + j, n*O + o]; batched over (g, q), reduced over n
-        _gemm(_kernels().conv_gemm_bwd_kernel, dyf[n0 * sz.k * sz.out:], col, ws,
-              (sz.kg, sz.rows, sz.out), (sz.out, nc * sz.out, sz.rows), trans=(0, 1),
-              batch=(sz.groups, p, sz.kg * sz.out, per * sz.k * sz.out,
-                     sz.rows * nc * sz.out, per * sz.out, sz.kg * sz.rows, dw.size),
-              red=(per, sz.k * sz.out, sz.out), beta=0.0 if i == 0 else 1.0, stream=stream)
+        # ws[q, g*Kg + i, j] (+)= sum_k dy_g[i, k] col[g*rows + j, q*per*O + k] over the
+        # per*O columns k = (n, o) of slice q: A's k at (k // O)*K*O + k % O, B = col^T.
+        # Batched over (g, q).
+        _gemm("01", dyf[n0 * ko:], col, ws, (sz.kg, sz.rows, per * o), (o, nc * o, sz.rows),
+              (o, ko) + PLAIN + PLAIN,
+              (sz.groups, p, sz.kg * o, per * ko, sz.rows * nc * o, per * o, sz.kg * sz.rows,
+               dw.size), beta=0.0 if i == 0 else 1.0, stream=stream)
     _elementwise(_kernels().conv_wsum_bwd_kernel, dw.size, stream,
                  (ws, arrays.flat(dw), parts, dw.size, acc))
     return dw

@@ -149,12 +149,13 @@ def test_batch_in_chunks(rng, monkeypatch, images):
     _check(_run_all(rng, g, "float32"), "float32")
 
 
-@pytest.mark.parametrize("block", [(4, 2), (8, 8)])
-def test_larger_gemm_blocks(rng, monkeypatch, block):
-    """More threads per GEMM block than the simulator's default: shared slabs filled and read
-    by several threads; with 8 x 8 threads, as on a GPU, the next slab is prefetched."""
-    monkeypatch.setattr(conv_numba, "GEMM_BLOCK_MAX", block)
-    g = _geom((2, 4, 1, 6, 6), (4, 4, 1, 3, 3), padding=(0, 1, 1))
+@pytest.mark.parametrize("config", ["small", "large"])
+def test_gpu_gemm_tiles(rng, monkeypatch, config):
+    """The GPU's GEMM tile configurations (256 threads, 64 or 128 rows x 128 columns) on the
+    simulator: multi-round staging of both operands, the register double buffering, edge
+    tiles in every dimension and the grouped (image, position) columns."""
+    monkeypatch.setattr(conv_numba, "gemm_config", lambda m: config)
+    g = _geom((3, 3, 1, 4, 3), (5, 3, 1, 2, 2), padding=(0, 1, 0))
     _check(_run_all(rng, g, "float32"), "float32")
 
 

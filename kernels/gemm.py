@@ -1,0 +1,245 @@
+"""A register-tiled, double-buffered shared-memory GEMM, specialised at compile time.
+
+    C_z[i, j] = sum_k op(A_z)[i, k] * op(B_z)[k, j] (+ bias[z1*m + i]) (+ beta * C_z[i, j])
+
+for i < m, j < n, k < kdim and z = (z1, z2) < (nz1, nz2). ``gemm_kernel(ta, tb, wm, wn, tx,
+ty)`` builds the kernel for one layout: a block of tx*ty threads computes a BM x BN tile of C
+(BM = ty*wm, BN = tx*wn); thread (x, y) owns the wm x wn register tile of rows y + ty*i and
+columns x + tx*j, so a warp's shared-memory reads of A are broadcasts and its reads of B hit
+consecutive banks, and its writes of C are coalesced. Every constant (layout, tile, thread
+count) is a compile-time constant, so the register tile stays in registers and the index
+arithmetic folds.
+
+Operands. Each of A, B, C has a *fast* index, the one contiguous in memory, which may be
+*grouped*: index x lives at (x // grp) * gstride + x % grp (grp >= the dimension: plain). This
+lets the convolution walk (image, position) columns straight through NCHW tensors.
+  - A (m x kdim): ta == 0, k fast: A[i, k] = a[offa + i*lda + g_A(k)];
+                  ta == 1, i fast: A[i, k] = a[offa + k*lda + g_A(i)].
+  - B (kdim x n): tb == 0, j fast: B[k, j] = b[offb + k*ldb + g_B(j)];
+                  tb == 1, k fast: B[k, j] = b[offb + j*ldb + g_B(k)].
+  - C (m x n):    C[i, j] = c[offc + i*ldc + g_C(j)].
+Offsets: offa = z1*a1 + z2*a2, offb = z1*b1 + z2*b2, offc = z1*c1 + z2*c2.
+
+Pipeline: a BK-deep slab of A (stored k-major, BM+PAD per row) and of B (BN+PAD per row) per
+stage, two stages in dynamic shared memory (``shared_bytes``). While the block multiplies
+stage s, each thread holds its share of the next slab's global loads in registers, then writes
+them to stage s^1: one barrier per slab, and the global latency hides behind BK*wm*wn
+multiply-adds per thread. Per slab a thread does BK*(wm + wn) shared loads for BK*wm*wn FMAs.
+Staging maps consecutive threads to consecutive global addresses (the fast index), and the
+row padding keeps the transposing stores of k-fast operands free of bank conflicts.
+Traffic: A is read ceil(n/BN) times and B ceil(m/BM) times (mostly from L2), C written once
+(read too where beta != 0). Accumulation in acc's type (float32 for float16 data).
+"""
+
+import functools
+
+from numba import config, cuda, int64
+
+BK = 8      # slab depth
+PAD = 4     # shared row padding (words): k-fast staging stores hit 32 distinct banks
+
+
+def shared_bytes(wm, wn, tx, ty, itemsize):
+    """Dynamic shared memory of one block: two stages of an A and a B slab, and one row of
+    padding that the fragment prefetch reads past the last slab."""
+    sa, sb = ty * wm + PAD, tx * wn + PAD
+    return (2 * BK + 1) * (sa + sb) * itemsize
+
+
+@cuda.jit(device=True, inline=True)
+def _split(x, grp):
+    return x // grp, x % grp
+
+
+@functools.lru_cache(maxsize=None)
+def gemm_kernel(ta, tb, wm, wn, tx, ty, min_blocks=1):
+    """The kernel for layout (ta, tb) with a (wm x wn)-per-thread tile and (tx, ty) threads.
+    Staging needs NT = tx*ty threads to divide evenly: NT % BK == 0 for a k-fast operand, and
+    NT % tile == 0 for the other (tile = BM or BN), with NT | BK*tile. ``min_blocks``: blocks
+    per SM the register allocation must leave room for (CUDA launch bounds)."""
+    bm, bn, nt = ty * wm, tx * wn, tx * ty
+    sa, sb = bm + PAD, bn + PAD                 # shared row lengths
+    stage = BK * (sa + sb)
+    la, lb = bm * BK // nt, bn * BK // nt       # staged elements per thread per slab
+    for fast, tile in ((ta == 0, bm), (tb == 1, bn)):
+        if (nt % BK if fast else nt % tile) or (BK * tile) % nt:
+            raise ValueError(f"gemm_kernel: {nt} threads cannot stage a {tile} x {BK} slab")
+
+    @cuda.jit(device=True, inline=True)
+    def fetch(src, off, ld, kfast, fixed, k0, kdim, rows, r0, count, tile, reg, zero):
+        """reg[q] = this thread's q-th element of the slab at k0 (zero outside the operand).
+        k-fast: element (r, kk) = (t//BK + nt//BK*q, t%BK), the offset of its k ``fixed``
+        (walked by the caller); otherwise (r, kk) = (t%tile, t//tile + nt//tile*q), its r offset
+        ``fixed``."""
+        t = cuda.threadIdx.y * tx + cuda.threadIdx.x
+        for q in range(count):
+            if kfast:
+                r, kk = t // BK + (nt // BK) * q, t % BK
+                addr = off + (r0 + r) * ld + fixed
+            else:
+                r, kk = t % tile, t // tile + (nt // tile) * q
+                addr = off + (k0 + kk) * ld + fixed
+            v = zero
+            if r0 + r < rows and k0 + kk < kdim:
+                v = src[addr] + zero
+            reg[q] = v
+
+    @cuda.jit(device=True, inline=True)
+    def stash(sh, base, kfast, count, tile, reg):
+        t = cuda.threadIdx.y * tx + cuda.threadIdx.x
+        for q in range(count):
+            if kfast:
+                r, kk = t // BK + (nt // BK) * q, t % BK
+            else:
+                r, kk = t % tile, t // tile + (nt // tile) * q
+            sh[base + kk * (tile + PAD) + r] = reg[q]
+
+    @cuda.jit(device=True, inline=True)
+    def frag(sh, p, step, count, reg):
+        """reg[i] = sh[p + step*i]: through a view at p, so that every load is the view's
+        base plus a constant (Numba wraps a computed signed index with a compare and select
+        per access; a constant index needs none)."""
+        row = sh[p:]
+        for i in range(count):
+            reg[i] = row[step * i]
+
+    @cuda.jit(device=True, inline=True)
+    def outer(c_reg, av, bv):
+        for i in range(wm):
+            for j in range(wn):
+                c_reg[i, j] += av[i] * bv[j]
+
+    @cuda.jit(device=True, inline=True)
+    def koffset(k, grp, gstride):
+        q, r = _split(k, grp)
+        return q * gstride + r
+
+    def kernel(a, b, c, bias, dims, lds, grps, batch, beta, use_bias, acc):
+        sh = cuda.shared.array(0, dtype=acc.dtype)
+        zero = acc[0]
+        m, n, kdim = dims
+        lda, ldb, ldc = lds
+        ga, gsa, gb, gsb, gc, gsc = grps
+        nz1, nz2, a1, a2, b1, b2, c1, c2 = batch
+        x, y = cuda.threadIdx.x, cuda.threadIdx.y
+        t = y * tx + x
+        c_reg = cuda.local.array((wm, wn), dtype=acc.dtype)
+        ra0 = cuda.local.array(wm, dtype=acc.dtype)    # fragments of A and B, two rows
+        rb0 = cuda.local.array(wn, dtype=acc.dtype)
+        ra1 = cuda.local.array(wm, dtype=acc.dtype)
+        rb1 = cuda.local.array(wn, dtype=acc.dtype)
+        a_buf = cuda.local.array(la, dtype=acc.dtype)
+        b_buf = cuda.local.array(lb, dtype=acc.dtype)
+        # the k of this thread's k-fast staging elements is k0 + t % BK
+        kk_a, kk_b = t % BK, t % BK
+        for z in range(cuda.blockIdx.z, nz1 * nz2, cuda.gridDim.z):
+            z1, z2 = z // nz2, z % nz2
+            offa, offb = z1 * a1 + z2 * a2, z1 * b1 + z2 * b2
+            for i0 in range(cuda.blockIdx.y * bm, m, cuda.gridDim.y * bm):
+                for j0 in range(cuda.blockIdx.x * bn, n, cuda.gridDim.x * bn):
+                    for i in range(wm):
+                        for j in range(wn):
+                            c_reg[i, j] = zero
+                    # fixed (non-k) offsets of the non-k-fast operands, once per tile
+                    fa = 0 if ta == 0 else koffset(i0 + t % bm, ga, gsa)
+                    fb = 0 if tb == 1 else koffset(j0 + t % bn, gb, gsb)
+                    # k-fast operands: (quotient, remainder) of k = k0 + kk, walked per slab
+                    aq, ar = _split(kk_a, ga)
+                    bq, br = _split(kk_b, gb)
+                    fetch(a, offa, lda, ta == 0, fa if ta else aq * gsa + ar, 0, kdim, m, i0,
+                          la, bm, a_buf, zero)
+                    fetch(b, offb, ldb, tb == 1, bq * gsb + br if tb else fb, 0, kdim, n, j0,
+                          lb, bn, b_buf, zero)
+                    stash(sh, 0, ta == 0, la, bm, a_buf)
+                    stash(sh, BK * sa, tb == 1, lb, bn, b_buf)
+                    cuda.syncthreads()
+                    cur = 0
+                    for k0 in range(0, kdim, BK):
+                        more = k0 + BK < kdim
+                        if more:
+                            if ta == 0:
+                                ar += BK
+                                while ar >= ga:
+                                    ar -= ga
+                                    aq += 1
+                            if tb == 1:
+                                br += BK
+                                while br >= gb:
+                                    br -= gb
+                                    bq += 1
+                            fetch(a, offa, lda, ta == 0, fa if ta else aq * gsa + ar, k0 + BK,
+                                  kdim, m, i0, la, bm, a_buf, zero)
+                            fetch(b, offb, ldb, tb == 1, bq * gsb + br if tb else fb, k0 + BK,
+                                  kdim, n, j0, lb, bn, b_buf, zero)
+                        # Register double buffering: the fragments of row kk+1 are read
+                        # while row kk multiplies (the last read runs one row past the slab,
+                        # into padding, and is not used).
+                        pa, pb = cur + y, cur + BK * sa + x
+                        frag(sh, pa, ty, wm, ra0)
+                        frag(sh, pb, tx, wn, rb0)
+                        for _ in range(BK // 2):
+                            frag(sh, pa + sa, ty, wm, ra1)
+                            frag(sh, pb + sb, tx, wn, rb1)
+                            outer(c_reg, ra0, rb0)
+                            pa += 2 * sa
+                            pb += 2 * sb
+                            frag(sh, pa, ty, wm, ra0)
+                            frag(sh, pb, tx, wn, rb0)
+                            outer(c_reg, ra1, rb1)
+                        if more:
+                            nxt = stage - cur
+                            stash(sh, nxt, ta == 0, la, bm, a_buf)
+                            stash(sh, nxt + BK * sa, tb == 1, lb, bn, b_buf)
+                            cur = nxt
+                        cuda.syncthreads()
+                    _store(c, z1 * c1 + z2 * c2, ldc, gc, gsc, m, n, i0 + y, j0 + x, c_reg,
+                           beta, bias, z1 * m, use_bias, zero)
+
+    @cuda.jit(device=True, inline=True)
+    def _store(c, off, ldc, gc, gsc, m, n, i1, j1, c_reg, beta, bias, boff, use_bias, zero):
+        """C rows i1 + ty*i, columns j1 + tx*j: c = c_reg (+ bias) (+ beta*c, read only when
+        beta != 0, so an uninitialised c may hold NaN). The column offsets are walked first
+        (no division per column), so the store loops unroll and c_reg stays in registers."""
+        cols = cuda.local.array(wn, dtype=int64)
+        jq, jr = _split(j1, gc)
+        for j in range(wn):
+            cols[j] = off + jq * gsc + jr if j1 + tx * j < n else -1
+            jr += tx
+            while jr >= gc:
+                jr -= gc
+                jq += 1
+        for i in range(wm):
+            gi = i1 + ty * i
+            if gi < m:
+                add = bias[boff + gi] + zero if use_bias else zero
+                for j in range(wn):
+                    if cols[j] >= 0:
+                        at = cols[j] + gi * ldc
+                        v = c_reg[i, j] + add
+                        if beta != zero:
+                            v += beta * (c[at] + zero)
+                        c[at] = v
+
+    kernel.launch_bounds = (nt, min_blocks)
+    if config.ENABLE_CUDASIM:           # the simulator's jit takes no launch bounds
+        return cuda.jit(kernel)
+    return cuda.jit(kernel, launch_bounds=kernel.launch_bounds)
+
+
+# Tile configurations (wm, wn, tx, ty, min_blocks) the ops choose from (dnnkit/ops/gemm.py);
+# "sim" keeps the CUDA simulator (one Python thread per CUDA thread) to 16 threads a block.
+CONFIGS = {"large": (8, 8, 16, 16, 1), "small": (4, 8, 16, 16, 2), "sim": (2, 2, 4, 4, 1)}
+LAYOUTS = ((0, 0), (1, 0), (0, 1))
+VARIANTS = {f"gemm_{ta}{tb}_{cfg}_kernel": gemm_kernel(ta, tb, *CONFIGS[cfg])
+            for ta, tb in LAYOUTS for cfg in CONFIGS}
+
+
+def SIGNATURES(t, acc):
+    from numba import int64
+    from numba.core.types import UniTuple
+    a, z = t[::1], acc[::1]
+    ints = (UniTuple(int64, 3), UniTuple(int64, 3), UniTuple(int64, 6), UniTuple(int64, 8))
+    # The convolution's forward (layout 00) writes y in the data type; its gradients (10, 01)
+    # write workspaces in the accumulation type. bias is read in the data type.
+    return {name: (a, a, a if name.startswith("gemm_00") else z, a) + ints + (acc, int64, z)
+            for name in VARIANTS}

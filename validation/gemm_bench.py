@@ -1,0 +1,77 @@
+"""The Numba GEMM kernel (kernels/gemm.py) alone: correctness against float64, then TFLOP/s
+of each tile configuration next to PyTorch's matmul (TF32 off) on the same inputs.
+
+    python -m validation.gemm_bench [--reps 30]
+
+Shapes are the GEMMs of the ResNet-50 convolutions of the convolution benchmark at batch 32
+(forward: m = K, n = N*OH*OW, k = C*R*S) and a square one. Layouts: nn (forward), tn (data
+gradient, A transposed), nt (filter gradient, B transposed).
+"""
+
+import argparse
+
+import numpy as np
+
+from dnnkit.timing import median_ms
+
+SHAPES = [(64, 100352, 147), (64, 100352, 576), (64, 100352, 256), (128, 25088, 1152),
+          (256, 6272, 2304), (512, 1568, 4608), (4096, 4096, 4096)]
+CONFIGS = [(8, 8, 16, 16, 1), (8, 8, 16, 16, 2), (4, 8, 16, 16, 1), (4, 8, 16, 16, 2)]
+PLAIN = (1 << 62, 0)
+
+
+def run_gemm(kern, cfg, a, b, c, m, n, k, ta, tb):
+    from numba import cuda
+
+    from dnnkit.kernels.gemm import shared_bytes
+    wm, wn, tx, ty, _ = cfg
+    bm, bn = ty * wm, tx * wn
+    grid = (-(-n // bn), min(-(-m // bm), 65535), 1)
+    acc = cuda.to_device(np.zeros(1, np.float32))
+    lda = m if ta else k
+    ldb = k if tb else n
+    kern[grid, (tx, ty), 0, shared_bytes(wm, wn, tx, ty, 4)](
+        a, b, c, c, (m, n, k), (lda, ldb, n), PLAIN * 3, (1, 1, 0, 0, 0, 0, 0, 0),
+        np.float32(0), 0, acc)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--reps", type=int, default=30)
+    args = ap.parse_args()
+    from numba import cuda
+    import torch
+    torch.backends.cuda.matmul.allow_tf32 = False
+    from dnnkit.kernels.gemm import gemm_kernel
+    rng = np.random.default_rng(0)
+    print(f"{'m':>5} {'n':>7} {'k':>5} {'lay':>3} {'config':>16} {'rel.err':>9} {'ms':>8} "
+          f"{'TFLOP/s':>8} {'torch ms':>9} {'ratio':>6}")
+    for m, n, k in SHAPES:
+        for ta, tb, lay in ((0, 0, "nn"), (1, 0, "tn"), (0, 1, "nt")):
+            if lay != "nn" and m == 4096:
+                continue
+            ah = rng.standard_normal((k, m) if ta else (m, k)).astype(np.float32)
+            bh = rng.standard_normal((n, k) if tb else (k, n)).astype(np.float32)
+            ref = (ah.T if ta else ah).astype(np.float64) @ (bh.T if tb else bh).astype(np.float64)
+            a, b = cuda.to_device(ah.ravel()), cuda.to_device(bh.ravel())
+            c = cuda.device_array(m * n, np.float32)
+            ta_, tb_ = torch.as_tensor(a, device="cuda"), torch.as_tensor(b, device="cuda")
+            ta_, tb_ = ta_.view(ah.shape), tb_.view(bh.shape)
+            tc = torch.empty((m, n), device="cuda")
+            opa = ta_.t() if ta else ta_
+            opb = tb_.t() if tb else tb_
+            t_torch = median_ms(lambda i: torch.matmul(opa, opb, out=tc), args.reps)
+            flop = 2.0 * m * n * k
+            for cfg in CONFIGS:
+                kern = gemm_kernel(ta, tb, *cfg)
+                run_gemm(kern, cfg, a, b, c, m, n, k, ta, tb)
+                got = c.copy_to_host().reshape(m, n)
+                err = np.abs(got - ref).max() / np.abs(ref).max()
+                ms = median_ms(lambda i: run_gemm(kern, cfg, a, b, c, m, n, k, ta, tb),
+                               args.reps)
+                print(f"{m:5d} {n:7d} {k:5d} {lay:>3} {str(cfg):>16} {err:9.2e} {ms:8.3f} "
+                      f"{flop / ms / 1e9:8.2f} {t_torch:9.3f} {t_torch / ms:6.2f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
