@@ -104,7 +104,7 @@ def same_shape(op, ref_name, ref, **others):
 
 
 def empty_like(a, stream):
-    return _cuda().device_array(a.shape, dtype=a.dtype, stream=stream)
+    return cuda_empty(a.shape, a.dtype, stream)
 
 
 def flat(a):
@@ -146,5 +146,6 @@ def grid_1d(n, threads=256, max_blocks=4096):
 
 
 def cuda_empty(shape, dtype, stream):
-    """An uninitialised device array."""
-    return _cuda().device_array(tuple(shape), dtype=dtype, stream=stream)
+    """An uninitialised device array (from dnnkit.memory's caching allocator)."""
+    from .memory import device_array
+    return device_array(shape, dtype, stream)

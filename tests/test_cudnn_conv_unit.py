@@ -172,8 +172,8 @@ def test_pick_filters_status_memory_and_determinism():
 
 
 def fake_call(d):
-    return conv._Call(d, None, (None, None, None), None, (None, None, None),
-                      np.dtype("float32"), "ctx")
+    plan = conv._Plan((None, None, None), None, "ctx", {})
+    return conv._Call(d, None, plan, (None, None, None), np.dtype("float32"), 0)
 
 
 @pytest.fixture
@@ -225,7 +225,7 @@ def test_time_without_workspace_memory_guesses_and_forgets(monkeypatch, fresh_ca
 def _stub_workspace(monkeypatch, sizes, oom=()):
     monkeypatch.setattr(conv, "_ws_size", lambda c, algo: sizes[algo])
     monkeypatch.setattr(conv, "_alloc",
-                        lambda n: None if (not n or n in oom) else np.zeros(n, np.uint8))
+                        lambda n, s: None if (not n or n in oom) else np.zeros(n, np.uint8))
 
 
 def test_workspace_over_the_limit_falls_back_to_the_default(monkeypatch, caplog):
@@ -256,7 +256,7 @@ def test_default_over_the_limit_raises(monkeypatch):
 
 
 def test_alloc_treats_only_out_of_memory_as_a_fallback(monkeypatch):
-    from numba import cuda
+    from dnnkit import memory
 
     class CudaAPIError(Exception):  # Numba's (real or simulator) carries .code
         def __init__(self, code):
@@ -268,31 +268,24 @@ def test_alloc_treats_only_out_of_memory_as_a_fallback(monkeypatch):
             raise exc
         return f
     for exc in (CudaAPIError(2), MemoryError(), RuntimeError("CUDA_ERROR_OUT_OF_MEMORY")):
-        monkeypatch.setattr(cuda, "device_array", boom(exc))
-        assert conv._alloc(10) is None
+        monkeypatch.setattr(memory, "device_array", boom(exc))
+        assert conv._alloc(10, 0) is None
     for exc in (CudaAPIError(700), CudaAPIError(12), ValueError("bad")):
-        monkeypatch.setattr(cuda, "device_array", boom(exc))
+        monkeypatch.setattr(memory, "device_array", boom(exc))
         with pytest.raises(type(exc)):
-            conv._alloc(10)
-    assert conv._alloc(0) is None
+            conv._alloc(10, 0)
+    assert conv._alloc(0, 0) is None
 
 
 def _stub_convolve(monkeypatch, fail):
     ran = []
-
-    class Opened:
-        def __enter__(self):
-            return fake_call(conv.FWD)
-
-        def __exit__(self, *exc):
-            return False
 
     def execute(c, algo, det, lim):
         ran.append(algo)
         if algo in fail:
             raise CudnnError("cudnnConvolutionForward", fail[algo], "CUDNN_STATUS_X", "ctx")
         return algo
-    monkeypatch.setattr(conv, "_open", lambda *a: Opened())
+    monkeypatch.setattr(conv, "_open", lambda *a: fake_call(conv.FWD))
     monkeypatch.setattr(conv, "_execute", execute)
     return ran
 

@@ -1,6 +1,6 @@
 """Convolution cross-check and benchmark on ResNet-50 layer shapes (batch 32, float32, TF32 off).
 
-    python -m validation.conv_bench [--reps 20] [--batch 32] [--json out.json]
+    python -m validation.conv_bench [--reps 20] [--batch 32] [--algo guess_once] [--json F]
 
 Per shape and direction (forward, data gradient, filter gradient): max relative error of the
 Numba and cuDNN paths against PyTorch's float64 result on the same inputs (or each other where
@@ -103,7 +103,16 @@ def main():
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--json")
+    p.add_argument("--algo", default="guess_once",
+                   help="cuDNN algorithm choice for all three directions (guess_once: cuDNN's "
+                        "heuristics, as PyTorch with cudnn.benchmark off; 'defaults': the flags' "
+                        "defaults)")
     a = p.parse_args()
+    if a.algo != "defaults":
+        dnnkit.config.set("dnn.conv.algo_fwd", a.algo)
+        dnnkit.config.set("dnn.conv.algo_bwd_data", a.algo)
+        dnnkit.config.set("dnn.conv.algo_bwd_filter", a.algo)
+    print(f"cuDNN algorithms: {a.algo}")
     print(dnnkit.backends.status(), "\n", flush=True)
     torch = _torch()
     rows = []

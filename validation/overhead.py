@@ -61,6 +61,14 @@ def main():
                      "torch": lambda: torch.softmax(ts, 1)}.items():
         g, kernels = gpu_us(torch, fn)
         rows.append(("softmax (8192, 4096)", name, host_us(fn), g, ", ".join(kernels)))
+    xc = cuda.to_device(np.random.default_rng(2).standard_normal((1, 8, 8, 8)).astype(np.float32))
+    wc = cuda.to_device(np.random.default_rng(3).standard_normal((8, 8, 3, 3)).astype(np.float32))
+    txc, twc = torch.as_tensor(xc, device="cuda"), torch.as_tensor(wc, device="cuda")
+    for name, fn in {"numba": lambda: dnnkit.conv2d(xc, wc, padding=1, backend="numba"),
+                     "cudnn": lambda: dnnkit.conv2d(xc, wc, padding=1, backend="cudnn"),
+                     "torch": lambda: torch.nn.functional.conv2d(txc, twc, padding=1)}.items():
+        g, kernels = gpu_us(torch, fn)
+        rows.append(("conv2d (1, 8, 8, 8) 3x3", name, host_us(fn), g, ", ".join(kernels)))
     print(f"{'op':<26} {'backend':<7} {'host us/call':>12} {'gpu us/call':>11}  kernels")
     for op, b, h, g, k in rows:
         print(f"{op:<26} {b:<7} {h:12.1f} {g:11.1f}  {k[:90]}")

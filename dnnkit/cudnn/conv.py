@@ -30,11 +30,13 @@ DnnkitError is raised. ``workspace_limit=None`` means no limit.
 overwrites all of it (beta = 0), and the inputs are only read.
 """
 
+import collections
 import contextlib
 import ctypes
 import dataclasses
 import logging
 import math
+import threading
 
 import numpy as np
 
@@ -158,15 +160,41 @@ def supports(geom, dtype, compute_dtype):
 
 
 @dataclasses.dataclass
-class _Call:
-    """One convolution with its descriptors open (see _open)."""
-    d: _Direction
-    h: object
+class _Plan:
+    """The descriptors of one convolution, kept open for reuse, and its workspace sizes by
+    algorithm (every query is a cuDNN call: ~60 us for a workspace size, ~50 us per
+    descriptor created, set and destroyed)."""
     descs: tuple            # descriptors of (a, b, o)
     conv: ConvolutionDescriptor
+    ctx: str
+    ws: dict                # algorithm enum -> workspace bytes
+
+    def close(self):
+        for desc in self.descs + (self.conv,):
+            desc.close()
+
+
+@dataclasses.dataclass
+class _Call:
+    """One convolution: its plan, handle and device pointers."""
+    d: _Direction
+    h: object
+    plan: _Plan
     ptrs: tuple             # device pointers of (a, b, o)
     dtype: np.dtype
-    ctx: str
+    stream: int
+
+    @property
+    def descs(self):
+        return self.plan.descs
+
+    @property
+    def conv(self):
+        return self.plan.conv
+
+    @property
+    def ctx(self):
+        return self.plan.ctx
 
     def fn(self, pattern):
         return pattern.format(self.d.infix)
@@ -179,29 +207,68 @@ def _ctx(d, geom, dims, dtype, compute_dtype, math_t):
             f"mode {'conv' if geom.flip else 'cross'}")
 
 
-@contextlib.contextmanager
-def _open(d, arrays, geom, dtype, compute_dtype, math_t, stream):
+PLANS_MAX = 512             # plans kept (least recently used dropped first)
+_plans = collections.OrderedDict()
+_plans_lock = threading.Lock()
+
+
+def _new_plan(d, geom, dtype, compute_dtype, math_t):
     dims = descriptor_dims(geom)
     shapes = {FWD.name: (dims.x, dims.w, dims.y), BWD_DATA.name: (dims.w, dims.y, dims.x),
               BWD_FILTER.name: (dims.x, dims.y, dims.w)}[d.name]
-    h = handle.get(stream)
-    with contextlib.ExitStack() as st:
+    with contextlib.ExitStack() as st:   # closes what was opened if a later step fails
         descs = tuple(st.enter_context((FilterDescriptor if i == d.filter_at else
                                         TensorDescriptor)(s, dtype))
                       for i, s in enumerate(shapes))
         cd = st.enter_context(ConvolutionDescriptor(
             dims.padding, dims.stride, dims.dilation,
             CONVOLUTION if geom.flip else CROSS_CORRELATION, compute_dtype, geom.groups, math_t))
-        yield _Call(d, h, descs, cd, tuple(_ptr(a) for a in arrays), np.dtype(dtype),
-                    _ctx(d, geom, dims, dtype, compute_dtype, math_t))
+        st.pop_all()
+    return _Plan(descs, cd, _ctx(d, geom, dims, dtype, compute_dtype, math_t), {})
+
+
+def _plan(d, geom, dtype, compute_dtype, math_t, device):
+    """The cached plan of a convolution (created on first use)."""
+    key = (d.name, device, geom, dtype.name, str(compute_dtype), math_t)
+    with _plans_lock:
+        plan = _plans.get(key)
+        if plan is not None:
+            _plans.move_to_end(key)
+            return plan
+    plan = _new_plan(d, geom, dtype, compute_dtype, math_t)
+    with _plans_lock:
+        old = _plans.setdefault(key, plan)
+        evicted = [_plans.popitem(last=False)[1] for _ in range(len(_plans) - PLANS_MAX)]
+    if old is not plan:        # another thread made it first
+        plan.close()
+    for p in evicted:
+        p.close()
+    return old
+
+
+def clear_plans():
+    """Destroy every cached descriptor (they are recreated on demand)."""
+    with _plans_lock:
+        plans = list(_plans.values())
+        _plans.clear()
+    for p in plans:
+        p.close()
+
+
+def _open(d, arrays, geom, dtype, compute_dtype, math_t, stream):
+    h, device = handle.get(stream), handle.device_id()
+    plan = _plan(d, geom, np.dtype(dtype), compute_dtype, math_t, device)
+    return _Call(d, h, plan, tuple(_ptr(a) for a in arrays), np.dtype(dtype), stream)
 
 
 def _check_arrays(d, arrays, geom):
+    """Arrays shaped as the user's (N, C, H, W) or as ConvGeom's 5-D form."""
     want = {FWD.name: (geom.x_shape, geom.w_shape, geom.y_shape),
             BWD_DATA.name: (geom.w_shape, geom.y_shape, geom.x_shape),
             BWD_FILTER.name: (geom.x_shape, geom.y_shape, geom.w_shape)}[d.name]
     for a, shape in zip(arrays, want):
-        if tuple(a.shape) != tuple(shape) or a.dtype != arrays[0].dtype:
+        if (tuple(a.shape) not in (tuple(shape), geom.user_shape(shape))
+                or a.dtype != arrays[0].dtype):
             raise ValueError(f"cuDNN {d.name} convolution: array {tuple(a.shape)} {a.dtype}, "
                              f"expected {tuple(shape)} {arrays[0].dtype}")
 
@@ -224,14 +291,15 @@ def _is_oom(e):
     return "out of memory" in text or "out_of_memory" in text
 
 
-def _alloc(nbytes):
-    """A device buffer of ``nbytes`` (None for 0), or None when the device is out of memory.
-    Numba defers frees, and cuMemFree waits for the work queued on the buffer."""
+def _alloc(nbytes, stream):
+    """A device buffer of ``nbytes`` (None for 0) for work on ``stream``, or None when the
+    device is out of memory. From dnnkit.memory's per-stream cache: the next call on the
+    stream gets the same block back, so a steady loop allocates no workspace."""
     if not nbytes:
         return None
-    from numba import cuda
+    from ..memory import device_array
     try:
-        return cuda.device_array(int(nbytes), dtype=np.uint8)
+        return device_array((int(nbytes),), np.uint8, stream)
     except Exception as e:  # noqa: BLE001 - anything but out-of-memory is re-raised
         if not _is_oom(e):
             raise
@@ -239,18 +307,21 @@ def _alloc(nbytes):
 
 
 def _ws_size(c, algo):
-    size = ctypes.c_size_t()
-    api.call(c.fn("cudnnGetConvolution{}WorkspaceSize"), c.h, *c.descs[:2], c.conv,
-             c.descs[2], algo, ctypes.byref(size),
-             context=f"{c.ctx}, algo {c.d.algo_name(algo)}")
-    return size.value
+    size = c.plan.ws.get(algo)
+    if size is None:
+        out = ctypes.c_size_t()
+        api.call(c.fn("cudnnGetConvolution{}WorkspaceSize"), c.h, *c.descs[:2], c.conv,
+                 c.descs[2], algo, ctypes.byref(out),
+                 context=f"{c.ctx}, algo {c.d.algo_name(algo)}")
+        size = c.plan.ws[algo] = out.value
+    return size
 
 
 def _workspace(c, algo, deterministic, limit):
     """(algo, buffer, nbytes): ``algo`` with its workspace, or the default with its own."""
     size = _ws_size(c, algo)
     if limit is None or size <= limit:
-        ws = _alloc(size)
+        ws = _alloc(size, c.stream)
         if ws is not None or not size:
             return algo, ws, size
         why = f"cannot allocate its {size}-byte workspace"
@@ -300,7 +371,7 @@ def _time(c, limit):
     algorithm then overwrites all of o (beta = 0), and a, b (inputs) are only read.
     """
     nbytes = _timing_bytes(c, limit)
-    ws = _alloc(nbytes)
+    ws = _alloc(nbytes, c.stream)
     if nbytes and ws is None:
         log.debug("cuDNN %s: no memory for a %d-byte timing workspace; guessing instead (%s)",
                   c.d.name, nbytes, c.ctx)
@@ -388,19 +459,19 @@ def _convolve(d, arrays, geom, algo, compute_dtype, allow_tf32, deterministic, w
         raise ValueError(f"cuDNN {d.name} convolution cannot run: {why}")
     _check_arrays(d, arrays, geom)
     math_t = math_type(dtype, compute_dtype, allow_tf32)
-    with _open(d, arrays, geom, dtype, compute_dtype, math_t, stream) as c:
-        enum = _choose(c, algo, arrays, geom, compute_dtype, math_t, deterministic,
-                       workspace_limit)
-        try:
-            enum = _execute(c, enum, deterministic, workspace_limit)
-        except CudnnError as e:  # NOT_SUPPORTED from the workspace query or the run
-            default = d.default(deterministic)
-            if not e.not_supported or enum == default:
-                raise
-            log.debug("cuDNN %s algorithm %s: %s; retrying with %s", d.name,
-                      d.algo_name(enum), e.status_name, d.algo_name(default))
-            enum = _execute(c, default, deterministic, workspace_limit)
-        return d.algo_name(enum)
+    c = _open(d, arrays, geom, dtype, compute_dtype, math_t, stream)
+    enum = _choose(c, algo, arrays, geom, compute_dtype, math_t, deterministic,
+                   workspace_limit)
+    try:
+        enum = _execute(c, enum, deterministic, workspace_limit)
+    except CudnnError as e:  # NOT_SUPPORTED from the workspace query or the run
+        default = d.default(deterministic)
+        if not e.not_supported or enum == default:
+            raise
+        log.debug("cuDNN %s algorithm %s: %s; retrying with %s", d.name,
+                  d.algo_name(enum), e.status_name, d.algo_name(default))
+        enum = _execute(c, default, deterministic, workspace_limit)
+    return d.algo_name(enum)
 
 
 def forward(x, w, y, geom, *, algo, compute_dtype, allow_tf32, deterministic, workspace_limit,

@@ -25,26 +25,31 @@ def _destroy_all(handles):
 class _PerThread:
     def __init__(self):
         self.handles = {}
+        self.streams = {}         # device id -> the stream its handle is bound to
         fin = weakref.finalize(self, _destroy_all, self.handles)
         fin.atexit = False  # at interpreter exit the CUDA context may already be gone
 
 
-def _device_id():
+def device_id():
+    """The current device's ordinal."""
     from numba import cuda
     return getattr(cuda.get_current_device(), "id", 0)
 
 
 def get(stream_ptr=0):
-    """The calling thread's handle for the current device, bound to ``stream_ptr``."""
+    """The calling thread's handle for the current device, bound to ``stream_ptr``
+    (cudnnSetStream only when the stream changes)."""
     holder = getattr(_local, "holder", None)
     if holder is None:
         holder = _local.holder = _PerThread()
-    dev = _device_id()
+    dev = device_id()
     h = holder.handles.get(dev)
     if h is None:
         h = ctypes.c_void_p()
         api.call("cudnnCreate", ctypes.byref(h), context=f"device {dev}")
         holder.handles[dev] = h
-    api.call("cudnnSetStream", h, ctypes.c_void_p(stream_ptr or None),
-             context=f"stream 0x{stream_ptr or 0:x}")
+    if holder.streams.get(dev) != stream_ptr:
+        api.call("cudnnSetStream", h, ctypes.c_void_p(stream_ptr or None),
+                 context=f"stream 0x{stream_ptr or 0:x}")
+        holder.streams[dev] = stream_ptr
     return h

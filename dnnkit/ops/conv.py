@@ -135,10 +135,9 @@ def _cudnn_forward(x, w, bias, geom, opts, stream):
     from ..cudnn import conv as cconv
     y = arrays.cuda_empty(geom.user_shape(geom.y_shape), x.dtype, stream)
     if y.size:
-        note_algo(cconv.forward(_five(x, geom.x_shape), _five(w, geom.w_shape),
-                                _five(y, geom.y_shape), geom, **_cudnn_kw(opts, "fwd", stream)))
+        note_algo(cconv.forward(x, w, y, geom, **_cudnn_kw(opts, "fwd", stream)))
         if bias is not None:
-            cconv.add_bias(_five(y, geom.y_shape), bias, geom, arrays.stream_pointer(stream))
+            cconv.add_bias(y, bias, geom, arrays.stream_pointer(stream))
     return y
 
 
@@ -146,9 +145,7 @@ def _cudnn_backward_data(dy, w, geom, opts, stream):
     from ..cudnn import conv as cconv
     dx = arrays.cuda_empty(geom.user_shape(geom.x_shape), dy.dtype, stream)
     if dx.size:
-        note_algo(cconv.backward_data(_five(dy, geom.y_shape), _five(w, geom.w_shape),
-                                      _five(dx, geom.x_shape), geom,
-                                      **_cudnn_kw(opts, "bwd_data", stream)))
+        note_algo(cconv.backward_data(dy, w, dx, geom, **_cudnn_kw(opts, "bwd_data", stream)))
     return dx
 
 
@@ -156,8 +153,7 @@ def _cudnn_backward_filter(x, dy, geom, opts, stream):
     from ..cudnn import conv as cconv
     dw = arrays.cuda_empty(geom.user_shape(geom.w_shape), x.dtype, stream)
     if dw.size:
-        note_algo(cconv.backward_filter(_five(x, geom.x_shape), _five(dy, geom.y_shape),
-                                        _five(dw, geom.w_shape), geom,
+        note_algo(cconv.backward_filter(x, dy, dw, geom,
                                         **_cudnn_kw(opts, "bwd_filter", stream)))
     return dw
 

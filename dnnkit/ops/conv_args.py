@@ -119,13 +119,25 @@ def _opts(op, direction, dtype, algo, precision):
                 workspace=config.get("dnn.conv.workspace_limit"))
 
 
+_auto = {}                   # device id -> (monotonic time, limit)
+AUTO_REFRESH_S = 1.0
+
+
 def workspace_limit(opts):
-    """The workspace limit in bytes ('auto' resolved against the free device memory now)."""
+    """The workspace limit in bytes: 'auto' is resolved against the device's free memory,
+    re-read at most once a second (the query costs more than a cached convolution call)."""
     if opts["workspace"] != "auto":
         return opts["workspace"]
+    import time
     from numba import cuda
-    free, _total = cuda.current_context().get_memory_info()
-    return int(min(WORKSPACE_CAP, free * WORKSPACE_SHARE))
+    ctx = cuda.current_context()
+    now = time.monotonic()
+    dev = getattr(ctx.device, "id", 0)
+    hit = _auto.get(dev)
+    if hit is None or now - hit[0] > AUTO_REFRESH_S:
+        free, _total = ctx.get_memory_info()
+        hit = _auto[dev] = (now, int(min(WORKSPACE_CAP, free * WORKSPACE_SHARE)))
+    return hit[1]
 
 
 def _shape(op, name, shape, rank):

@@ -1,0 +1,136 @@
+"""A caching device allocator for dnnkit's outputs and scratch buffers.
+
+Numba allocates every array with cuMemAlloc and frees it with cuMemFree, and cuMemFree waits
+for the device: a loop of ops that allocate their outputs stalls the host on every free, and
+each allocation costs tens of microseconds. Like PyTorch's and CuPy's allocators, this one keeps
+freed blocks and hands them out again.
+
+Stream safety: a block is cached per (device, stream) and only reused by work on that same
+stream, so the reuse is ordered after every kernel queued on the block before it was dropped
+(the same rule as PyTorch's allocator). An array created for one stream and then used on
+another must be kept alive by the caller until that work is done — as with any stream-ordered
+allocator.
+
+Sizes are rounded up (to 512 bytes below 1 MiB, to 2 MiB above), so a training loop's
+repeated shapes hit the cache exactly. When cuMemAlloc fails the cache is emptied and the
+allocation retried once. ``dnn.allocator = caching | numba`` (default caching) chooses;
+``empty_cache()`` releases every cached block; ``stats()`` reports hits, misses and bytes.
+"""
+
+import threading
+
+import numpy as np
+from numba import config as _numba_config
+
+from . import config
+
+_SIM = bool(_numba_config.ENABLE_CUDASIM)     # the simulator's arrays are NumPy-backed
+
+_SMALL, _SMALL_ROUND, _LARGE_ROUND = 1 << 20, 512, 2 << 20
+
+
+def _allocator(flag, value):
+    v = str(value).strip().lower()
+    if v not in ("caching", "numba"):
+        raise ValueError(f"flag {flag}: bad value {value!r}; allowed: caching, numba")
+    return v
+
+
+config.register_flag("dnn.allocator", "caching", _allocator,
+                     "device allocations of dnnkit's ops: caching (reuse freed blocks per "
+                     "stream) or numba (cuMemAlloc/cuMemFree every time)")
+
+
+def rounded(nbytes):
+    """The block size serving a request of ``nbytes`` (pure)."""
+    step = _SMALL_ROUND if nbytes <= _SMALL else _LARGE_ROUND
+    return max(step, -(-nbytes // step) * step)
+
+
+class _Pool:
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.free = {}            # (device, stream, size) -> [numba MemoryPointer, ...]
+        self.hits = self.misses = self.cached_bytes = 0
+
+    def take(self, key):
+        with self.lock:
+            blocks = self.free.get(key)
+            if blocks:
+                self.hits += 1
+                self.cached_bytes -= key[2]
+                return blocks.pop()
+            self.misses += 1
+            return None
+
+    def give(self, key, raw):
+        with self.lock:
+            self.free.setdefault(key, []).append(raw)
+            self.cached_bytes += key[2]
+
+    def clear(self):
+        with self.lock:
+            dropped, self.free, self.cached_bytes = self.free, {}, 0
+        dropped.clear()           # Numba frees the blocks (deferred, on its own schedule)
+
+
+_pool = _Pool()
+
+
+def _raw_alloc(ctx, size):
+    """cuMemAlloc through Numba; on failure, empty the cache and retry once."""
+    try:
+        return ctx.memalloc(size)
+    except Exception:  # noqa: BLE001 - out of memory or otherwise: retry with the cache freed
+        if not _pool.cached_bytes:
+            raise
+        empty_cache()
+        return ctx.memalloc(size)
+
+
+def device_array(shape, dtype, stream):
+    """An uninitialised C-contiguous device array from the cache, for work on ``stream`` (a
+    Numba stream, or a raw cudaStream_t int)."""
+    from numba import cuda
+    from numba.cuda.cudadrv import devicearray, driver
+    from .arrays import stream_pointer
+    dtype = np.dtype(dtype)
+    shape = tuple(int(s) for s in shape)
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    if nbytes == 0 or not shape or _SIM or config.get("dnn.allocator") != "caching":
+        return cuda.device_array(shape, dtype=dtype,
+                                 stream=0 if isinstance(stream, int) else stream)
+    ctx = cuda.current_context()
+    if isinstance(stream, int):
+        key, stream = (ctx.device.id, stream, rounded(nbytes)), 0
+    else:
+        key = (ctx.device.id, stream_pointer(stream), rounded(nbytes))
+    raw = _pool.take(key) or _raw_alloc(ctx, key[2])
+    # A view that owns nothing: when the array dies, the block goes back to the pool.
+    mem = driver.MemoryPointer(ctx, raw.device_pointer, key[2],
+                               finalizer=_Return(key, raw))
+    strides = tuple(int(s) for s in np.cumprod((1,) + shape[:0:-1])[::-1] * dtype.itemsize)
+    return devicearray.DeviceNDArray(shape, strides, dtype, stream=stream, gpu_data=mem)
+
+
+class _Return:
+    """The finalizer of a handed-out block (holds the block, never the array)."""
+    __slots__ = ("key", "raw")
+
+    def __init__(self, key, raw):
+        self.key, self.raw = key, raw
+
+    def __call__(self):
+        _pool.give(self.key, self.raw)
+
+
+def empty_cache():
+    """Release every cached block (arrays in use are unaffected)."""
+    _pool.clear()
+
+
+def stats():
+    """{'hits', 'misses', 'cached_bytes', 'cached_blocks'} of the caching allocator."""
+    with _pool.lock:
+        return dict(hits=_pool.hits, misses=_pool.misses, cached_bytes=_pool.cached_bytes,
+                    cached_blocks=sum(len(v) for v in _pool.free.values()))

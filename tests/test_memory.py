@@ -1,0 +1,55 @@
+"""dnnkit.memory: the caching allocator's size classes and pool (pure parts on any machine),
+and on a GPU that blocks come back per stream, are reused, and hold correct data."""
+
+import numpy as np
+import pytest
+
+from dnnkit import config, memory
+
+
+def test_size_classes():
+    assert [memory.rounded(n) for n in (1, 512, 513, 1 << 20)] == [512, 512, 1024, 1 << 20]
+    assert memory.rounded((1 << 20) + 1) == 2 << 20
+    assert memory.rounded((4 << 20) + 1) == 6 << 20
+
+
+def test_pool_gives_back_per_key():
+    pool = memory._Pool()
+    key_a, key_b = (0, 0, 512), (0, 7, 512)
+    assert pool.take(key_a) is None
+    pool.give(key_a, "block")
+    assert pool.cached_bytes == 512
+    assert pool.take(key_b) is None            # another stream never gets it
+    assert pool.take(key_a) == "block" and pool.take(key_a) is None
+    assert (pool.hits, pool.misses, pool.cached_bytes) == (1, 3, 0)
+
+
+def test_flag_values():
+    assert config.get("dnn.allocator") == "caching"
+    with pytest.raises(ValueError, match="allowed: caching, numba"):
+        config.set("dnn.allocator", "pool")
+
+
+@pytest.mark.gpu
+def test_blocks_are_reused_per_stream_and_keep_data():
+    from numba import cuda
+    memory.empty_cache()
+    s1, s2 = cuda.stream(), cuda.stream()
+    a = memory.device_array((1000,), np.float32, s1)
+    ptr = a.device_ctypes_pointer.value
+    del a
+    b = memory.device_array((999,), np.float32, s1)      # same size class, same stream
+    assert b.device_ctypes_pointer.value == ptr
+    c = memory.device_array((1000,), np.float32, s2)     # other stream: a new block
+    assert c.device_ctypes_pointer.value != ptr
+    host = np.random.default_rng(0).standard_normal(999).astype(np.float32)
+    b.copy_to_device(host, stream=s1)
+    np.testing.assert_array_equal(b.copy_to_host(stream=s1), host)
+    assert memory.stats()["hits"] >= 1
+    del b, c
+    assert memory.stats()["cached_blocks"] >= 2
+    memory.empty_cache()
+    assert memory.stats()["cached_bytes"] == 0
+    with config.change_flags(**{"dnn.allocator": "numba"}):
+        d = memory.device_array((10,), np.float32, s1)
+    assert d.shape == (10,)
