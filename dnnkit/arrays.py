@@ -29,6 +29,35 @@ def _cuda():
     return cuda
 
 
+_ctx_devices = {}          # CUcontext handle -> device ordinal
+
+
+def simulator():
+    """Numba's CUDA simulator in use? (Read lazily: numba's configuration must not be loaded
+    before the tests' conftest chooses the simulator.)"""
+    from numba import config
+    return bool(config.ENABLE_CUDASIM)
+
+
+def device_id():
+    """The current device's ordinal, cheaply: one driver call (cuCtxGetCurrent) and a dict
+    lookup, instead of Numba's context machinery (~10 us). The first call in a thread with no
+    current context goes through Numba, which creates or activates it."""
+    cuda = _cuda()
+    if simulator():
+        return 0
+    from cuda.bindings import driver
+    err, ctx = driver.cuCtxGetCurrent()
+    key = int(ctx) if err == 0 else 0
+    dev = _ctx_devices.get(key) if key else None
+    if dev is None:
+        dev = getattr(cuda.get_current_device(), "id", 0)
+        err, ctx = driver.cuCtxGetCurrent()
+        if err == 0 and int(ctx):
+            _ctx_devices[int(ctx)] = dev
+    return dev
+
+
 def is_device_array(a):
     from numba.cuda.cudadrv import devicearray
     return devicearray.is_cuda_ndarray(a)
@@ -133,7 +162,7 @@ def acc_array(dtype):
     """The kernels' one-element ``acc`` array (0 in the accumulation type), per device."""
     cuda = _cuda()
     dt = acc_dtype(dtype)
-    key = (getattr(cuda.get_current_device(), "id", 0), dt.name)
+    key = (device_id(), dt.name)
     a = _acc_cache.get(key)
     if a is None:
         a = _acc_cache[key] = cuda.to_device(np.zeros(1, dtype=dt))

@@ -20,11 +20,8 @@ allocation retried once. ``dnn.allocator = caching | numba`` (default caching) c
 import threading
 
 import numpy as np
-from numba import config as _numba_config
 
 from . import config
-
-_SIM = bool(_numba_config.ENABLE_CUDASIM)     # the simulator's arrays are NumPy-backed
 
 _SMALL, _SMALL_ROUND, _LARGE_ROUND = 1 << 20, 512, 2 << 20
 
@@ -93,21 +90,20 @@ def device_array(shape, dtype, stream):
     Numba stream, or a raw cudaStream_t int)."""
     from numba import cuda
     from numba.cuda.cudadrv import devicearray, driver
-    from .arrays import stream_pointer
+    from .arrays import device_id, simulator, stream_pointer
     dtype = np.dtype(dtype)
     shape = tuple(int(s) for s in shape)
     nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-    if nbytes == 0 or not shape or _SIM or config.get("dnn.allocator") != "caching":
+    if nbytes == 0 or not shape or simulator() or config.get("dnn.allocator") != "caching":
         return cuda.device_array(shape, dtype=dtype,
                                  stream=0 if isinstance(stream, int) else stream)
-    ctx = cuda.current_context()
     if isinstance(stream, int):
-        key, stream = (ctx.device.id, stream, rounded(nbytes)), 0
+        key, stream = (device_id(), stream, rounded(nbytes)), 0
     else:
-        key = (ctx.device.id, stream_pointer(stream), rounded(nbytes))
-    raw = _pool.take(key) or _raw_alloc(ctx, key[2])
+        key = (device_id(), stream_pointer(stream), rounded(nbytes))
+    raw = _pool.take(key) or _raw_alloc(cuda.current_context(), key[2])
     # A view that owns nothing: when the array dies, the block goes back to the pool.
-    mem = driver.MemoryPointer(ctx, raw.device_pointer, key[2],
+    mem = driver.MemoryPointer(raw.context, raw.device_pointer, key[2],
                                finalizer=_Return(key, raw))
     strides = tuple(int(s) for s in np.cumprod((1,) + shape[:0:-1])[::-1] * dtype.itemsize)
     return devicearray.DeviceNDArray(shape, strides, dtype, stream=stream, gpu_data=mem)
@@ -122,6 +118,37 @@ class _Return:
 
     def __call__(self):
         _pool.give(self.key, self.raw)
+
+
+class scratch:
+    """``with scratch(nbytes, stream_ptr) as ptr:`` a raw device pointer (int; None for 0
+    bytes) for work queued on that stream inside the block; the block goes back to the pool at
+    the end, to be reused by later work on the same stream (stream order keeps it safe). No
+    array object is built: a workspace only needs its address."""
+    __slots__ = ("key", "raw")
+
+    def __init__(self, nbytes, stream_ptr):
+        from numba import cuda
+        from .arrays import device_id, simulator
+        self.key = self.raw = None
+        if not nbytes:
+            return
+        if simulator() or config.get("dnn.allocator") != "caching":
+            self.raw = cuda.device_array(int(nbytes), dtype=np.uint8)
+            return
+        self.key = (device_id(), int(stream_ptr), rounded(int(nbytes)))
+        self.raw = _pool.take(self.key) or _raw_alloc(cuda.current_context(), self.key[2])
+
+    def __enter__(self):
+        if self.raw is None:
+            return None
+        p = getattr(self.raw, "device_ctypes_pointer", None)
+        return (p.value if p is not None else int(self.raw.device_pointer)) or None
+
+    def __exit__(self, *exc):
+        if self.key is not None:
+            _pool.give(self.key, self.raw)
+        self.key = self.raw = None
 
 
 def empty_cache():

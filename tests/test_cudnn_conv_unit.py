@@ -268,10 +268,10 @@ def test_alloc_treats_only_out_of_memory_as_a_fallback(monkeypatch):
             raise exc
         return f
     for exc in (CudaAPIError(2), MemoryError(), RuntimeError("CUDA_ERROR_OUT_OF_MEMORY")):
-        monkeypatch.setattr(memory, "device_array", boom(exc))
+        monkeypatch.setattr(memory, "scratch", boom(exc))
         assert conv._alloc(10, 0) is None
     for exc in (CudaAPIError(700), CudaAPIError(12), ValueError("bad")):
-        monkeypatch.setattr(memory, "device_array", boom(exc))
+        monkeypatch.setattr(memory, "scratch", boom(exc))
         with pytest.raises(type(exc)):
             conv._alloc(10, 0)
     assert conv._alloc(0, 0) is None

@@ -4,8 +4,9 @@
 
 Per shape and direction (forward, data gradient, filter gradient): max relative error of the
 Numba and cuDNN paths against PyTorch's float64 result on the same inputs (or each other where
-PyTorch is absent), then the median CUDA-event time after a warm-up, TFLOP/s, and the ratios
-Numba/cuDNN and cuDNN/PyTorch.
+PyTorch is absent), then the time per call — the median over samples of 10 back-to-back calls
+between CUDA events, after a warm-up: a host-bound path shows its host cost — TFLOP/s, and the
+ratios Numba/cuDNN and cuDNN/PyTorch.
 """
 
 import argparse
@@ -17,6 +18,8 @@ import numpy as np
 import dnnkit
 from dnnkit import reference
 from dnnkit.timing import median_ms
+
+INNER = 10   # back-to-back calls per timed sample: an op's cost in a stream of ops
 
 # (C, K, H=W, kernel, stride, padding)
 RESNET50 = [(3, 64, 224, 7, 2, 3), (64, 64, 56, 3, 1, 1), (256, 64, 56, 1, 1, 0),
@@ -67,13 +70,13 @@ def bench_shape(shape, batch, reps, torch):
         outs = {}
         for b in ("numba", "cudnn"):
             outs[b] = fn(b).copy_to_host()
-            row[b + "_ms"] = median_ms(lambda i: fn(b), reps, warmup=2)
+            row[b + "_ms"] = median_ms(lambda i: fn(b), reps, warmup=2, inner=INNER)
         ref = refs.get(d, outs["cudnn"])
         for b in ("numba", "cudnn"):
             row[b + "_err"] = reference.rel_error(outs[b], ref)
             row[b + "_tflops"] = flops / row[b + "_ms"] / 1e9
         if torch is not None:
-            row["torch_ms"] = median_ms(lambda i: tcalls[d](), reps, warmup=2)
+            row["torch_ms"] = median_ms(lambda i: tcalls[d](), reps, warmup=2, inner=INNER)
         rows.append(row)
     return rows
 

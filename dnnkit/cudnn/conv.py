@@ -292,18 +292,23 @@ def _is_oom(e):
 
 
 def _alloc(nbytes, stream):
-    """A device buffer of ``nbytes`` (None for 0) for work on ``stream``, or None when the
-    device is out of memory. From dnnkit.memory's per-stream cache: the next call on the
-    stream gets the same block back, so a steady loop allocates no workspace."""
+    """A ``dnnkit.memory.scratch`` of ``nbytes`` (None for 0) for work on ``stream``, or None
+    when the device is out of memory. From the per-stream cache: the next call on the stream
+    gets the same block back, so a steady loop allocates no workspace."""
     if not nbytes:
         return None
-    from ..memory import device_array
+    from .. import memory
     try:
-        return device_array((int(nbytes),), np.uint8, stream)
+        return memory.scratch(int(nbytes), stream)
     except Exception as e:  # noqa: BLE001 - anything but out-of-memory is re-raised
         if not _is_oom(e):
             raise
         return None
+
+
+def _held(ws):
+    """The scratch as a context (its pointer when entered), or a null context for none."""
+    return contextlib.nullcontext() if ws is None else ws
 
 
 def _ws_size(c, algo):
@@ -378,9 +383,10 @@ def _time(c, limit):
         return None
     perfs, got = _perf_array(c)
     a, b, o = c.ptrs
-    api.call(c.fn("cudnnFindConvolution{}AlgorithmEx"), c.h, c.descs[0], a, c.descs[1], b,
-             c.conv, c.descs[2], o, len(perfs), ctypes.byref(got), perfs,
-             _ptr(ws) if ws is not None else None, nbytes, context=c.ctx)
+    with _held(ws) as wp:
+        api.call(c.fn("cudnnFindConvolution{}AlgorithmEx"), c.h, c.descs[0], a, c.descs[1], b,
+                 c.conv, c.descs[2], o, len(perfs), ctypes.byref(got), perfs,
+                 ctypes.c_void_p(wp), nbytes, context=c.ctx)
     return list(perfs[:got.value])
 
 
@@ -441,10 +447,11 @@ def _execute(c, algo, deterministic, limit):
     algo, ws, nbytes = _workspace(c, algo, deterministic, limit)
     alpha, beta = scalars(c.dtype)
     a, b, o = c.ptrs
-    api.call(c.fn("cudnnConvolution{}"), c.h, ctypes.byref(alpha), c.descs[0], a, c.descs[1],
-             b, c.conv, algo, _ptr(ws) if ws is not None else None, nbytes,
-             ctypes.byref(beta), c.descs[2], o,
-             context=f"{c.ctx}, algo {c.d.algo_name(algo)}, workspace {nbytes}")
+    with _held(ws) as wp:
+        api.call(c.fn("cudnnConvolution{}"), c.h, ctypes.byref(alpha), c.descs[0], a,
+                 c.descs[1], b, c.conv, algo, ctypes.c_void_p(wp), nbytes,
+                 ctypes.byref(beta), c.descs[2], o,
+                 context=f"{c.ctx}, algo {c.d.algo_name(algo)}, workspace {nbytes}")
     return algo
 
 

@@ -32,8 +32,8 @@ class _PerThread:
 
 def device_id():
     """The current device's ordinal."""
-    from numba import cuda
-    return getattr(cuda.get_current_device(), "id", 0)
+    from ..arrays import device_id as current
+    return current()
 
 
 def get(stream_ptr=0):

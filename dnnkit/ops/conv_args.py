@@ -150,8 +150,30 @@ def _shape(op, name, shape, rank):
     return t
 
 
+_geoms = {}          # make_geom's arguments -> ConvGeom: a training loop repeats its shapes
+_GEOMS_MAX = 4096
+
+
 def make_geom(op, nd, x_shape, w_shape, stride, padding, dilation, groups, mode):
-    """Check every geometric argument and return the ConvGeom (3-D form)."""
+    """Check every geometric argument and return the ConvGeom (3-D form); valid argument
+    tuples are remembered, so a repeated call skips the checks."""
+    # with the types: True == 1 and 2.0 == 2 hash alike but are not valid alike
+    key = (op, nd, tuple(x_shape), tuple(w_shape), mode) + tuple(
+        (type(v), v) if not isinstance(v, tuple) else tuple((type(e), e) for e in v)
+        for v in (stride, padding, dilation, groups))
+    try:
+        geom = _geoms.get(key)
+    except TypeError:                       # an unhashable argument (a list): check as usual
+        return _make_geom(op, nd, x_shape, w_shape, stride, padding, dilation, groups, mode)
+    if geom is None:
+        geom = _make_geom(op, nd, x_shape, w_shape, stride, padding, dilation, groups, mode)
+        if len(_geoms) >= _GEOMS_MAX:
+            _geoms.clear()
+        _geoms[key] = geom
+    return geom
+
+
+def _make_geom(op, nd, x_shape, w_shape, stride, padding, dilation, groups, mode):
     if not isinstance(groups, (int, np.integer)) or isinstance(groups, bool) or groups < 1:
         raise ValueError(f"{op}: groups must be a positive int; got {groups!r}")
     n, c = x_shape[:2]
