@@ -93,7 +93,11 @@ def device_array(shape, dtype, stream):
     from .arrays import device_id, simulator, stream_pointer
     dtype = np.dtype(dtype)
     shape = tuple(int(s) for s in shape)
-    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    strides, n = [], dtype.itemsize          # C-contiguous strides, innermost first
+    for s in reversed(shape):
+        strides.append(n)
+        n *= s
+    nbytes = n
     if nbytes == 0 or not shape or simulator() or config.get("dnn.allocator") != "caching":
         return cuda.device_array(shape, dtype=dtype,
                                  stream=0 if isinstance(stream, int) else stream)
@@ -105,8 +109,8 @@ def device_array(shape, dtype, stream):
     # A view that owns nothing: when the array dies, the block goes back to the pool.
     mem = driver.MemoryPointer(raw.context, raw.device_pointer, key[2],
                                finalizer=_Return(key, raw))
-    strides = tuple(int(s) for s in np.cumprod((1,) + shape[:0:-1])[::-1] * dtype.itemsize)
-    return devicearray.DeviceNDArray(shape, strides, dtype, stream=stream, gpu_data=mem)
+    return devicearray.DeviceNDArray(shape, tuple(reversed(strides)), dtype, stream=stream,
+                                     gpu_data=mem)
 
 
 class _Return:

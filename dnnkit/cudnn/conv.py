@@ -40,6 +40,7 @@ import threading
 
 import numpy as np
 
+from ..arrays import float_name
 from ..errors import CudnnError, DnnkitError
 from . import algo_cache, api, handle, loader
 from .calls import _ptr
@@ -122,16 +123,32 @@ def descriptor_dims(geom):
 
 def math_type(dtype, compute_dtype, allow_tf32):
     """cudnnMathType_t: tensor cores for float16 data; for float32, TF32 only if allowed."""
-    dt = np.dtype(dtype).name
+    dt = float_name(dtype)
     if dt == "float16":
         return MATH_TENSOR_OP
-    if dt == "float32" and np.dtype(compute_dtype).name == "float32":
+    if dt == "float32" and float_name(compute_dtype) == "float32":
         return MATH_DEFAULT if allow_tf32 else MATH_FMA  # DEFAULT lets Ampere+ use TF32
     return MATH_DEFAULT
 
 
-def supports(geom, dtype, compute_dtype):
-    """None if cuDNN can run this convolution, else the reason it cannot (pure)."""
+_supported = {}             # supports()'s answers by its arguments (it runs on every call)
+
+
+def supports(geom, dtype, compute_dtype, allow_empty=False):
+    """None if cuDNN can run this convolution, else the reason it cannot (pure).
+    ``allow_empty``: empty tensors pass (the op answers them without calling cuDNN)."""
+    key = (geom, float_name(dtype) or str(dtype), str(compute_dtype), allow_empty)
+    try:
+        return _supported[key]
+    except KeyError:
+        pass
+    if len(_supported) > 4096:
+        _supported.clear()
+    why = _supported[key] = _supports(geom, dtype, compute_dtype, allow_empty)
+    return why
+
+
+def _supports(geom, dtype, compute_dtype, allow_empty):
     dt, ct = np.dtype(dtype).name, str(compute_dtype)
     if dt not in DATA_TYPES:
         return f"data type {dt} (cuDNN convolutions take {', '.join(DATA_TYPES)})"
@@ -144,7 +161,7 @@ def supports(geom, dtype, compute_dtype):
         return (f"stride {geom.stride} and dilation {geom.dilation} must be >= 1 and padding "
                 f"{geom.padding} >= 0")
     for name, shape in (("x", geom.x_shape), ("w", geom.w_shape), ("y", geom.y_shape)):
-        if min(shape) < 1:
+        if min(shape) < 1 and not allow_empty:
             return f"{name} shape {tuple(shape)} has an empty dimension"
         if math.prod(shape) > INT_MAX:
             return (f"{name} {tuple(shape)} has {math.prod(shape)} elements; cuDNN's "
@@ -229,7 +246,7 @@ def _new_plan(d, geom, dtype, compute_dtype, math_t):
 
 def _plan(d, geom, dtype, compute_dtype, math_t, device):
     """The cached plan of a convolution (created on first use)."""
-    key = (d.name, device, geom, dtype.name, str(compute_dtype), math_t)
+    key = (d.name, device, geom, float_name(dtype), str(compute_dtype), math_t)
     with _plans_lock:
         plan = _plans.get(key)
         if plan is not None:

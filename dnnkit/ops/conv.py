@@ -122,7 +122,12 @@ def _numba_backward_bias(dy, stream):
 def _cudnn_supports(*args):
     geom, opts = args[-3], args[-2]
     from ..cudnn import conv as cconv
-    return cconv.supports(geom, opts["dtype"], opts["compute_dtype"])
+    return cconv.supports(geom, opts["dtype"], opts["compute_dtype"], allow_empty=True)
+
+
+def _empty(geom):
+    """Does the convolution sum run over nothing (an empty batch, input or filter set)?"""
+    return 0 in geom.x_shape or 0 in geom.w_shape or 0 in geom.y_shape
 
 
 def _cudnn_kw(opts, direction, stream):
@@ -144,6 +149,9 @@ def _cudnn_forward(x, w, bias, geom, opts, stream):
 def _cudnn_backward_data(dy, w, geom, opts, stream):
     from ..cudnn import conv as cconv
     dx = arrays.cuda_empty(geom.user_shape(geom.x_shape), dy.dtype, stream)
+    if dx.size and _empty(geom):          # no filters: the gradient is zero (cuDNN rejects it)
+        from . import conv_numba
+        return conv_numba._zeros(dx, stream)
     if dx.size:
         note_algo(cconv.backward_data(dy, w, dx, geom, **_cudnn_kw(opts, "bwd_data", stream)))
     return dx
@@ -152,6 +160,9 @@ def _cudnn_backward_data(dy, w, geom, opts, stream):
 def _cudnn_backward_filter(x, dy, geom, opts, stream):
     from ..cudnn import conv as cconv
     dw = arrays.cuda_empty(geom.user_shape(geom.w_shape), x.dtype, stream)
+    if dw.size and _empty(geom):          # an empty batch: the sum over images is zero
+        from . import conv_numba
+        return conv_numba._zeros(dw, stream)
     if dw.size:
         note_algo(cconv.backward_filter(x, dy, dw, geom,
                                         **_cudnn_kw(opts, "bwd_filter", stream)))
@@ -167,7 +178,11 @@ def _cudnn_bias_supports(dy, stream):
 def _cudnn_backward_bias(dy, stream):
     from ..cudnn import conv as cconv
     db = arrays.cuda_empty((dy.shape[1],), dy.dtype, stream)
-    cconv.backward_bias(dy, db, arrays.stream_pointer(stream))
+    if db.size and not dy.size:            # an empty batch or image: the sum is zero
+        from . import conv_numba
+        return conv_numba._zeros(db, stream)
+    if db.size:
+        cconv.backward_bias(dy, db, arrays.stream_pointer(stream))
     return db
 
 

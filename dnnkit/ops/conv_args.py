@@ -110,7 +110,7 @@ def _opts(op, direction, dtype, algo, precision):
     elif precision not in PRECISIONS:
         raise ValueError(f"{op}: precision must be one of {', '.join(PRECISIONS)}; "
                          f"got {precision!r}")
-    name = np.dtype(dtype).name
+    name = arrays.float_name(dtype)
     compute = {"as_input_f32": "float32" if name == "float16" else name,
                "as_input": name}.get(precision, precision)
     return dict(direction=direction, algo=algo, dtype=name, compute_dtype=compute,

@@ -178,6 +178,16 @@ def test_empty_batch_and_no_filters(backend):
     dw = dnnkit.conv2d_backward_filter(x, np.ones((1, 2, 4, 4), np.float32), w.shape,
                                        backend=backend).copy_to_host()
     assert np.allclose(dw, 16.0)
+    # sums over nothing are zeros, on either backend (cuDNN itself rejects empty tensors)
+    x0, dy0 = np.ones((0, 4, 6, 6), np.float32), np.ones((0, 2, 4, 4), np.float32)
+    dw = dnnkit.conv2d_backward_filter(x0, dy0, w.shape, backend=backend).copy_to_host()
+    assert dw.shape == w.shape and not dw.any()
+    dx = dnnkit.conv2d_backward_data(np.ones((1, 0, 4, 4), np.float32), w[:0], x.shape,
+                                     backend=backend).copy_to_host()
+    assert dx.shape == x.shape and not dx.any()
+    assert dnnkit.conv2d_backward_data(dy0, w, x0.shape, backend=backend).shape == x0.shape
+    db = dnnkit.conv_backward_bias(dy0, backend=backend).copy_to_host()
+    assert db.shape == (2,) and not db.any()
 
 
 def test_select_backend_for_conv():
