@@ -228,7 +228,7 @@ def gemm_kernel(ta, tb, wm, wn, tx, ty, min_blocks=1):
 
 # Tile configurations (wm, wn, tx, ty, min_blocks) the ops choose from (dnnkit/ops/gemm.py);
 # "sim" keeps the CUDA simulator (one Python thread per CUDA thread) to 16 threads a block.
-CONFIGS = {"large": (8, 8, 16, 16, 1), "small": (4, 8, 16, 16, 2), "sim": (2, 2, 4, 4, 1)}
+CONFIGS = {"large": (8, 8, 16, 16, 2), "small": (4, 8, 16, 16, 2), "sim": (2, 2, 4, 4, 1)}
 LAYOUTS = ((0, 0), (1, 0), (0, 1))
 VARIANTS = {f"gemm_{ta}{tb}_{cfg}_kernel": gemm_kernel(ta, tb, *CONFIGS[cfg])
             for ta, tb in LAYOUTS for cfg in CONFIGS}

@@ -81,6 +81,29 @@ def bench_shape(shape, batch, reps, torch):
     return rows
 
 
+def kernel_breakdown(shape, batch, torch):
+    """GPU time per kernel (CUPTI, through PyTorch's profiler) of one Numba forward and one
+    cuDNN forward: what the Numba path's time is made of (im2col vs GEMM), without host time."""
+    from numba import cuda
+    from torch.profiler import ProfilerActivity, profile
+    c, k, hw, ks, st, pad = shape
+    rng = np.random.default_rng(1)
+    x = cuda.to_device(rng.standard_normal((batch, c, hw, hw)).astype(np.float32))
+    w = cuda.to_device(rng.standard_normal((k, c, ks, ks)).astype(np.float32))
+    out = []
+    for b in ("numba", "cudnn"):
+        dnnkit.conv2d(x, w, stride=st, padding=pad, backend=b)
+        cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(5):
+                dnnkit.conv2d(x, w, stride=st, padding=pad, backend=b)
+            cuda.synchronize()
+        for e in prof.key_averages():
+            if e.device_time_total > 0:
+                out.append((b, e.key[:60], e.device_time_total / 5 / 1e3))
+    return out
+
+
 def table(rows):
     head = (f"{'shape':<22} {'dir':<10} {'numba err':>9} {'cudnn err':>9} {'numba ms':>9} "
             f"{'cudnn ms':>9} {'torch ms':>9} {'numba TF':>8} {'cudnn TF':>8} {'nb/cd':>6} "
@@ -110,6 +133,8 @@ def main():
                    help="cuDNN algorithm choice for all three directions (guess_once: cuDNN's "
                         "heuristics, as PyTorch with cudnn.benchmark off; 'defaults': the flags' "
                         "defaults)")
+    p.add_argument("--kernels", action="store_true",
+                   help="also print the GPU time of each kernel of the forward passes")
     a = p.parse_args()
     if a.algo != "defaults":
         dnnkit.config.set("dnn.conv.algo_fwd", a.algo)
@@ -124,6 +149,11 @@ def main():
         rows += new
         print("\n".join(table(new).splitlines()[1:4]), flush=True)
     print("\n" + table(rows))
+    if a.kernels and torch is not None:
+        print("\nGPU time per kernel, forward (ms per call):")
+        for shape in RESNET50:
+            for b, name, ms in kernel_breakdown(shape, a.batch, torch):
+                print(f"  {str(shape):<28} {b:<6} {ms:8.3f}  {name}")
     if a.json:
         with open(a.json, "w") as f:
             json.dump(rows, f, indent=1)

@@ -59,6 +59,12 @@ class _Sizes:
         self.image = self.c * _prod(g.x_shape[2:])
         per_image = self.rows * g.groups * self.out * itemsize
         self.chunk = max(1, min(self.n, COL_BUDGET_BYTES // max(1, per_image)))
+        # A 1x1 kernel at stride 1 without padding: the column matrix IS x (col[c, (n, o)] =
+        # x[n, c, o]), so the GEMMs read x (and write dx) in place: no im2col, no col2im.
+        self.pointwise = (max(g.w_shape[2:]) == 1 and max(g.stride) == 1
+                          and max(g.padding) == 0)
+        if self.pointwise:
+            self.chunk = max(1, self.n)
 
     def chunks(self):
         for n0 in range(0, self.n, self.chunk):
@@ -106,16 +112,20 @@ def forward(x, w, bias, geom, stream):
     sz = _Sizes(geom, x.dtype.itemsize)
     if sz.empty():
         return y
-    col = arrays.cuda_empty((sz.groups * sz.rows * sz.chunk * sz.out,), x.dtype, stream)
+    col = None if sz.pointwise else arrays.cuda_empty(
+        (sz.groups * sz.rows * sz.chunk * sz.out,), x.dtype, stream)
     wf, yf = arrays.flat(w), arrays.flat(y)
     o, ko = sz.out, sz.k * sz.out
     for n0, nc in sz.chunks():
-        _im2col(x, col, geom, sz, n0, nc, stream)
+        if sz.pointwise:    # B = x: column j = (n, o) at (j // O)*C*O + j % O, row c at c*O
+            b, ldb, gb, b1 = arrays.flat(x)[n0 * sz.image:], o, (o, sz.image), sz.rows * o
+        else:
+            _im2col(x, col, geom, sz, n0, nc, stream)
+            b, ldb, gb, b1 = col, nc * o, PLAIN, sz.rows * nc * o
         # y[n, g*Kg + i, o] = sum_k W_g[i, k] col[g*rows + k, n*O + o]: C's column j = (n, o)
         # lives at (j // O)*K*O + j % O. One batch entry per group.
-        _gemm("00", wf, col, yf[n0 * ko:], (sz.kg, nc * o, sz.rows), (sz.rows, nc * o, o),
-              PLAIN + PLAIN + (o, ko),
-              (sz.groups, 1, sz.kg * sz.rows, 0, sz.rows * nc * o, 0, sz.kg * o, 0),
+        _gemm("00", wf, b, yf[n0 * ko:], (sz.kg, nc * o, sz.rows), (sz.rows, ldb, o),
+              PLAIN + gb + (o, ko), (sz.groups, 1, sz.kg * sz.rows, 0, b1, 0, sz.kg * o, 0),
               bias=None if bias is None else arrays.flat(bias), stream=stream)
     return y
 
@@ -129,18 +139,23 @@ def backward_data(dy, w, geom, stream):
         return dx
     if sz.empty():
         return _zeros(dx, stream)
-    dcol = arrays.cuda_empty((sz.groups * sz.rows * sz.chunk * sz.out,), acc.dtype, stream)
+    dcol = None if sz.pointwise else arrays.cuda_empty(
+        (sz.groups * sz.rows * sz.chunk * sz.out,), acc.dtype, stream)
     wf, dyf, dxf = arrays.flat(w), arrays.flat(dy), arrays.flat(dx)
     o, ko = sz.out, sz.k * sz.out
     for n0, nc in sz.chunks():
+        if sz.pointwise:    # C = dx: column j = (n, o) at (j // O)*C*O + j % O
+            c, ldc, gc, c1 = dxf[n0 * sz.image:], o, (o, sz.image), sz.rows * o
+        else:
+            c, ldc, gc, c1 = dcol, nc * o, PLAIN, sz.rows * nc * o
         # dcol[g*rows + i, n*O + o] = sum_k W_g[k, i] dy[n, g*Kg + k, o]: A = W_g transposed,
         # B's column j = (n, o) at (j // O)*K*O + j % O. One batch entry per group.
-        _gemm("10", wf, dyf[n0 * ko:], dcol, (sz.rows, nc * o, sz.kg), (sz.rows, o, nc * o),
-              PLAIN + (o, ko) + PLAIN,
-              (sz.groups, 1, sz.kg * sz.rows, 0, sz.kg * o, 0, sz.rows * nc * o, 0),
+        _gemm("10", wf, dyf[n0 * ko:], c, (sz.rows, nc * o, sz.kg), (sz.rows, o, ldc),
+              PLAIN + (o, ko) + gc, (sz.groups, 1, sz.kg * sz.rows, 0, sz.kg * o, 0, c1, 0),
               stream=stream)
-        _elementwise(_kernels().conv_col2im_bwd_kernel, nc * sz.image, stream,
-                     (dcol, dxf[n0 * sz.image:(n0 + nc) * sz.image], _geo(geom), nc, acc))
+        if not sz.pointwise:
+            _elementwise(_kernels().conv_col2im_bwd_kernel, nc * sz.image, stream,
+                         (dcol, dxf[n0 * sz.image:(n0 + nc) * sz.image], _geo(geom), nc, acc))
     return dx
 
 
@@ -172,20 +187,27 @@ def backward_filter(x, dy, geom, stream):
     acc = arrays.acc_array(x.dtype)
     parts = _filter_parts(sz, dw.size * acc.dtype.itemsize)
     ws = arrays.cuda_empty((parts * dw.size,), acc.dtype, stream)
-    col = arrays.cuda_empty((sz.groups * sz.rows * sz.chunk * sz.out,), x.dtype, stream)
+    col = None if sz.pointwise else arrays.cuda_empty(
+        (sz.groups * sz.rows * sz.chunk * sz.out,), x.dtype, stream)
     dyf = arrays.flat(dy)
     o, ko = sz.out, sz.k * sz.out
     for i, (n0, nc) in enumerate(sz.chunks()):
-        _im2col(x, col, geom, sz, n0, nc, stream)
         p = _largest_divisor(nc, parts)          # == parts except in a short last chunk
         per = nc // p
+        if sz.pointwise:    # B = x^T: k = (n, o) at (k // O)*C*O + k % O, column c at c*O
+            b, ldb, gb = arrays.flat(x)[n0 * sz.image:], o, (o, sz.image)
+            b1, b2 = sz.rows * o, per * sz.image
+        else:
+            _im2col(x, col, geom, sz, n0, nc, stream)
+            b, ldb, gb = col, nc * o, PLAIN
+            b1, b2 = sz.rows * nc * o, per * o
         # ws[q, g*Kg + i, j] (+)= sum_k dy_g[i, k] col[g*rows + j, q*per*O + k] over the
         # per*O columns k = (n, o) of slice q: A's k at (k // O)*K*O + k % O, B = col^T.
         # Batched over (g, q).
-        _gemm("01", dyf[n0 * ko:], col, ws, (sz.kg, sz.rows, per * o), (o, nc * o, sz.rows),
-              (o, ko) + PLAIN + PLAIN,
-              (sz.groups, p, sz.kg * o, per * ko, sz.rows * nc * o, per * o, sz.kg * sz.rows,
-               dw.size), beta=0.0 if i == 0 else 1.0, stream=stream)
+        _gemm("01", dyf[n0 * ko:], b, ws, (sz.kg, sz.rows, per * o), (o, ldb, sz.rows),
+              (o, ko) + gb + PLAIN,
+              (sz.groups, p, sz.kg * o, per * ko, b1, b2, sz.kg * sz.rows, dw.size),
+              beta=0.0 if i == 0 else 1.0, stream=stream)
     _elementwise(_kernels().conv_wsum_bwd_kernel, dw.size, stream,
                  (ws, arrays.flat(dw), parts, dw.size, acc))
     return dw

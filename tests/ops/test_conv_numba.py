@@ -35,6 +35,10 @@ CASES = {
                          flip=True),
     "3d-groups2-s2": _geom((2, 4, 3, 4, 3), (4, 2, 3, 1, 2), (2, 1, 2), (1, 1, 0), groups=2),
     "3d-1x1x1-s3": _geom((1, 3, 3, 3, 4), (2, 3, 1, 1, 1), (2, 2, 3)),
+    # 1x1, stride 1, no padding: the GEMMs read x and write dx in place (no im2col)
+    "2d-pointwise": _geom((3, 5, 1, 2, 3), (4, 5, 1, 1, 1)),
+    "3d-pointwise-groups-dil": _geom((2, 4, 2, 2, 3), (6, 2, 1, 1, 1), 1, 0, (2, 1, 3),
+                                     groups=2),
 }
 
 
@@ -156,6 +160,9 @@ def test_gpu_gemm_tiles(rng, monkeypatch, config):
     tiles in every dimension and the grouped (image, position) columns."""
     monkeypatch.setattr(conv_numba, "gemm_config", lambda m: config)
     g = _geom((3, 3, 1, 4, 3), (5, 3, 1, 2, 2), padding=(0, 1, 0))
+    _check(_run_all(rng, g, "float32"), "float32")
+    g = _geom((3, 3, 1, 4, 3), (5, 3, 1, 1, 1))          # pointwise: x and dx in place
+    assert conv_numba._Sizes(g, 4).pointwise
     _check(_run_all(rng, g, "float32"), "float32")
 
 
