@@ -172,3 +172,133 @@ def conv_backward_filter(x, dy, w_shape, stride=1, padding=0, dilation=1, groups
 def conv_backward_bias(dy):
     dy = np.asarray(dy, np.float64)
     return dy.sum(axis=(0,) + tuple(range(2, dy.ndim)))
+
+
+# ---------------------------------------------------------------- pooling (N-d, float64)
+
+def _pool_tuple(v, nd):
+    return tuple(int(a) for a in v) if np.ndim(v) else (int(v),) * nd
+
+
+def _pool_windows(x_shape, window, stride, padding):
+    """(output shape, [(output index, clipped input slices)], window size) of a pooling
+    (stride None: the window)."""
+    nd = len(x_shape) - 2
+    window = _pool_tuple(window, nd)
+    stride = window if stride is None else _pool_tuple(stride, nd)
+    padding = _pool_tuple(padding, nd)
+    out = tuple((n + 2 * p - k) // s + 1
+                for n, k, s, p in zip(x_shape[2:], window, stride, padding))
+    spans = [(o, tuple(slice(max(i * s - p, 0), min(i * s - p + k, n))
+                       for i, n, k, s, p in zip(o, x_shape[2:], window, stride, padding)))
+             for o in np.ndindex(*out)]
+    return out, spans, int(np.prod(window))
+
+
+def pool_forward(x, window, stride=None, padding=0, mode="max"):
+    """Direct loops over the output positions. The window is clipped to the input (padding
+    never enters a max or a sum); average_inc_pad divides by the full window size,
+    average_exc_pad by the number of inputs in the clipped window. NaN propagates."""
+    x = np.asarray(x, np.float64)
+    out, spans, ksize = _pool_windows(x.shape, window, stride, padding)
+    nc = x.shape[:2]
+    y = np.empty(nc + out)
+    for o, sl in spans:
+        w = x[(slice(None), slice(None)) + sl]
+        w = w.reshape(nc + (int(np.prod(w.shape[2:])),))
+        if mode in ("max", "max_deterministic"):
+            v = w.max(axis=-1) if w.size else np.zeros(nc)
+        else:
+            v = w.sum(axis=-1)
+            v = v / {"average_inc_pad": ksize, "average": ksize,
+                     "average_exc_pad": w.shape[-1], "sum": 1}[mode]
+        y[(slice(None), slice(None)) + o] = v
+    return y
+
+
+def pool_backward(x, dy, window, stride=None, padding=0, mode="max"):
+    """dx of :func:`pool_forward`. Max routes dy[o] to the window's first maximum in scan order
+    (the lowest address), or to its first NaN: numpy's argmax rule."""
+    x, dy = np.asarray(x, np.float64), np.asarray(dy, np.float64)
+    out, spans, ksize = _pool_windows(x.shape, window, stride, padding)
+    nc = x.shape[:2]
+    dx = np.zeros(x.shape)
+    n_i, c_i = np.indices(nc)
+    for o, sl in spans:
+        g = dy[(slice(None), slice(None)) + o]
+        if mode in ("max", "max_deterministic"):
+            w = x[(slice(None), slice(None)) + sl]
+            flat = w.reshape(nc + (int(np.prod(w.shape[2:])),))
+            if not flat.size:
+                continue
+            taps = np.unravel_index(flat.argmax(axis=-1), w.shape[2:])
+            at = (n_i, c_i) + tuple(t + s.start for t, s in zip(taps, sl))
+            dx[at] += g      # one target per (n, c): no repeated index within this update
+        else:
+            count = int(np.prod([s.stop - s.start for s in sl]))
+            div = {"average_inc_pad": ksize, "average": ksize, "average_exc_pad": count,
+                   "sum": 1}[mode]
+            dx[(slice(None), slice(None)) + sl] += (g / div)[(...,) + (None,) * len(sl)]
+    return dx
+
+
+# ---------------------------------------------------------------- batch normalization, dropout
+
+def _bn_axes(ndim, mode):
+    """Axes the statistics reduce over: (0, 2, 3, ...) spatial, (0,) per-activation."""
+    return (0,) if mode == "per-activation" else (0,) + tuple(range(2, ndim))
+
+
+def _bn_param(p, x, mode):
+    """A parameter ((C,), (1, C, 1...), C*H*W... or (1, C, H, W...)) broadcast against x."""
+    p = np.asarray(p, np.float64)
+    if mode == "per-activation":
+        return p.reshape((1,) + x.shape[1:])
+    return p.reshape((1, x.shape[1]) + (1,) * (x.ndim - 2))
+
+
+def batch_norm_train(x, gamma, beta, mode="spatial", epsilon=1e-5, momentum=0.1,
+                     running_mean=None, running_var=None):
+    """(y, saved_mean, saved_invstd, new_running_mean, new_running_var), statistics shaped like
+    gamma. saved_invstd = 1/sqrt(biased var + eps); the running variance is updated with the
+    unbiased variance var * m/(m-1) (m values per statistic), as cuDNN does."""
+    x = np.asarray(x, np.float64)
+    mean = x.mean(axis=_bn_axes(x.ndim, mode), keepdims=True)
+    m = x.size // mean.size
+    var = ((x - mean) ** 2).mean(axis=_bn_axes(x.ndim, mode), keepdims=True)
+    invstd = 1.0 / np.sqrt(var + epsilon)
+    y = (x - mean) * invstd * _bn_param(gamma, x, mode) + _bn_param(beta, x, mode)
+    shape = np.shape(gamma)
+    new_rm = new_rv = None
+    if running_mean is not None:
+        new_rm = ((1 - momentum) * np.asarray(running_mean, np.float64)
+                  + momentum * mean.reshape(shape))
+        new_rv = ((1 - momentum) * np.asarray(running_var, np.float64)
+                  + momentum * (var * m / (m - 1)).reshape(shape))
+    return y, mean.reshape(shape), invstd.reshape(shape), new_rm, new_rv
+
+
+def batch_norm_inference(x, gamma, beta, mean, var, mode="spatial", epsilon=1e-5):
+    x = np.asarray(x, np.float64)
+    p = [_bn_param(a, x, mode) for a in (gamma, beta, mean, var)]
+    return (x - p[2]) / np.sqrt(p[3] + epsilon) * p[0] + p[1]
+
+
+def batch_norm_backward(x, dy, gamma, saved_mean, saved_invstd, mode="spatial"):
+    """(dx, dgamma, dbeta) of y = (x - mean) * invstd * gamma + beta with the batch statistics
+    as functions of x (training mode), given the forward's saved mean and invstd."""
+    x, dy = np.asarray(x, np.float64), np.asarray(dy, np.float64)
+    axes = _bn_axes(x.ndim, mode)
+    mean, invstd = _bn_param(saved_mean, x, mode), _bn_param(saved_invstd, x, mode)
+    m = x.size // mean.size
+    xhat = (x - mean) * invstd
+    dbeta = dy.sum(axis=axes, keepdims=True)
+    dgamma = (dy * xhat).sum(axis=axes, keepdims=True)
+    dx = _bn_param(gamma, x, mode) * invstd * (dy - dbeta / m - xhat * dgamma / m)
+    shape = np.shape(gamma)
+    return dx, dgamma.reshape(shape), dbeta.reshape(shape)
+
+
+def dropout(x, mask, p):
+    """x * mask / (1 - p) for a 0/1 (or boolean) mask."""
+    return np.asarray(x, np.float64) * np.asarray(mask, np.float64) / (1.0 - p)

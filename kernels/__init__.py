@@ -20,13 +20,20 @@ import importlib
 MODULES = ("activation", "softmax", "conv", "gemm", "pool", "batchnorm", "dropout")
 
 _modules = [importlib.import_module(f".{m}", __name__) for m in MODULES]
+
+
+def _is_kernel(module, name):
+    # a compiled-on-demand kernel (not a factory such as gemm.gemm_kernel)
+    return (name.endswith("_kernel") and not name.startswith("_")
+            and hasattr(getattr(module, name), "py_func"))
+
+
 for _m in _modules:
     for _name in dir(_m):
-        if _name.endswith("_kernel") and not _name.startswith("_"):
+        if _is_kernel(_m, _name):
             globals()[_name] = getattr(_m, _name)
 
-ALL_KERNELS = tuple(n for _m in _modules for n in dir(_m)
-                    if n.endswith("_kernel") and not n.startswith("_"))
+ALL_KERNELS = tuple(n for _m in _modules for n in dir(_m) if _is_kernel(_m, n))
 
 
 def all_kernels():

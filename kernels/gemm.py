@@ -4,9 +4,11 @@
 
 for i < m, j < n, k < kdim and z = (z1, z2) < (nz1, nz2). ``gemm_kernel(ta, tb, wm, wn, tx,
 ty)`` builds the kernel for one layout: a block of tx*ty threads computes a BM x BN tile of C
-(BM = ty*wm, BN = tx*wn); thread (x, y) owns the wm x wn register tile of rows y + ty*i and
-columns x + tx*j, so a warp's shared-memory reads of A are broadcasts and its reads of B hit
-consecutive banks, and its writes of C are coalesced. Every constant (layout, tile, thread
+(BM = ty*wm, BN = tx*wn); thread (x, y) owns the wm x wn register tile of rows
+y*wm/2 + {0..wm/2-1} in each half of the tile's rows, and likewise columns x*wn/2 + {..} in
+each half of its columns: each fragment is two runs of consecutive words, read as vector
+loads (ld.shared.v4 for 8 x 8), a warp's reads of A are broadcasts and its reads of B cover
+consecutive banks. Every constant (layout, tile, thread
 count) is a compile-time constant, so the register tile stays in registers and the index
 arithmetic folds.
 
@@ -33,10 +35,12 @@ Traffic: A is read ceil(n/BN) times and B ceil(m/BM) times (mostly from L2), C w
 
 import functools
 
-from numba import config, cuda, int64
+from numba import config, cuda, int64, uint64
 
 BK = 8      # slab depth
 PAD = 4     # shared row padding (words): k-fast staging stores hit 32 distinct banks
+# 16-byte aligned shared memory for vector loads; the simulator takes no alignment
+SMEM_ALIGN = None if config.ENABLE_CUDASIM else 16
 
 
 def shared_bytes(wm, wn, tx, ty, itemsize):
@@ -81,7 +85,7 @@ def gemm_kernel(ta, tb, wm, wn, tx, ty, min_blocks=1):
                 addr = off + (k0 + kk) * ld + fixed
             v = zero
             if r0 + r < rows and k0 + kk < kdim:
-                v = src[addr] + zero
+                v = src[uint64(addr)] + zero
             reg[q] = v
 
     @cuda.jit(device=True, inline=True)
@@ -92,16 +96,17 @@ def gemm_kernel(ta, tb, wm, wn, tx, ty, min_blocks=1):
                 r, kk = t // BK + (nt // BK) * q, t % BK
             else:
                 r, kk = t % tile, t // tile + (nt // tile) * q
-            sh[base + kk * (tile + PAD) + r] = reg[q]
+            sh[uint64(base + kk * (tile + PAD) + r)] = reg[q]
 
     @cuda.jit(device=True, inline=True)
-    def frag(sh, p, step, count, reg):
-        """reg[i] = sh[p + step*i]: through a view at p, so that every load is the view's
-        base plus a constant (Numba wraps a computed signed index with a compare and select
-        per access; a constant index needs none)."""
-        row = sh[p:]
+    def frag(sh, p, half, count, reg):
+        """reg[i] = sh[p + (i // h)*half + i % h], h = count // 2: two runs of h consecutive
+        words, which LLVM merges into vector loads (ld.shared.v4 for h = 4). Unsigned
+        indices: Numba wraps a signed index with a compare and select per access, which
+        would also block the merge."""
+        h = count // 2
         for i in range(count):
-            reg[i] = row[step * i]
+            reg[i] = sh[uint64(p + (i // h) * half + i % h)]
 
     @cuda.jit(device=True, inline=True)
     def outer(c_reg, av, bv):
@@ -115,7 +120,8 @@ def gemm_kernel(ta, tb, wm, wn, tx, ty, min_blocks=1):
         return q * gstride + r
 
     def kernel(a, b, c, bias, dims, lds, grps, batch, beta, use_bias, acc):
-        sh = cuda.shared.array(0, dtype=acc.dtype)
+        # 16-byte aligned, so the fragment reads can be vector loads
+        sh = cuda.shared.array(0, dtype=acc.dtype, alignment=SMEM_ALIGN)
         zero = acc[0]
         m, n, kdim = dims
         lda, ldb, ldc = lds
@@ -153,7 +159,7 @@ def gemm_kernel(ta, tb, wm, wn, tx, ty, min_blocks=1):
                     stash(sh, 0, ta == 0, la, bm, a_buf)
                     stash(sh, BK * sa, tb == 1, lb, bn, b_buf)
                     cuda.syncthreads()
-                    cur = 0
+                    phase = 0
                     for k0 in range(0, kdim, BK):
                         more = k0 + BK < kdim
                         if more:
@@ -173,48 +179,48 @@ def gemm_kernel(ta, tb, wm, wn, tx, ty, min_blocks=1):
                                   kdim, n, j0, lb, bn, b_buf, zero)
                         # Register double buffering: the fragments of row kk+1 are read
                         # while row kk multiplies (the last read runs one row past the slab,
-                        # into padding, and is not used).
-                        pa, pb = cur + y, cur + BK * sa + x
-                        frag(sh, pa, ty, wm, ra0)
-                        frag(sh, pb, tx, wn, rb0)
-                        for _ in range(BK // 2):
-                            frag(sh, pa + sa, ty, wm, ra1)
-                            frag(sh, pb + sb, tx, wn, rb1)
+                        # into padding, and is not used). Offsets are written as products
+                        # of constants so LLVM can prove the 16-byte alignment of the
+                        # vector loads.
+                        pa = phase * stage + y * (wm // 2)
+                        pb = phase * stage + BK * sa + x * (wn // 2)
+                        frag(sh, pa, bm // 2, wm, ra0)
+                        frag(sh, pb, bn // 2, wn, rb0)
+                        for kk in range(0, BK, 2):
+                            frag(sh, pa + (kk + 1) * sa, bm // 2, wm, ra1)
+                            frag(sh, pb + (kk + 1) * sb, bn // 2, wn, rb1)
                             outer(c_reg, ra0, rb0)
-                            pa += 2 * sa
-                            pb += 2 * sb
-                            frag(sh, pa, ty, wm, ra0)
-                            frag(sh, pb, tx, wn, rb0)
+                            frag(sh, pa + (kk + 2) * sa, bm // 2, wm, ra0)
+                            frag(sh, pb + (kk + 2) * sb, bn // 2, wn, rb0)
                             outer(c_reg, ra1, rb1)
                         if more:
-                            nxt = stage - cur
+                            nxt = (1 - phase) * stage
                             stash(sh, nxt, ta == 0, la, bm, a_buf)
                             stash(sh, nxt + BK * sa, tb == 1, lb, bn, b_buf)
-                            cur = nxt
+                            phase = 1 - phase
                         cuda.syncthreads()
-                    _store(c, z1 * c1 + z2 * c2, ldc, gc, gsc, m, n, i0 + y, j0 + x, c_reg,
-                           beta, bias, z1 * m, use_bias, zero)
+                    _store(c, z1 * c1 + z2 * c2, ldc, gc, gsc, m, n, i0 + y * (wm // 2),
+                           j0 + x * (wn // 2), c_reg, beta, bias, z1 * m, use_bias, zero)
 
     @cuda.jit(device=True, inline=True)
     def _store(c, off, ldc, gc, gsc, m, n, i1, j1, c_reg, beta, bias, boff, use_bias, zero):
-        """C rows i1 + ty*i, columns j1 + tx*j: c = c_reg (+ bias) (+ beta*c, read only when
-        beta != 0, so an uninitialised c may hold NaN). The column offsets are walked first
-        (no division per column), so the store loops unroll and c_reg stays in registers."""
+        """C rows i1 + (i // hm)*BM/2 + i % hm and columns j1 + (j // hn)*BN/2 + j % hn
+        (hm, hn = wm/2, wn/2: the fragment layout): c = c_reg (+ bias) (+ beta*c, read only
+        when beta != 0, so an uninitialised c may hold NaN). The column offsets are computed
+        first, so the store loops unroll and c_reg stays in registers."""
+        hm, hn = wm // 2, wn // 2
         cols = cuda.local.array(wn, dtype=int64)
-        jq, jr = _split(j1, gc)
         for j in range(wn):
-            cols[j] = off + jq * gsc + jr if j1 + tx * j < n else -1
-            jr += tx
-            while jr >= gc:
-                jr -= gc
-                jq += 1
+            gj = j1 + (j // hn) * (bn // 2) + j % hn
+            q, r = _split(gj, gc)
+            cols[j] = off + q * gsc + r if gj < n else -1
         for i in range(wm):
-            gi = i1 + ty * i
+            gi = i1 + (i // hm) * (bm // 2) + i % hm
             if gi < m:
-                add = bias[boff + gi] + zero if use_bias else zero
+                add = bias[gi + boff] + zero if use_bias else zero
                 for j in range(wn):
                     if cols[j] >= 0:
-                        at = cols[j] + gi * ldc
+                        at = uint64(cols[j] + gi * ldc)
                         v = c_reg[i, j] + add
                         if beta != zero:
                             v += beta * (c[at] + zero)

@@ -18,3 +18,16 @@ __all__ = ["activation", "activation_backward", "relu", "sigmoid", "tanh",
            "conv3d_backward_data", "conv3d_backward_filter", "conv_backward_bias"]
 
 # New families: import the module, append it to FAMILIES and its public names to __all__.
+
+from . import pool as _pool  # noqa: E402
+from .pool import pool2d, pool2d_backward, pool3d, pool3d_backward  # noqa: E402,F401
+FAMILIES.append(_pool)
+__all__ += ["pool2d", "pool2d_backward", "pool3d", "pool3d_backward"]
+
+from . import batchnorm as _batchnorm, dropout as _dropout  # noqa: E402
+from .batchnorm import (batch_norm_backward, batch_norm_inference,  # noqa: E402,F401
+                        batch_norm_train)
+from .dropout import DropoutState, dropout, dropout_backward  # noqa: E402,F401
+FAMILIES += [_batchnorm, _dropout]
+__all__ += ["batch_norm_train", "batch_norm_inference", "batch_norm_backward",
+            "dropout", "dropout_backward", "DropoutState"]

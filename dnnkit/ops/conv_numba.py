@@ -74,18 +74,22 @@ class _Sizes:
         return self.n * self.k * self.out * self.rows == 0
 
 
-def gemm_config(m):
-    """Tile configuration (kernels/gemm.py CONFIGS) for a GEMM of m rows."""
+def gemm_config(m, n=1 << 30, batch=1):
+    """Tile configuration (kernels/gemm.py CONFIGS) for a GEMM of m x n, ``batch`` times:
+    128 x 128 tiles where they make at least two blocks per SM of an H100/H200 (measured
+    best on large products), else 64 x 128 (measured best for m <= 64 and for products
+    too small to fill the GPU with the large tiles; validation/gemm_bench.py)."""
     if _SIM:
         return "sim"
-    return "small" if m <= 64 else "large"
+    large_blocks = -(-m // 128) * -(-n // 128) * batch
+    return "large" if m > 64 and large_blocks >= 2 * 132 else "small"
 
 
 def _gemm(layout, a, b, c, dims, lds, grps, batch, *, beta=0.0, bias=None, stream):
     """Launch kernels/gemm.py's kernel for ``layout`` (see its docstring for the arguments)."""
     from ..kernels.gemm import CONFIGS, VARIANTS, shared_bytes
     m, n, _ = dims
-    name = gemm_config(m)
+    name = gemm_config(m, n, batch[0] * batch[1])
     wm, wn, tx, ty, _ = CONFIGS[name]
     acc = arrays.acc_array(a.dtype)
     grid = (-(-n // (tx * wn)), min(-(-m // (ty * wm)), 65535), min(batch[0] * batch[1], 65535))
@@ -170,7 +174,7 @@ def _filter_parts(sz, dw_bytes):
     """Image slices reduced by separate blocks: enough blocks to fill the GPU, within the
     workspace budget, dividing the chunk evenly."""
     from ..kernels.gemm import CONFIGS
-    wm, wn, tx, ty, _ = CONFIGS[gemm_config(sz.kg)]
+    wm, wn, tx, ty, _ = CONFIGS[gemm_config(sz.kg, sz.rows, sz.groups)]
     blocks = -(-sz.kg // (ty * wm)) * -(-sz.rows // (tx * wn)) * sz.groups
     cap = min(max(1, TARGET_BLOCKS // blocks), COL_BUDGET_BYTES // dw_bytes)
     return _largest_divisor(sz.chunk, cap)

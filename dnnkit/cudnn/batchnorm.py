@@ -1,0 +1,136 @@
+"""cuDNN batch normalization: cudnnBatchNormalizationForwardTraining / ForwardInference /
+Backward (the cuDNN 9 legacy API, cudnn_ops), modes CUDNN_BATCHNORM_SPATIAL and
+CUDNN_BATCHNORM_PER_ACTIVATION.
+
+x is described as packed NCHW (2-D and 3-D inputs padded to 4-D with trailing 1s) or NCDHW.
+The descriptor of gamma/beta/means/variances comes from cudnnDeriveBNTensorDescriptor: 1xCx1x1
+(spatial) or 1xCxHxW (per-activation), of type float for half data and the data's own type
+otherwise (float, double); the op enforces the same rule on its arguments.
+
+SPATIAL_PERSISTENT is not used: it may be faster but cuDNN documents that it can overflow for
+some inputs ("imposes some limits on the range of values"), which cannot be detected from the
+arguments; its speed would have to be measured per GPU before it is worth that risk.
+
+alpha/beta (blend factors for y and dx) and alphaParamDiff/betaParamDiff (for dgamma, dbeta)
+are host scalars, double for double data and float otherwise. exponentialAverageFactor and
+epsilon are always double. Running statistics are updated by cuDNN in place as
+    running = (1 - factor) * running + factor * batch value
+with the unbiased variance for the running variance; dnnkit's momentum is this factor (the
+same convention as PyTorch's momentum). The arrays handed to cuDNN here are fresh copies made by
+the op (ops/batchnorm.py), which writes them back to the user's arrays.
+"""
+
+import ctypes
+from ctypes import c_double, c_int, c_void_p
+
+from . import api, handle
+from .calls import _ptr
+from .descriptors import TensorDescriptor, _Descriptor, scalars
+
+_p = c_void_p
+
+# cudnnBatchNormMode_t
+BN_MODE = {"per-activation": 0, "spatial": 1}   # 2 = SPATIAL_PERSISTENT, unused (see above)
+# cuDNN before 7.x required epsilon >= CUDNN_BN_MIN_EPSILON = 1e-5; later headers define it as
+# 0.0. dnnkit keeps 1e-5 as the bound for the cuDNN path (issue 4): smaller epsilons run on
+# Numba under auto and raise under forced.
+MIN_EPSILON = 1e-5
+
+api.register_prototypes({
+    # cudnnStatus_t cudnnDeriveBNTensorDescriptor(cudnnTensorDescriptor_t derivedBnDesc,
+    #     const cudnnTensorDescriptor_t xDesc, cudnnBatchNormMode_t mode);
+    "cudnnDeriveBNTensorDescriptor": [_p, _p, c_int],
+    # cudnnStatus_t cudnnBatchNormalizationForwardTraining(cudnnHandle_t handle,
+    #     cudnnBatchNormMode_t mode, const void *alpha, const void *beta,
+    #     const cudnnTensorDescriptor_t xDesc, const void *x,
+    #     const cudnnTensorDescriptor_t yDesc, void *y,
+    #     const cudnnTensorDescriptor_t bnScaleBiasMeanVarDesc, const void *bnScale,
+    #     const void *bnBias, double exponentialAverageFactor, void *resultRunningMean,
+    #     void *resultRunningVariance, double epsilon, void *resultSaveMean,
+    #     void *resultSaveInvVariance);
+    "cudnnBatchNormalizationForwardTraining": [_p, c_int, _p, _p, _p, _p, _p, _p, _p, _p, _p,
+                                               c_double, _p, _p, c_double, _p, _p],
+    # cudnnStatus_t cudnnBatchNormalizationForwardInference(cudnnHandle_t handle,
+    #     cudnnBatchNormMode_t mode, const void *alpha, const void *beta,
+    #     const cudnnTensorDescriptor_t xDesc, const void *x,
+    #     const cudnnTensorDescriptor_t yDesc, void *y,
+    #     const cudnnTensorDescriptor_t bnScaleBiasMeanVarDesc, const void *bnScale,
+    #     const void *bnBias, const void *estimatedMean, const void *estimatedVariance,
+    #     double epsilon);
+    "cudnnBatchNormalizationForwardInference": [_p, c_int, _p, _p, _p, _p, _p, _p, _p, _p, _p,
+                                                _p, _p, c_double],
+    # cudnnStatus_t cudnnBatchNormalizationBackward(cudnnHandle_t handle,
+    #     cudnnBatchNormMode_t mode, const void *alphaDataDiff, const void *betaDataDiff,
+    #     const void *alphaParamDiff, const void *betaParamDiff,
+    #     const cudnnTensorDescriptor_t xDesc, const void *x,
+    #     const cudnnTensorDescriptor_t dyDesc, const void *dy,
+    #     const cudnnTensorDescriptor_t dxDesc, void *dx,
+    #     const cudnnTensorDescriptor_t dBnScaleBiasDesc, const void *bnScale,
+    #     void *dBnScaleResult, void *dBnBiasResult, double epsilon, const void *savedMean,
+    #     const void *savedInvVariance);
+    "cudnnBatchNormalizationBackward": [_p, c_int, _p, _p, _p, _p, _p, _p, _p, _p, _p, _p, _p,
+                                        _p, _p, _p, c_double, _p, _p],
+})
+
+
+class BNParamDescriptor(_Descriptor):
+    """The scale/bias/mean/variance descriptor cuDNN derives from x's (type and shape)."""
+    _create, _destroy_fn = "cudnnCreateTensorDescriptor", "cudnnDestroyTensorDescriptor"
+
+    def __init__(self, x_desc, mode):
+        super().__init__()
+        try:
+            api.call("cudnnDeriveBNTensorDescriptor", self.ptr, x_desc, BN_MODE[mode],
+                     context=f"x {x_desc.shape}, mode {mode}")
+        except Exception:
+            self.close()
+            raise
+
+
+def _dims(x):
+    """x's dims for cuDNN: at least 4 (NCHW), trailing 1s added."""
+    return tuple(x.shape) + (1,) * (4 - x.ndim)
+
+
+def _ctx(op, x, mode, eps):
+    return f"{op}: x {tuple(x.shape)} {x.dtype}, mode {mode}, epsilon {eps}"
+
+
+def _null(a):
+    return c_void_p(None) if a is None else _ptr(a)
+
+
+def forward_training(x, y, gamma, beta, mean, invstd, run_mean, run_var, mode, eps, momentum,
+                     stream):
+    """y, saved mean and saved 1/sqrt(var + eps); run_mean/run_var (both or neither) updated in
+    place."""
+    h = handle.get(stream)
+    alpha, beta_ = scalars(x.dtype)
+    with TensorDescriptor(_dims(x), x.dtype) as xd, BNParamDescriptor(xd, mode) as pd:
+        api.call("cudnnBatchNormalizationForwardTraining", h, BN_MODE[mode],
+                 ctypes.byref(alpha), ctypes.byref(beta_), xd, _ptr(x), xd, _ptr(y), pd,
+                 _ptr(gamma), _ptr(beta), c_double(momentum), _null(run_mean), _null(run_var),
+                 c_double(eps), _ptr(mean), _ptr(invstd),
+                 context=_ctx("batch_norm_train", x, mode, eps) + f", momentum {momentum}")
+
+
+def forward_inference(x, y, gamma, beta, mean, var, mode, eps, stream):
+    h = handle.get(stream)
+    alpha, beta_ = scalars(x.dtype)
+    with TensorDescriptor(_dims(x), x.dtype) as xd, BNParamDescriptor(xd, mode) as pd:
+        api.call("cudnnBatchNormalizationForwardInference", h, BN_MODE[mode],
+                 ctypes.byref(alpha), ctypes.byref(beta_), xd, _ptr(x), xd, _ptr(y), pd,
+                 _ptr(gamma), _ptr(beta), _ptr(mean), _ptr(var), c_double(eps),
+                 context=_ctx("batch_norm_inference", x, mode, eps))
+
+
+def backward(x, dy, dx, gamma, dgamma, dbeta, mean, invstd, mode, eps, stream):
+    """dx, dgamma, dbeta (all overwritten: beta factors 0) from the saved statistics."""
+    h = handle.get(stream)
+    alpha, beta_ = scalars(x.dtype)
+    with TensorDescriptor(_dims(x), x.dtype) as xd, BNParamDescriptor(xd, mode) as pd:
+        api.call("cudnnBatchNormalizationBackward", h, BN_MODE[mode],
+                 ctypes.byref(alpha), ctypes.byref(beta_), ctypes.byref(alpha),
+                 ctypes.byref(beta_), xd, _ptr(x), xd, _ptr(dy), xd, _ptr(dx), pd, _ptr(gamma),
+                 _ptr(dgamma), _ptr(dbeta), c_double(eps), _ptr(mean), _ptr(invstd),
+                 context=_ctx("batch_norm_backward", x, mode, eps))

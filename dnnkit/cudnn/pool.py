@@ -1,0 +1,111 @@
+"""cuDNN pooling, 2-D (4-D tensors) and 3-D (5-D tensors): cudnnPoolingForward/Backward with an
+Nd pooling descriptor, NaN propagated (CUDNN_PROPAGATE_NAN).
+
+Modes (cudnnPoolingMode_t): max -> CUDNN_POOLING_MAX, max_deterministic ->
+CUDNN_POOLING_MAX_DETERMINISTIC, average_inc_pad -> ..._AVERAGE_COUNT_INCLUDE_PADDING,
+average_exc_pad -> ..._AVERAGE_COUNT_EXCLUDE_PADDING. cuDNN has no sum pooling: ``sum`` runs
+AVERAGE_COUNT_INCLUDE_PADDING with alpha = the window size K in both directions
+(y = K * (sum / K), dx = K * sum(dy / K)); K is an integer, exact in the float alpha, so the
+only departure from a plain sum is cuDNN's own rounding of the division (a few ulps).
+"""
+
+import ctypes
+import math
+from ctypes import POINTER, c_int, c_void_p
+
+import numpy as np
+
+from . import api, handle
+from .calls import _ptr
+from .descriptors import TensorDescriptor, _Descriptor, _int_array
+from .enums import PROPAGATE_NAN
+
+_p = c_void_p
+_int_p = POINTER(c_int)
+
+api.register_prototypes({
+    # cudnnStatus_t cudnnCreatePoolingDescriptor(cudnnPoolingDescriptor_t *poolingDesc);
+    "cudnnCreatePoolingDescriptor": [POINTER(_p)],
+    # cudnnStatus_t cudnnDestroyPoolingDescriptor(cudnnPoolingDescriptor_t poolingDesc);
+    "cudnnDestroyPoolingDescriptor": [_p],
+    # cudnnStatus_t cudnnSetPoolingNdDescriptor(cudnnPoolingDescriptor_t poolingDesc,
+    #     const cudnnPoolingMode_t mode, const cudnnNanPropagation_t maxpoolingNanOpt,
+    #     int nbDims, const int windowDimA[], const int paddingA[], const int strideA[]);
+    "cudnnSetPoolingNdDescriptor": [_p, c_int, c_int, c_int, _int_p, _int_p, _int_p],
+    # cudnnStatus_t cudnnPoolingForward(cudnnHandle_t handle,
+    #     const cudnnPoolingDescriptor_t poolingDesc, const void *alpha,
+    #     const cudnnTensorDescriptor_t xDesc, const void *x, const void *beta,
+    #     const cudnnTensorDescriptor_t yDesc, void *y);
+    "cudnnPoolingForward": [_p] * 8,
+    # cudnnStatus_t cudnnPoolingBackward(cudnnHandle_t handle,
+    #     const cudnnPoolingDescriptor_t poolingDesc, const void *alpha,
+    #     const cudnnTensorDescriptor_t yDesc, const void *y,
+    #     const cudnnTensorDescriptor_t dyDesc, const void *dy,
+    #     const cudnnTensorDescriptor_t xDesc, const void *x, const void *beta,
+    #     const cudnnTensorDescriptor_t dxDesc, void *dx);
+    "cudnnPoolingBackward": [_p] * 12,
+})
+
+# cudnnPoolingMode_t (cudnn_ops.h)
+POOLING_MAX = 0
+POOLING_AVERAGE_COUNT_INCLUDE_PADDING = 1
+POOLING_AVERAGE_COUNT_EXCLUDE_PADDING = 2
+POOLING_MAX_DETERMINISTIC = 3
+MODES = {"max": POOLING_MAX, "max_deterministic": POOLING_MAX_DETERMINISTIC,
+         "average_inc_pad": POOLING_AVERAGE_COUNT_INCLUDE_PADDING,
+         "average_exc_pad": POOLING_AVERAGE_COUNT_EXCLUDE_PADDING,
+         "sum": POOLING_AVERAGE_COUNT_INCLUDE_PADDING}
+
+
+class PoolingDescriptor(_Descriptor):
+    """Mode, window, padding and stride per spatial dim (2 or 3 of each), NaN propagated
+    (cudnnSetPoolingNdDescriptor)."""
+    _create, _destroy_fn = "cudnnCreatePoolingDescriptor", "cudnnDestroyPoolingDescriptor"
+
+    def __init__(self, mode_id, window, padding, stride):
+        n = len(window)
+        if not len(padding) == len(stride) == n:
+            raise ValueError(f"window {window}, padding {padding} and stride {stride} must have "
+                             "one value per spatial dimension")
+        arrays = [_int_array(v, name) for v, name in
+                  ((window, "window"), (padding, "padding"), (stride, "stride"))]
+        super().__init__()   # after the checks, so a bad argument leaks nothing
+        self.mode_id, self.window = mode_id, tuple(window)
+        try:
+            api.call("cudnnSetPoolingNdDescriptor", self.ptr, int(mode_id), PROPAGATE_NAN, n,
+                     *arrays, context=f"mode {mode_id}, window {tuple(window)}, padding "
+                                      f"{tuple(padding)}, stride {tuple(stride)}")
+        except Exception:
+            self.close()
+            raise
+
+
+def _setup(x, y, window, padding, stride, mode):
+    """(alpha, beta, context): host scalars, double for double data and float otherwise (cuDNN's
+    rule); alpha is 1, or the window size for ``sum``."""
+    t = ctypes.c_double if np.dtype(x.dtype) == np.float64 else ctypes.c_float
+    alpha = float(math.prod(window)) if mode == "sum" else 1.0
+    ctx = (f"x {tuple(x.shape)} {x.dtype}, y {tuple(y.shape)}, mode {mode}, window "
+           f"{tuple(window)}, padding {tuple(padding)}, stride {tuple(stride)}")
+    return t(alpha), t(0.0), ctx
+
+
+def forward(x, y, window, padding, stride, mode, stream):
+    """y = pool(x); x (N, C, [D,] H, W) and y C-contiguous device arrays; ``stream`` the raw
+    cudaStream_t."""
+    h = handle.get(stream)
+    alpha, beta, ctx = _setup(x, y, window, padding, stride, mode)
+    with PoolingDescriptor(MODES[mode], window, padding, stride) as pd, \
+            TensorDescriptor(x.shape, x.dtype) as xd, TensorDescriptor(y.shape, y.dtype) as yd:
+        api.call("cudnnPoolingForward", h, pd, ctypes.byref(alpha), xd, _ptr(x),
+                 ctypes.byref(beta), yd, _ptr(y), context="pool forward: " + ctx)
+
+
+def backward(x, y, dy, dx, window, padding, stride, mode, stream):
+    """dx from x, y = pool(x) and dy (cuDNN's argument order: y, dy, x, then dx)."""
+    h = handle.get(stream)
+    alpha, beta, ctx = _setup(x, y, window, padding, stride, mode)
+    with PoolingDescriptor(MODES[mode], window, padding, stride) as pd, \
+            TensorDescriptor(x.shape, x.dtype) as xd, TensorDescriptor(y.shape, y.dtype) as yd:
+        api.call("cudnnPoolingBackward", h, pd, ctypes.byref(alpha), yd, _ptr(y), yd, _ptr(dy),
+                 xd, _ptr(x), ctypes.byref(beta), xd, _ptr(dx), context="pool backward: " + ctx)

@@ -1,0 +1,443 @@
+"""Batch normalization: training forward, inference forward and backward.
+
+    training:   mean, var = batch mean and biased variance of x per statistic (m values each)
+                y = (x - mean) / sqrt(var + eps) * gamma + beta
+                running_mean = (1 - momentum) * running_mean + momentum * mean
+                running_var  = (1 - momentum) * running_var  + momentum * var * m / (m - 1)
+    inference:  y = (x - mean) / sqrt(var + eps) * gamma + beta     (given mean, var)
+    backward:   xhat = (x - mean) * invstd;  dbeta = sum dy;  dgamma = sum dy * xhat
+                dx = gamma * invstd / m * (m * dy - dbeta - xhat * dgamma)
+
+``mode="spatial"``: one statistic per channel over (N, *spatial), parameters shaped (C,) or
+(1, C, 1, ...); ``mode="per-activation"``: one per (c, *spatial) position over N, parameters
+shaped x.shape[1:] or (1,) + x.shape[1:]. x is 2-D to 5-D, (N, C, *spatial).
+
+Dtypes follow cuDNN (cudnnDeriveBNTensorDescriptor): parameters and statistics are float32 for
+float16 and float32 data, float64 for float64 data. Host parameters of another float dtype are
+converted; device parameters must already have it.
+
+momentum is cuDNN's exponentialAverageFactor (PyTorch's momentum is the same). The saved
+statistics are the batch mean and 1/sqrt(var + eps) (cuDNN's resultSaveInvVariance).
+
+Backends: Numba (kernels/batchnorm.py: Welford statistics, deterministic) and cuDNN
+(cudnn/batchnorm.py). cuDNN is not used for epsilon < 1e-5 (CUDNN_MIN_EPSILON; see
+cudnn/batchnorm.py) nor for empty or >2**31-element tensors.
+"""
+
+import collections
+
+import numpy as np
+
+from .. import arrays
+from ..dispatch import public_op, register
+from ..launch import launch, pow2_at_most
+
+MODES = ("spatial", "per-activation")
+CUDNN_MIN_EPSILON = 1e-5
+_THREADS = 256              # block size, at most: <= kernels.batchnorm.MAX_THREADS
+_TARGET_THREADS = 2**18     # threads to keep resident: fills 132 SMs x 2048
+_MAX_GRID_Y = 65535
+_TOL = {"float16": (2e-3, 1e-3), "float32": (1e-5, 1e-6), "float64": (1e-12, 1e-14)}
+# dgamma/dbeta are long sums: the two backends add in different orders.
+_TOL_BWD = {"float16": (5e-3, 2e-3), "float32": (1e-4, 1e-5), "float64": (1e-10, 1e-12)}
+
+
+# ---------------------------------------------------------------- arguments
+
+def _check(op, mode, epsilon):
+    if mode not in MODES:
+        raise ValueError(f"{op}: mode must be one of {', '.join(MODES)}; got {mode!r}")
+    try:
+        eps = float(epsilon)
+    except (TypeError, ValueError):
+        raise TypeError(f"{op}: epsilon must be a number; got {epsilon!r}") from None
+    if not (np.isfinite(eps) and eps > 0):
+        raise ValueError(f"{op}: epsilon must be positive and finite (it keeps 1/sqrt(var + "
+                         f"epsilon) finite for a constant channel); got {epsilon!r}")
+    return eps
+
+
+def _check_momentum(op, momentum):
+    try:
+        mom = float(momentum)
+    except (TypeError, ValueError):
+        raise TypeError(f"{op}: momentum must be a number; got {momentum!r}") from None
+    if not 0.0 <= mom <= 1.0:
+        raise ValueError(f"{op}: momentum must be in [0, 1] (the weight of the batch statistics "
+                         f"in the running average); got {momentum!r}")
+    return mom
+
+
+def _ncs(shape, mode):
+    """(N, C, S): statistics per c over (n, s); per-activation is spatial on (N, C*S, 1)."""
+    s = int(np.prod(shape[2:], dtype=np.int64))
+    return (shape[0], shape[1] * s, 1) if mode == "per-activation" else (shape[0], shape[1], s)
+
+
+def _param_shapes(shape, mode):
+    if mode == "per-activation":
+        return tuple(shape[1:]), (1,) + tuple(shape[1:])
+    return (shape[1],), (1, shape[1]) + (1,) * (len(shape) - 2)
+
+
+def _param(op, name, a, x, mode, stream):
+    """A parameter or statistic of x as a device array of cuDNN's parameter dtype."""
+    pdt = arrays.acc_dtype(x.dtype)
+    if not (arrays.is_device_array(a) or hasattr(a, "__cuda_array_interface__")):
+        h = np.asarray(a)
+        a = h.astype(pdt) if h.dtype.kind == "f" and h.dtype != pdt else h
+    d = arrays.device_input(op, name, a, stream)
+    if d.dtype != pdt:
+        raise TypeError(f"{op}: {name} must be {pdt} for {x.dtype} x (cuDNN's rule: float32 "
+                        f"parameters for float16 and float32 data); got {d.dtype}")
+    allowed = _param_shapes(x.shape, mode)
+    if tuple(d.shape) not in allowed:
+        raise ValueError(f"{op}: {name} has shape {tuple(d.shape)}; for x {tuple(x.shape)} in "
+                         f"{mode} mode it must be {allowed[0]} or {allowed[1]}")
+    return d
+
+
+def _running(op, rm, rv, x, mode, stream):
+    if (rm is None) != (rv is None):
+        raise ValueError(f"{op}: give both running_mean and running_var, or neither")
+    if rm is None:
+        return None, None
+    out = []
+    for name, a in (("running_mean", rm), ("running_var", rv)):
+        if isinstance(a, np.ndarray):
+            if not a.flags.writeable:
+                raise ValueError(f"{op}: {name} is read-only; it is updated in place")
+        elif not (arrays.is_device_array(a) or hasattr(a, "__cuda_array_interface__")):
+            raise TypeError(f"{op}: {name} must be a NumPy or device array (it is updated in "
+                            f"place); got {type(a).__name__}")
+        out.append(_param(op, name, a, x, mode, stream))
+    return out
+
+
+def _x(op, x, stream):
+    return arrays.device_input(op, "x", x, stream, ndim=(2, 3, 4, 5))
+
+
+def _train_args(x, gamma, beta, *, mode="spatial", epsilon=1e-5, momentum=0.1,
+                running_mean=None, running_var=None, stream=None):
+    op = "batch_norm_train"
+    eps = _check(op, mode, epsilon)
+    mom = _check_momentum(op, momentum)
+    s = arrays.as_stream(stream)
+    x = _x(op, x, s)
+    g, b = _param(op, "gamma", gamma, x, mode, s), _param(op, "beta", beta, x, mode, s)
+    rm, rv = _running(op, running_mean, running_var, x, mode, s)
+    n, _, sp = _ncs(x.shape, mode)
+    if n * sp < 2:
+        raise ValueError(f"{op}: needs more than one value per statistic to estimate a variance;"
+                         f" x {tuple(x.shape)} in {mode} mode gives {n * sp}")
+    return x, g, b, mode, eps, mom, rm, rv, s
+
+
+_train = public_op("batch_norm_train")(_train_args)
+
+
+def batch_norm_train(x, gamma, beta, *, mode="spatial", epsilon=1e-5, momentum=0.1,
+                     running_mean=None, running_var=None, backend=None, stream=None):
+    """Normalize x with its batch statistics; returns ``(y, saved_mean, saved_invstd)``
+    (statistics shaped like gamma; pass them to :func:`batch_norm_backward`).
+
+    ``running_mean``/``running_var`` (both or neither; NumPy or device arrays of the parameter
+    dtype and shape) are updated in place with factor ``momentum`` (cuDNN's
+    exponentialAverageFactor), the variance unbiased by m/(m-1).
+    ``backend=None|"auto"|"cudnn"|"numba"`` overrides ``dnn.enabled`` for this call."""
+    y, mean, invstd, rm, rv = _train(x, gamma, beta, mode=mode, epsilon=epsilon,
+                                     momentum=momentum, running_mean=running_mean,
+                                     running_var=running_var, backend=backend, stream=stream)
+    if rm is not None:
+        s = arrays.as_stream(stream)
+        _write_back(running_mean, rm, s)
+        _write_back(running_var, rv, s)
+    return y, mean, invstd
+
+
+batch_norm_train.op_name = "batch_norm_train"
+
+
+def _write_back(dst, src, stream):
+    if isinstance(dst, np.ndarray):
+        h = src.copy_to_host(stream=stream)
+        stream.synchronize()
+        dst[...] = h.reshape(dst.shape)
+        return
+    if not arrays.is_device_array(dst):
+        from numba import cuda
+        dst = cuda.as_cuda_array(dst)
+    dst.copy_to_device(src.reshape(*dst.shape), stream=stream)
+
+
+@public_op("batch_norm_inference")
+def batch_norm_inference(x, gamma, beta, mean, var, *, mode="spatial", epsilon=1e-5,
+                         stream=None):
+    """Normalize x with given statistics (e.g. the running ones): returns y."""
+    op = "batch_norm_inference"
+    eps = _check(op, mode, epsilon)
+    s = arrays.as_stream(stream)
+    x = _x(op, x, s)
+    p = [_param(op, name, a, x, mode, s) for name, a in
+         (("gamma", gamma), ("beta", beta), ("mean", mean), ("var", var))]
+    return (x, *p, mode, eps, s)
+
+
+@public_op("batch_norm_backward")
+def batch_norm_backward(x, dy, gamma, saved_mean, saved_invstd, *, mode="spatial",
+                        epsilon=1e-5, stream=None):
+    """Gradients of :func:`batch_norm_train` (batch statistics as functions of x): returns
+    ``(dx, dgamma, dbeta)``. ``epsilon`` must be the forward's (cuDNN checks it; the saved
+    invstd already contains it)."""
+    op = "batch_norm_backward"
+    eps = _check(op, mode, epsilon)
+    s = arrays.as_stream(stream)
+    x = _x(op, x, s)
+    dy = arrays.device_input(op, "dy", dy, s)
+    arrays.same_shape(op, "x", x, dy=dy)
+    p = [_param(op, name, a, x, mode, s) for name, a in
+         (("gamma", gamma), ("saved_mean", saved_mean), ("saved_invstd", saved_invstd))]
+    if x.shape[0] == 0:
+        raise ValueError(f"{op}: x {tuple(x.shape)} is an empty batch (no statistics to "
+                         "differentiate)")
+    return (x, dy, *p, mode, eps, s)
+
+
+# ---------------------------------------------------------------- Numba
+
+_Plan = collections.namedtuple("_Plan", "threads sw cw splits_i grid")
+
+
+def _plan(n, c, s):
+    """Block shape and grid of the kernels that walk x (mapping: kernels/batchnorm.py). Splits
+    give each channel more blocks when there are few channels, but leave every thread a few
+    unrolled trips. Depends only on the shape, so results are bitwise repeatable."""
+    from ..kernels.batchnorm import MAX_THREADS, UNROLL
+    assert _THREADS <= MAX_THREADS, "blocks larger than the kernels' launch bound"
+    sw = pow2_at_most(s, _THREADS)
+    cw = pow2_at_most(c, _THREADS // sw)
+    by = pow2_at_most(n, _THREADS // (sw * cw))
+    threads = sw * cw * by
+    cgroups = -(-c // cw)
+    want = -(-max(1, _TARGET_THREADS // threads) // cgroups)
+    if s > sw:   # long rows: split the samples, then the positions
+        so = max(1, min(want, n))
+        si = max(1, min(-(-want // so), -(-s // (sw * UNROLL))))
+    else:
+        so, si = max(1, min(want, -(-n // (by * UNROLL)))), 1
+    return _Plan(threads, sw, cw, si, (so * si, min(cgroups, _MAX_GRID_Y)))
+
+
+def _geo(n, c, s, plan):
+    return (n, c, s, plan.sw, plan.cw, plan.splits_i)
+
+
+def _copy(a, stream):
+    if a is None:
+        return None
+    out = arrays.cuda_empty((a.size,), a.dtype, stream)
+    out.copy_to_device(arrays.flat(a), stream=stream)
+    return out
+
+
+def _launch_1d(kernel, n, stream, args):
+    blocks, threads = arrays.grid_1d(n)
+    launch(kernel, blocks, threads, stream, args)
+
+
+@register("batch_norm_train", "numba", tolerance=_TOL)
+def _train_numba(x, gamma, beta, mode, eps, momentum, rm, rv, stream):
+    from ..kernels import (batch_norm_apply_fwd_kernel, batch_norm_finalize_fwd_kernel,
+                           batch_norm_stats_fwd_kernel)
+    n, c, s = _ncs(x.shape, mode)
+    acc = arrays.acc_array(x.dtype)
+    t = acc.dtype.type
+    y = arrays.empty_like(x, stream)
+    mean, invstd = (arrays.cuda_empty((c,), acc.dtype, stream) for _ in range(2))
+    rm, rv = _copy(rm, stream), _copy(rv, stream)
+    if x.size:
+        plan = _plan(n, c, s)
+        splits = plan.grid[0]
+        part = arrays.cuda_empty((3 * splits * c,), acc.dtype, stream)
+        launch(batch_norm_stats_fwd_kernel, plan.grid, plan.threads, stream,
+               (arrays.flat(x), part, *_geo(n, c, s, plan), acc),
+               3 * plan.threads * acc.dtype.itemsize)
+        m = n * s
+        has = rm is not None
+        _launch_1d(batch_norm_finalize_fwd_kernel, c, stream,
+                   (arrays.flat(x), part, splits, c, s, mean, invstd, rm if has else mean,
+                    rv if has else invstd,
+                    int(has), t(momentum), t(m / (m - 1)), t(eps), acc))
+        launch(batch_norm_apply_fwd_kernel, plan.grid, plan.threads, stream,
+               (arrays.flat(x), arrays.flat(y), mean, invstd, arrays.flat(gamma),
+                arrays.flat(beta), *_geo(n, c, s, plan), 0, t(eps), acc))
+    return y, mean.reshape(*gamma.shape), invstd.reshape(*gamma.shape), rm, rv
+
+
+@register("batch_norm_inference", "numba", tolerance=_TOL)
+def _inference_numba(x, gamma, beta, mean, var, mode, eps, stream):
+    from ..kernels import batch_norm_apply_fwd_kernel
+    n, c, s = _ncs(x.shape, mode)
+    acc = arrays.acc_array(x.dtype)
+    y = arrays.empty_like(x, stream)
+    if x.size:
+        plan = _plan(n, c, s)
+        launch(batch_norm_apply_fwd_kernel, plan.grid, plan.threads, stream,
+               (arrays.flat(x), arrays.flat(y), arrays.flat(mean), arrays.flat(var),
+                arrays.flat(gamma), arrays.flat(beta), *_geo(n, c, s, plan), 1,
+                acc.dtype.type(eps), acc))
+    return y
+
+
+@register("batch_norm_backward", "numba", tolerance=_TOL_BWD)
+def _backward_numba(x, dy, gamma, mean, invstd, mode, eps, stream):
+    from ..kernels import (batch_norm_apply_bwd_kernel, batch_norm_finalize_bwd_kernel,
+                           batch_norm_reduce_bwd_kernel)
+    n, c, s = _ncs(x.shape, mode)
+    acc = arrays.acc_array(x.dtype)
+    dx = arrays.empty_like(x, stream)
+    dgamma, dbeta = (arrays.cuda_empty((c,), acc.dtype, stream) for _ in range(2))
+    if x.size:
+        plan = _plan(n, c, s)
+        splits = plan.grid[0]
+        part = arrays.cuda_empty((2 * splits * c,), acc.dtype, stream)
+        f = arrays.flat
+        launch(batch_norm_reduce_bwd_kernel, plan.grid, plan.threads, stream,
+               (f(x), f(dy), f(mean), part, *_geo(n, c, s, plan), acc),
+               2 * plan.threads * acc.dtype.itemsize)
+        _launch_1d(batch_norm_finalize_bwd_kernel, c, stream,
+                   (part, splits, c, f(invstd), dgamma, dbeta, acc))
+        launch(batch_norm_apply_bwd_kernel, plan.grid, plan.threads, stream,
+               (f(x), f(dy), f(dx), f(mean), f(invstd), f(gamma), dgamma, dbeta,
+                acc.dtype.type(1.0 / (n * s)), *_geo(n, c, s, plan), acc))
+    return dx, dgamma.reshape(*gamma.shape), dbeta.reshape(*gamma.shape)
+
+
+# ---------------------------------------------------------------- cuDNN
+
+def _cudnn_reason(x, eps):
+    if x.size == 0:
+        return "cuDNN batch normalization does not take empty tensors"
+    if eps < CUDNN_MIN_EPSILON:
+        return (f"epsilon {eps:g} is below cuDNN's minimum CUDNN_BN_MIN_EPSILON "
+                f"({CUDNN_MIN_EPSILON:g})")
+    if x.size >= 2**31:
+        return f"{x.size} elements exceed cuDNN's 32-bit tensor size"
+    return None
+
+
+def _supports_train(x, gamma, beta, mode, eps, *rest):
+    return _cudnn_reason(x, eps)
+
+
+def _supports_inference(x, gamma, beta, mean, var, mode, eps, stream):
+    return _cudnn_reason(x, eps)
+
+
+def _supports_backward(x, dy, gamma, mean, invstd, mode, eps, stream):
+    return _cudnn_reason(x, eps)
+
+
+@register("batch_norm_train", "cudnn", supports=_supports_train)
+def _train_cudnn(x, gamma, beta, mode, eps, momentum, rm, rv, stream):
+    from ..cudnn import batchnorm as cb
+    y = arrays.empty_like(x, stream)
+    mean, invstd = (arrays.cuda_empty(gamma.shape, gamma.dtype, stream) for _ in range(2))
+    rm, rv = _copy(rm, stream), _copy(rv, stream)
+    cb.forward_training(x, y, gamma, beta, mean, invstd, rm, rv, mode, eps, momentum,
+                        arrays.stream_pointer(stream))
+    return y, mean, invstd, rm, rv
+
+
+@register("batch_norm_inference", "cudnn", supports=_supports_inference)
+def _inference_cudnn(x, gamma, beta, mean, var, mode, eps, stream):
+    from ..cudnn import batchnorm as cb
+    y = arrays.empty_like(x, stream)
+    cb.forward_inference(x, y, gamma, beta, mean, var, mode, eps, arrays.stream_pointer(stream))
+    return y
+
+
+@register("batch_norm_backward", "cudnn", supports=_supports_backward)
+def _backward_cudnn(x, dy, gamma, mean, invstd, mode, eps, stream):
+    from ..cudnn import batchnorm as cb
+    dx = arrays.empty_like(x, stream)
+    dgamma, dbeta = (arrays.cuda_empty(gamma.shape, gamma.dtype, stream) for _ in range(2))
+    cb.backward(x, dy, dx, gamma, dgamma, dbeta, mean, invstd, mode, eps,
+                arrays.stream_pointer(stream))
+    return dx, dgamma, dbeta
+
+
+# ---------------------------------------------------------------- python -m dnnkit check
+
+class _Joined:
+    """Several device outputs checked as one: ``copy_to_host()`` concatenates them (float64,
+    flat), in the order of the float64 reference's outputs."""
+
+    def __init__(self, *outs):
+        self.outs = [o for o in outs if o is not None]
+
+    def copy_to_host(self):
+        return np.concatenate([np.asarray(arrays.to_host(o), np.float64).ravel()
+                               for o in self.outs])
+
+
+def _inputs(mode, small, big, kind):
+    """(rng, dtype, big) -> host inputs: x, gamma, beta, then running mean/var (train), mean/var
+    (inference), or dy, saved mean, saved invstd (backward). Parameters in the parameter
+    dtype (float32 for float16 data)."""
+    def make(rng, dtype, b):
+        shape = big if b else small
+        pdt = arrays.acc_dtype(dtype)
+        pshape = _param_shapes(shape, mode)[0]
+        x = (rng.standard_normal(shape) * 3 + 1).astype(dtype)
+        gamma = (1 + 0.5 * rng.standard_normal(pshape)).astype(pdt)
+        beta = rng.standard_normal(pshape).astype(pdt)
+        if kind == "train":
+            return x, gamma, beta, rng.standard_normal(pshape).astype(pdt), \
+                (1 + rng.random(pshape)).astype(pdt)
+        if kind == "inference":
+            return x, gamma, beta, rng.standard_normal(pshape).astype(pdt), \
+                (0.5 + rng.random(pshape)).astype(pdt)
+        from .. import reference
+        _, mean, invstd, _, _ = reference.batch_norm_train(x, gamma, beta, mode)
+        dy = rng.standard_normal(shape).astype(dtype)
+        return x, gamma, beta, dy, mean.astype(pdt), invstd.astype(pdt)
+    return make
+
+
+def _run_train(mode):
+    def run(backend, stream, i):
+        s = arrays.as_stream(stream)
+        # fresh copies: every call updates them
+        rm, rv = (_copy(a, s).reshape(*a.shape) for a in (i[3], i[4]))
+        y, mean, invstd = batch_norm_train(i[0], i[1], i[2], mode=mode, running_mean=rm,
+                                           running_var=rv, backend=backend, stream=s)
+        return _Joined(y, mean, invstd, rm, rv)
+    return run
+
+
+def selfcheck_cases(Case):
+    from .. import reference
+    # N = 4: with N = 2 the per-activation dx is identically 0 (only rounding to compare)
+    small, big = (4, 3, 2, 5), (32, 64, 28, 28)
+    out = []
+    for mode in MODES:
+        out.append(Case("batch_norm_train", mode, _run_train(mode),
+                        lambda i, m=mode: np.concatenate(
+                            [a.ravel() for a in reference.batch_norm_train(
+                                i[0], i[1], i[2], m, 1e-5, 0.1, i[3], i[4])]),
+                        _inputs(mode, small, big, "train")))
+        out.append(Case("batch_norm_inference", mode,
+                        lambda b, s, i, m=mode: batch_norm_inference(
+                            *i, mode=m, backend=b, stream=s),
+                        lambda i, m=mode: reference.batch_norm_inference(*i, mode=m),
+                        _inputs(mode, small, big, "inference")))
+        out.append(Case("batch_norm_backward", mode,
+                        lambda b, s, i, m=mode: _Joined(*batch_norm_backward(
+                            i[0], i[3], i[1], i[4], i[5], mode=m, backend=b, stream=s)),
+                        lambda i, m=mode: np.concatenate(
+                            [a.ravel() for a in reference.batch_norm_backward(
+                                i[0], i[3], i[1], i[4], i[5], m)]),
+                        _inputs(mode, small, big, "backward")))
+    return out

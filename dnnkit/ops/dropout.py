@@ -1,0 +1,232 @@
+"""Dropout, forward and backward.
+
+    y  = x  * mask / (1 - p)        mask[i] = 1 with probability 1 - p, else 0
+    dx = dy * mask / (1 - p)        (the same mask)
+
+``dropout(x, p, seed=None)`` returns ``(y, state)``; ``dropout_backward(dy, state)`` applies the
+forward's mask to dy on the backend that made it. ``p`` is in [0, 1): p == 0 keeps everything
+(y is a copy of x, the mask all ones); p == 1 is rejected, since it would drop every element and
+the rescaling 1/(1 - p) would be infinite (PyTorch returns zeros there; use them directly).
+
+Masks differ between backends by design, each reproducible from its seed:
+- Numba: a counter-based generator (SplitMix64 at each element index, kernels/dropout.py): the
+  mask is a pure function of (seed, element index), re-derived in the backward pass, so the
+  state holds only the seed. Same seed, same mask; ``seed=None`` draws a fresh 64-bit seed
+  (kept in ``state.seed``).
+- cuDNN: cudnnDropoutForward/Backward; the mask lives in cuDNN's reserve space, kept by the
+  state. RNG states are initialised once per (device, seed, p) and restored before each call,
+  so here too the same seed gives the same mask (cudnn/dropout.py).
+
+A state made by one backend cannot be used by the other: under ``auto`` the backward follows the
+state; ``backend="numba"`` with a cuDNN state raises ValueError, ``forced``/``"cudnn"`` with a
+Numba state raises CudnnUnavailableError, both saying why.
+"""
+
+import secrets
+import warnings
+
+import numpy as np
+
+from .. import arrays
+from ..dispatch import public_op, register
+from ..launch import launch
+
+
+class DropoutState:
+    """What :func:`dropout_backward` needs: the backend, p, the seed, x's shape and dtype and,
+    for cuDNN, its reserve space (``saved``). ``mask()`` returns the mask (host, bool)."""
+
+    def __init__(self, backend, p, seed, x_shape, x_dtype, saved=None):
+        self.backend, self.p, self.seed = backend, p, seed
+        self.x_shape, self.x_dtype, self.saved = tuple(x_shape), np.dtype(x_dtype), saved
+
+    def mask(self, *, stream=None):
+        """The kept elements (True) as a host bool array: the backward pass of ones."""
+        ones = np.ones(self.x_shape, self.x_dtype)
+        dx = dropout_backward(ones, self, backend=self.backend, stream=stream)
+        return dx.copy_to_host() != 0
+
+    def __repr__(self):
+        return (f"DropoutState(backend={self.backend!r}, p={self.p}, seed={self.seed}, "
+                f"shape={self.x_shape}, dtype={self.x_dtype})")
+
+
+def _check_p(op, p):
+    if isinstance(p, bool) or not isinstance(p, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{op}: p must be a number in [0, 1); got {p!r}")
+    p = float(p)
+    if not 0.0 <= p < 1.0:
+        why = (" (p == 1 would drop every element and make the scale 1/(1 - p) infinite; "
+               "use zeros instead)") if p == 1.0 else ""
+        raise ValueError(f"{op}: p must be in [0, 1); got {p!r}{why}")
+    return p
+
+
+def _check_seed(op, seed):
+    if seed is None:
+        return secrets.randbits(64)
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+        raise TypeError(f"{op}: seed must be an integer or None; got {seed!r}")
+    seed = int(seed)
+    if not 0 <= seed < 2**64:
+        raise ValueError(f"{op}: seed must be in [0, 2**64); got {seed}")
+    return seed
+
+
+@public_op("dropout")
+def dropout(x, p, *, seed=None, stream=None):
+    """Zero each element of x with probability p and scale the rest by 1/(1 - p); returns
+    ``(y, state)``. ``seed`` (an int in [0, 2**64), or None for a fresh one) fixes the mask.
+    ``backend=None|"auto"|"cudnn"|"numba"`` overrides ``dnn.enabled`` for this call."""
+    p = _check_p("dropout", p)
+    seed = _check_seed("dropout", seed)
+    s = arrays.as_stream(stream)
+    x = arrays.device_input("dropout", "x", x, s)
+    return x, p, seed, s
+
+
+@public_op("dropout_backward")
+def dropout_backward(dy, state, *, stream=None):
+    """Gradient of :func:`dropout`: dy * mask / (1 - p) with the forward's mask (``state``)."""
+    op = "dropout_backward"
+    if not isinstance(state, DropoutState):
+        raise TypeError(f"{op}: state must be the DropoutState returned by dropout; got "
+                        f"{type(state).__name__}")
+    s = arrays.as_stream(stream)
+    dy = arrays.device_input(op, "dy", dy, s)
+    if tuple(dy.shape) != state.x_shape:
+        raise ValueError(f"{op}: dy has shape {tuple(dy.shape)} but the forward's x had "
+                         f"{state.x_shape}")
+    if dy.dtype != state.x_dtype:
+        raise TypeError(f"{op}: dy has dtype {dy.dtype} but the forward's x had {state.x_dtype}")
+    return dy, state, s
+
+
+# ---------------------------------------------------------------- Numba
+
+_MAX_BLOCKS = 4096   # grid-stride: any grid is correct (tests shrink it on the simulator)
+
+
+def _quiet_on_the_simulator():
+    """On Numba's CUDA simulator the kernel's uint64 arithmetic runs on NumPy scalars, which
+    warn when they wrap; wrapping modulo 2**64 is what the generator means. Set per call (not
+    at import) because test runners restore the warning filters around each test; adding the
+    same filter again replaces it."""
+    from numba.core import config as nconfig
+    if nconfig.ENABLE_CUDASIM:
+        warnings.filterwarnings("ignore", message=r".*overflow encountered in scalar",
+                                category=RuntimeWarning, module=r".*kernels[./]dropout$")
+
+
+def _apply_numba(a, state, stream):
+    """a * mask / (1 - p) with the mask of ``state`` (forward: a = x, backward: a = dy)."""
+    from ..kernels import dropout_fwd_kernel
+    from ..kernels.dropout import mask_key
+    out = arrays.empty_like(a, stream)
+    if a.size:
+        _quiet_on_the_simulator()
+        acc = arrays.acc_array(a.dtype)
+        thr = np.uint64(min(round(state.p * 2**32), 2**32))
+        blocks, threads = arrays.grid_1d(a.size, max_blocks=_MAX_BLOCKS)
+        launch(dropout_fwd_kernel, blocks, threads, stream,
+               (arrays.flat(a), arrays.flat(out), mask_key(state.seed), thr,
+                acc.dtype.type(1.0 / (1.0 - state.p)), acc))
+    return out
+
+
+@register("dropout", "numba", crosscheck=False)
+def _dropout_numba(x, p, seed, stream):
+    state = DropoutState("numba", p, seed, x.shape, x.dtype)
+    return _apply_numba(x, state, stream), state
+
+
+@register("dropout_backward", "numba", crosscheck=False)
+def _dropout_backward_numba(dy, state, stream):
+    if state.backend != "numba":
+        raise ValueError(f"dropout_backward: this state was made by the {state.backend} "
+                         "backend, which keeps the mask in its reserve space; only it can use "
+                         "it (run dropout_backward with backend='auto' or 'cudnn')")
+    return _apply_numba(dy, state, stream)
+
+
+# ---------------------------------------------------------------- cuDNN
+
+def _supports_forward(x, p, seed, stream):
+    if x.size == 0:
+        return "cuDNN dropout does not take empty tensors"
+    if x.size >= 2**31:
+        return f"{x.size} elements exceed cuDNN's 32-bit tensor size"
+    return None
+
+
+def _supports_backward(dy, state, stream):
+    if state.backend != "cudnn":
+        return (f"the state was made by the {state.backend} backend, whose mask only it can "
+                "re-derive (from the seed); cuDNN needs the reserve space of its own forward")
+    return None
+
+
+@register("dropout", "cudnn", supports=_supports_forward, crosscheck=False)
+def _dropout_cudnn(x, p, seed, stream):
+    from ..cudnn import dropout as cd
+    y = arrays.empty_like(x, stream)
+    saved = cd.forward(x, y, p, seed, stream)
+    return y, DropoutState("cudnn", p, seed, x.shape, x.dtype, saved)
+
+
+@register("dropout_backward", "cudnn", supports=_supports_backward, crosscheck=False)
+def _dropout_backward_cudnn(dy, state, stream):
+    from ..cudnn import dropout as cd
+    dx = arrays.empty_like(dy, stream)
+    cd.backward(dy, dx, state.saved, stream)
+    return dx
+
+
+# ---------------------------------------------------------------- python -m dnnkit check
+
+class _CheckView:
+    """Dropout output checked without knowing the mask in advance: ``copy_to_host()`` gives
+    out*(1 - p) where the forward kept an element and a + out where it dropped one, which equals
+    a (the float64 reference) exactly when kept elements are scaled by 1/(1 - p) and dropped
+    ones are 0; then one more element, 1.0 when the keep rate is within 6 standard deviations
+    of 1 - p (binomial), else 0.0 (reference: 1.0)."""
+
+    def __init__(self, a, kept_by, out, p):
+        self.a, self.kept_by, self.out, self.p = a, kept_by, out, p
+
+    def copy_to_host(self):
+        a = arrays.to_host(self.a).astype(np.float64).ravel()
+        out = arrays.to_host(self.out).astype(np.float64).ravel()
+        kept = arrays.to_host(self.kept_by).ravel() != 0
+        view = np.where(kept, out * (1 - self.p), a + out)
+        rate_ok = abs(kept.mean() - (1 - self.p)) <= \
+            6 * np.sqrt(self.p * (1 - self.p) / kept.size) + 1 / kept.size
+        return np.append(view, 1.0 if rate_ok else 0.0)
+
+
+def selfcheck_cases(Case):
+    p, seed = 0.3, 20240607
+    forward_states = {}
+
+    def run_fwd(backend, stream, i):
+        y, _ = dropout(i[0], p, seed=seed, backend=backend, stream=stream)
+        return _CheckView(i[0], y, y, p)
+
+    def run_bwd(backend, stream, i):
+        cached = forward_states.get(backend)
+        if cached is None or cached[0] is not i[0]:   # one forward per input: time the backward
+            forward_states[backend] = (i[0], *dropout(i[0], p, seed=seed, backend=backend,
+                                                      stream=stream))
+        _, y, state = forward_states[backend]
+        dx = dropout_backward(i[1], state, backend=backend, stream=stream)
+        return _CheckView(i[1], y, dx, p)
+
+    def make(rng, dtype, big):
+        shape = (32, 64, 32, 32) if big else (3, 70)
+        return tuple((rng.standard_normal(shape) * 3).astype(dtype) for _ in range(2))
+
+    def ref(k):
+        return lambda i: np.append(np.asarray(i[k], np.float64).ravel(), 1.0)
+
+    return [Case("dropout", f"p={p}", run_fwd, ref(0), make),
+            Case("dropout_backward", f"p={p}", run_bwd, ref(1), make)]

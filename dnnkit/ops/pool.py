@@ -1,0 +1,294 @@
+"""Pooling, 2-D (NCHW) and 3-D (NCDHW), forward and backward.
+
+Modes: ``max``, ``max_deterministic``, ``average_inc_pad`` (alias ``average``: the divisor is
+the full window, padding included), ``average_exc_pad`` (the divisor is the number of inputs
+in the window), ``sum``. Output size per spatial dim: ``(I + 2p - k) // s + 1`` (``stride``
+defaults to the window). Padding never enters a maximum or a sum; it must be smaller than the
+window (cuDNN's rule), so every window holds at least one input. NaN in a window propagates.
+
+Backward: max routes dy to the window's arg-max, the **first** maximum in scan order (depth,
+height, width: the lowest address), or the first NaN of a window holding one; the Numba kernel
+does so in both max modes. cuDNN: ``max_deterministic`` is CUDNN_POOLING_MAX_DETERMINISTIC
+(expected to pick the same element; checked by tests/test_gpu_pool.py), ``max`` is
+CUDNN_POOLING_MAX, whose choice among tied maxima is not specified. ``sum`` runs on cuDNN as
+average_inc_pad with alpha = window size (dnnkit/cudnn/pool.py).
+
+Backends: Numba (kernels/pool.py: one thread per output forward, a gather backward, no
+atomics) and cuDNN (cudnnPoolingForward/Backward, Nd descriptors).
+"""
+
+import dataclasses
+import math
+
+import numpy as np
+
+from .. import arrays, config
+from ..dispatch import note_algo, public_op, register
+from ..launch import launch, pow2_at_most
+
+MODES = ("max", "max_deterministic", "average_inc_pad", "average_exc_pad", "sum")
+ALIASES = {"average": "average_inc_pad"}
+_KERNEL_MODE = {"max": 0, "max_deterministic": 0, "average_inc_pad": 1, "average_exc_pad": 2,
+                "sum": 3}   # kernels/pool.py: MAX, AVG_INC, AVG_EXC, SUM
+_TOL = {"float16": (5e-3, 1e-3), "float32": (1e-5, 1e-6), "float64": (1e-12, 1e-14)}
+
+
+@dataclasses.dataclass(frozen=True)
+class PoolGeom:
+    """A checked pooling geometry in the user's rank (nd = 2 or 3)."""
+    x_shape: tuple
+    window: tuple
+    stride: tuple
+    padding: tuple
+
+    @property
+    def nd(self):
+        return len(self.window)
+
+    @property
+    def y_shape(self):
+        return tuple(self.x_shape[:2]) + tuple(
+            (n + 2 * p - k) // s + 1
+            for n, k, s, p in zip(self.x_shape[2:], self.window, self.stride, self.padding))
+
+    @property
+    def window_size(self):
+        return math.prod(self.window)
+
+    def kernel_geo(self):
+        """kernels/pool.py's 15-int tuple (3-D form: a 2-D pooling has depth 1)."""
+        lift = 3 - self.nd
+        sp, out = (1,) * lift + tuple(self.x_shape[2:]), (1,) * lift + self.y_shape[2:]
+        return (sp + out + (1,) * lift + self.window + (1,) * lift + self.stride
+                + (0,) * lift + self.padding)
+
+
+def _mode(op, mode):
+    mode = ALIASES.get(mode, mode) if isinstance(mode, str) else mode
+    if mode not in MODES:
+        raise ValueError(f"{op}: mode must be one of {', '.join(MODES)} (or 'average'); "
+                         f"got {mode!r}")
+    return mode
+
+
+def _ints(op, name, value, nd, minimum):
+    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+        value = (int(value),) * nd
+    try:
+        t = tuple(value)
+    except TypeError:
+        raise TypeError(f"{op}: {name} must be an int or a tuple of {nd} ints; got {value!r}") \
+            from None
+    if len(t) != nd or not all(isinstance(v, (int, np.integer)) and not isinstance(v, bool)
+                               for v in t):
+        raise TypeError(f"{op}: {name} must be an int or a tuple of {nd} ints; got {value!r}")
+    if any(v < minimum for v in t):
+        raise ValueError(f"{op}: {name} must be >= {minimum} in every dimension; got {value!r}")
+    return tuple(int(v) for v in t)
+
+
+def make_geom(op, nd, x_shape, window, stride, padding):
+    """Check the geometric arguments against x's shape; the PoolGeom."""
+    window = _ints(op, "window", window, nd, 1)
+    stride = window if stride is None else _ints(op, "stride", stride, nd, 1)
+    padding = _ints(op, "padding", padding, nd, 0)
+    for i, (n, k, p) in enumerate(zip(x_shape[2:], window, padding)):
+        if p >= k:
+            raise ValueError(f"{op}: padding {padding} must be smaller than the window {window} "
+                             f"in every dimension (cuDNN does not support padding >= window); "
+                             f"spatial dim {i} has padding {p} >= window {k}")
+        if n == 0:
+            raise ValueError(f"{op}: x has an empty spatial dimension; shape {tuple(x_shape)}")
+        if k > n + 2 * p:
+            raise ValueError(f"{op}: the window {k} in spatial dim {i} is larger than the padded "
+                             f"input ({n} + 2*{p} = {n + 2 * p}); x shape {tuple(x_shape)}, "
+                             f"window {window}, padding {padding}")
+    return PoolGeom(tuple(x_shape), window, stride, padding)
+
+
+def _forward_args(op, nd, x, window, stride, padding, mode, stream):
+    mode = _mode(op, mode)
+    s = arrays.as_stream(stream)
+    x = arrays.device_input(op, "x", x, s, ndim=(nd + 2,))
+    return x, make_geom(op, nd, x.shape, window, stride, padding), mode, s
+
+
+def _backward_args(op, nd, x, y, dy, window, stride, padding, mode, stream):
+    mode = _mode(op, mode)
+    s = arrays.as_stream(stream)
+    x = arrays.device_input(op, "x", x, s, ndim=(nd + 2,))
+    y = arrays.device_input(op, "y", y, s, ndim=(nd + 2,))
+    dy = arrays.device_input(op, "dy", dy, s, ndim=(nd + 2,))
+    geom = make_geom(op, nd, x.shape, window, stride, padding)
+    for name, a in (("y", y), ("dy", dy)):
+        if tuple(a.shape) != geom.y_shape:
+            raise ValueError(f"{op}: {name} has shape {tuple(a.shape)} but the pooling of x "
+                             f"{tuple(x.shape)} gives {geom.y_shape}")
+        if a.dtype != x.dtype:
+            raise TypeError(f"{op}: {name} has dtype {a.dtype} but x has {x.dtype}")
+    return x, y, dy, geom, mode, s
+
+
+@public_op("pool2d")
+def pool2d(x, window, stride=None, padding=0, mode="max", *, stream=None):
+    """Pool x (N, C, H, W) over windows of ``window`` (an int or (kh, kw)) moved by ``stride``
+    (default: the window) with ``padding`` (< window) on both sides; returns y (N, C, OH, OW),
+    ``O = (I + 2p - k) // s + 1``. ``mode``: max, max_deterministic, average_inc_pad (alias
+    average), average_exc_pad, sum. ``backend=None|"auto"|"cudnn"|"numba"`` overrides
+    ``dnn.enabled`` for this call."""
+    return _forward_args("pool2d", 2, x, window, stride, padding, mode, stream)
+
+
+@public_op("pool3d")
+def pool3d(x, window, stride=None, padding=0, mode="max", *, stream=None):
+    """:func:`pool2d` for x (N, C, D, H, W) with 3-tuples (or ints)."""
+    return _forward_args("pool3d", 3, x, window, stride, padding, mode, stream)
+
+
+@public_op("pool2d_backward")
+def pool2d_backward(x, y, dy, window, stride=None, padding=0, mode="max", *, stream=None):
+    """Gradient wrt x of ``y = pool2d(x, window, stride, padding, mode)``, given y and dy.
+    Max routes each dy to its window's first maximum (first NaN) in scan order."""
+    return _backward_args("pool2d_backward", 2, x, y, dy, window, stride, padding, mode, stream)
+
+
+@public_op("pool3d_backward")
+def pool3d_backward(x, y, dy, window, stride=None, padding=0, mode="max", *, stream=None):
+    """Gradient wrt x of :func:`pool3d`."""
+    return _backward_args("pool3d_backward", 3, x, y, dy, window, stride, padding, mode, stream)
+
+
+# ---------------------------------------------------------------- Numba
+
+def _launch(kernel, rows, cols, stream, args):
+    """2-D grid-stride launch: x along the W axis (cols), y along the rows."""
+    if rows == 0 or cols == 0:
+        return
+    bx = pow2_at_most(cols, 32)
+    by = pow2_at_most(rows, 256 // bx)
+    grid = (min((cols + bx - 1) // bx, 65535), min((rows + by - 1) // by, 65535))
+    launch(kernel, grid, (bx, by), stream, args)
+
+
+@register("pool2d", "numba", tolerance=_TOL)
+@register("pool3d", "numba", tolerance=_TOL)
+def _forward_numba(x, geom, mode, stream):
+    from ..kernels import pool_fwd_kernel
+    y = arrays.cuda_empty(geom.y_shape, x.dtype, stream)
+    shape = geom.y_shape
+    rows = shape[0] * shape[1] * math.prod(shape[2:-1])
+    _launch(pool_fwd_kernel, rows, shape[-1], stream,
+            (arrays.flat(x), arrays.flat(y), geom.kernel_geo(), rows, _KERNEL_MODE[mode],
+             arrays.acc_array(x.dtype)))
+    return y
+
+
+@register("pool2d_backward", "numba", tolerance=_TOL)
+@register("pool3d_backward", "numba", tolerance=_TOL)
+def _backward_numba(x, y, dy, geom, mode, stream):
+    from ..kernels import pool_bwd_kernel
+    dx = arrays.empty_like(x, stream)
+    shape = tuple(x.shape)   # (the simulator's shapes take no negative index)
+    rows = shape[0] * shape[1] * math.prod(shape[2:-1])
+    if y.size:   # else N*C = 0: dx is empty too
+        _launch(pool_bwd_kernel, rows, shape[-1], stream,
+                (arrays.flat(x), arrays.flat(y), arrays.flat(dy), arrays.flat(dx),
+                 geom.kernel_geo(), rows, _KERNEL_MODE[mode], arrays.acc_array(x.dtype)))
+    return dx
+
+
+# ---------------------------------------------------------------- cuDNN
+
+def _cudnn_supports(x, *rest):
+    geom = rest[-3]   # (x, geom, mode, stream) or (x, y, dy, geom, mode, stream)
+    biggest = max(x.size, math.prod(geom.y_shape), *x.shape)
+    if biggest >= 2**31:
+        return (f"x {tuple(x.shape)} or y {geom.y_shape} exceeds cuDNN's 32-bit tensor size "
+                "(2**31 - 1 elements)")
+    return None
+
+
+def _cudnn_mode(mode):
+    """``dnn.deterministic`` turns cuDNN's MAX (atomic adds where windows overlap) into
+    MAX_DETERMINISTIC; the Numba kernels are deterministic either way."""
+    if mode == "max" and config.get("dnn.deterministic"):
+        mode = "max_deterministic"
+    note_algo(mode)
+    return mode
+
+
+@register("pool2d", "cudnn", supports=_cudnn_supports)
+@register("pool3d", "cudnn", supports=_cudnn_supports)
+def _forward_cudnn(x, geom, mode, stream):
+    from ..cudnn import pool as cpool
+    y = arrays.cuda_empty(geom.y_shape, x.dtype, stream)
+    if y.size:
+        cpool.forward(x, y, geom.window, geom.padding, geom.stride, _cudnn_mode(mode),
+                      arrays.stream_pointer(stream))
+    return y
+
+
+@register("pool2d_backward", "cudnn", supports=_cudnn_supports)
+@register("pool3d_backward", "cudnn", supports=_cudnn_supports)
+def _backward_cudnn(x, y, dy, geom, mode, stream):
+    from ..cudnn import pool as cpool
+    dx = arrays.empty_like(x, stream)
+    if y.size:
+        cpool.backward(x, y, dy, dx, geom.window, geom.padding, geom.stride,
+                       _cudnn_mode(mode), arrays.stream_pointer(stream))
+    return dx
+
+
+# ---------------------------------------------------------------- python -m dnnkit check
+
+def tie_free(rng, shape, dtype, period=4):
+    """Test input whose every window of extent <= ``period`` per dim holds distinct values: a
+    per-(n, c) shuffle of period**nd distinct values tiled over space, so that the arg-max is
+    unique whatever the tie rule. Exact in float16 while period**nd <= 1024."""
+    nd, planes = len(shape) - 2, shape[0] * shape[1]
+    cells = period ** nd
+    vals = np.stack([rng.permutation(cells) for _ in range(planes)] or [np.zeros(cells)])
+    vals = (vals - cells // 2) * rng.choice([0.125, 0.25, 0.5], size=(len(vals), 1))
+    grids = np.meshgrid(*[np.arange(n) % period for n in shape[2:]], indexing="ij")
+    idx = sum(g * period ** (nd - 1 - ax) for ax, g in enumerate(grids))
+    return np.ascontiguousarray(vals[:planes, idx].reshape(shape), dtype=dtype)
+
+
+_SHORT = {"max": "max", "max_deterministic": "max_det", "average_inc_pad": "avg_inc",
+          "average_exc_pad": "avg_exc", "sum": "sum"}
+
+
+def selfcheck_cases(Case):
+    from .. import reference
+    # (nd, small x, big x, window, stride, padding, modes); variant "k/s/p mode"
+    table = [(2, (2, 3, 7, 6), (32, 64, 112, 112), 3, 2, 1, MODES),
+             (3, (1, 2, 5, 4, 5), (8, 32, 16, 56, 56), 3, 2, 1,
+              ("max", "max_deterministic", "average_exc_pad"))]
+    out = []
+    for nd, small, big, k, st, p, modes in table:
+        fwd, bwd = (pool2d, pool2d_backward) if nd == 2 else (pool3d, pool3d_backward)
+        for mode in modes:
+            make, g, name = _check_inputs(small, big, k, st, p, mode), (k, st, p), \
+                f"{k}/{st}/{p} {_SHORT[mode]}"
+            out.append(Case(
+                f"pool{nd}d", name,
+                lambda b, s, i, f=fwd, m=mode, g=g: f(i[0], *g, m, backend=b, stream=s),
+                lambda i, m=mode, g=g: reference.pool_forward(i[0], *g, m), make))
+            out.append(Case(
+                f"pool{nd}d_backward", name,
+                lambda b, s, i, f=bwd, m=mode, g=g: f(*i, *g, m, backend=b, stream=s),
+                lambda i, m=mode, g=g: reference.pool_backward(i[0], i[2], *g, m), make))
+    return out
+
+
+def _check_inputs(small, big, k, st, p, mode):
+    def make(rng, dtype, b):
+        from .. import reference
+        shape = big if b else small
+        # max: distinct values per window, as cuDNN's MAX may break ties its own way;
+        # max_deterministic: random data, ties included (both backends must agree on them).
+        x = tie_free(rng, shape, dtype) if mode == "max" else \
+            rng.standard_normal(shape).astype(dtype)
+        y = reference.pool_forward(x, k, st, p, mode).astype(dtype)
+        return x, y, rng.standard_normal(y.shape).astype(dtype)
+    return make
