@@ -21,10 +21,12 @@ decides whether input i is the arg-max of output o from y: x[i] must equal y[o] 
 a NaN window) and no input of the window before i may equal it. To resolve ties the other way
 (the last maximum), scan the inputs after i instead in ``_is_first``.
 
-Thread mapping (both directions): a 2-D grid-stride loop; threadIdx.x/blockIdx.x walk the W
-axis (OW forward, W backward) so a warp reads and writes consecutive addresses, and
-threadIdx.y/blockIdx.y walk the rows (n, c, d, h). The row is decoded once per thread and row,
-so the inner loop has no division. Indices are int64 throughout.
+Thread mapping (both directions): x threads walk the positions of one plane (output plane
+forward, input plane backward; grid-stride), so a warp reads and writes consecutive
+addresses; the grid's y dimension walks the N*C planes (grid-stride, capped at launch so each
+thread visits several). A thread decodes its position and clips its window (or finds its
+covering outputs) once, and reuses them for every plane: no division in the loop over planes.
+Indices are int64 throughout.
 
 Memory traffic. Forward: y written once; every x element is read by ~(k/s)^d windows, but
 neighbouring threads read the same lines, so DRAM sees x about once (the rest hits L1/L2).
@@ -90,23 +92,23 @@ def _window(x, base, h_, w_, z0, z1, y0, y1, x0, x1, mode, ksize, zero):
 
 
 @cuda.jit
-def pool_fwd_kernel(x, y, geo, rows, mode, acc):
-    """y from x; rows = N*C*OD*OH. One thread per output element (see the module docstring)."""
+def pool_fwd_kernel(x, y, geo, planes, mode, acc):
+    """y from x; planes = N*C. One thread per output element (see the module docstring)."""
     d_, h_, w_, od_, oh_, ow_, kd, kh, kw, sd, sh, sw, pd, ph, pw = geo
     zero = acc[0]
     ksize = kd * kh * kw
-    r = cuda.blockIdx.y * cuda.blockDim.y + cuda.threadIdx.y
-    while r < rows:
-        nc, q = r // (od_ * oh_), r % (od_ * oh_)
-        z0, z1 = _span(q // oh_, sd, pd, kd, d_)
-        y0, y1 = _span(q % oh_, sh, ph, kh, h_)
-        base = nc * d_ * h_ * w_
-        o = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
-        while o < ow_:
-            x0, x1 = _span(o, sw, pw, kw, w_)
-            y[r * ow_ + o] = _window(x, base, h_, w_, z0, z1, y0, y1, x0, x1, mode, ksize, zero)
-            o += cuda.gridDim.x * cuda.blockDim.x
-        r += cuda.gridDim.y * cuda.blockDim.y
+    opl, ipl, ohw = od_ * oh_ * ow_, d_ * h_ * w_, oh_ * ow_
+    q = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+    while q < opl:
+        z0, z1 = _span(q // ohw, sd, pd, kd, d_)
+        y0, y1 = _span((q % ohw) // ow_, sh, ph, kh, h_)
+        x0, x1 = _span(q % ow_, sw, pw, kw, w_)
+        pl = cuda.blockIdx.y
+        while pl < planes:
+            y[pl * opl + q] = _window(x, pl * ipl, h_, w_, z0, z1, y0, y1, x0, x1, mode, ksize,
+                                      zero)
+            pl += cuda.gridDim.y
+        q += cuda.gridDim.x * cuda.blockDim.x
 
 
 @cuda.jit(device=True, inline=True)
@@ -133,10 +135,11 @@ def _is_first(x, base, h_, w_, z0, z1, y0, y1, x0, x1, own, m, zero):
 
 
 @cuda.jit(device=True, inline=True)
-def _grad(x, y, dy, geo, base, ybase, iz, iy, ix, oz0, oz1, oy0, oy1, mode, zero):
-    """dx of the input at (iz, iy, ix) of the plane: the sum over the covering outputs."""
+def _grad(x, y, dy, geo, base, ybase, iz, iy, ix, cover, mode, zero):
+    """dx of the input at (iz, iy, ix) of the plane: the sum over the covering outputs
+    (``cover`` = their ranges (oz0, oz1, oy0, oy1, ox0, ox1))."""
     d_, h_, w_, od_, oh_, ow_, kd, kh, kw, sd, sh, sw, pd, ph, pw = geo
-    ox0, ox1 = _covering(ix, sw, pw, kw, ow_)
+    oz0, oz1, oy0, oy1, ox0, ox1 = cover
     own = (iz * h_ + iy) * w_ + ix
     v = zero
     if mode == MAX:
@@ -174,24 +177,25 @@ def _grad(x, y, dy, geo, base, ybase, iz, iy, ix, oz0, oz1, oy0, oy1, mode, zero
 
 
 @cuda.jit
-def pool_bwd_kernel(x, y, dy, dx, geo, rows, mode, acc):
-    """dx from x, y, dy (avg/sum read only dy); rows = N*C*D*H. One thread per input element,
+def pool_bwd_kernel(x, y, dy, dx, geo, planes, mode, acc):
+    """dx from x, y, dy (avg/sum read only dy); planes = N*C. One thread per input element,
     gathering (see the module docstring)."""
     d_, h_, w_, od_, oh_, ow_, kd, kh, kw, sd, sh, sw, pd, ph, pw = geo
     zero = acc[0]
-    r = cuda.blockIdx.y * cuda.blockDim.y + cuda.threadIdx.y
-    while r < rows:
-        nc, q = r // (d_ * h_), r % (d_ * h_)
-        iz, iy = q // h_, q % h_
+    opl, ipl, hw = od_ * oh_ * ow_, d_ * h_ * w_, h_ * w_
+    i = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+    while i < ipl:
+        iz, iy, ix = i // hw, (i % hw) // w_, i % w_
         oz0, oz1 = _covering(iz, sd, pd, kd, od_)
         oy0, oy1 = _covering(iy, sh, ph, kh, oh_)
-        base, ybase = nc * d_ * h_ * w_, nc * od_ * oh_ * ow_
-        ix = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
-        while ix < w_:
-            dx[r * w_ + ix] = _grad(x, y, dy, geo, base, ybase, iz, iy, ix, oz0, oz1, oy0, oy1,
-                                    mode, zero)
-            ix += cuda.gridDim.x * cuda.blockDim.x
-        r += cuda.gridDim.y * cuda.blockDim.y
+        ox0, ox1 = _covering(ix, sw, pw, kw, ow_)
+        cover = (oz0, oz1, oy0, oy1, ox0, ox1)
+        pl = cuda.blockIdx.y
+        while pl < planes:
+            dx[pl * ipl + i] = _grad(x, y, dy, geo, pl * ipl, pl * opl, iz, iy, ix, cover,
+                                     mode, zero)
+            pl += cuda.gridDim.y
+        i += cuda.gridDim.x * cuda.blockDim.x
 
 
 def SIGNATURES(t, acc):

@@ -25,6 +25,7 @@ from ..launch import launch, pow2_at_most
 COL_BUDGET_BYTES = 256 << 20
 _SIM = bool(config.ENABLE_CUDASIM)
 ELEM_THREADS = 32 if _SIM else 256
+IM2COL_SPAN = 2 if _SIM else 16    # images (and channels) per im2col grid dimension
 TARGET_BLOCKS = 132 * 4      # filter gradient: split images until ~4 blocks per H100/H200 SM
 PLAIN = (1 << 62, 0)         # an ungrouped GEMM index (kernels/gemm.py)
 
@@ -105,9 +106,14 @@ def _elementwise(kernel, n, stream, args):
 
 
 def _im2col(x, col, geom, sz, n0, nc, stream):
+    """kernels/conv.py's im2col on a 3-D grid: positions x images x channels, the last two
+    capped so that each thread reuses its decoded position over several (image, channel)
+    pairs."""
     src = arrays.flat(x)[n0 * sz.image:(n0 + nc) * sz.image]
-    _elementwise(_kernels().conv_im2col_fwd_kernel, sz.c * nc * sz.out, stream,
-                 (src, col, _geo(geom), nc, arrays.acc_array(x.dtype)))
+    threads = ELEM_THREADS
+    grid = (-(-sz.out // threads), min(nc, IM2COL_SPAN), min(sz.c, IM2COL_SPAN))
+    launch(_kernels().conv_im2col_fwd_kernel, grid, threads, stream,
+           (src, col, _geo(geom), nc, arrays.acc_array(x.dtype)))
 
 
 def forward(x, w, bias, geom, stream):

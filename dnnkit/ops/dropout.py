@@ -127,7 +127,7 @@ def _apply_numba(a, state, stream):
         _quiet_on_the_simulator()
         acc = arrays.acc_array(a.dtype)
         thr = np.uint64(min(round(state.p * 2**32), 2**32))
-        blocks, threads = arrays.grid_1d(a.size, max_blocks=_MAX_BLOCKS)
+        blocks, threads = arrays.grid_1d((a.size + 1) // 2, max_blocks=_MAX_BLOCKS)  # pairs
         launch(dropout_fwd_kernel, blocks, threads, stream,
                (arrays.flat(a), arrays.flat(out), mask_key(state.seed), thr,
                 acc.dtype.type(1.0 / (1.0 - state.p)), acc))

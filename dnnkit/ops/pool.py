@@ -24,7 +24,7 @@ import numpy as np
 
 from .. import arrays, config
 from ..dispatch import note_algo, public_op, register
-from ..launch import launch, pow2_at_most
+from ..launch import launch
 
 MODES = ("max", "max_deterministic", "average_inc_pad", "average_exc_pad", "sum")
 ALIASES = {"average": "average_inc_pad"}
@@ -160,14 +160,15 @@ def pool3d_backward(x, y, dy, window, stride=None, padding=0, mode="max", *, str
 
 # ---------------------------------------------------------------- Numba
 
-def _launch(kernel, rows, cols, stream, args):
-    """2-D grid-stride launch: x along the W axis (cols), y along the rows."""
-    if rows == 0 or cols == 0:
+def _launch(kernel, planes, positions, stream, args):
+    """Positions of a plane along x (grid-stride), planes along the grid's y, capped so that
+    each thread visits several planes while the grid still fills the GPU (~8 blocks per SM)."""
+    if planes == 0 or positions == 0:
         return
-    bx = pow2_at_most(cols, 32)
-    by = pow2_at_most(rows, 256 // bx)
-    grid = (min((cols + bx - 1) // bx, 65535), min((rows + by - 1) // by, 65535))
-    launch(kernel, grid, (bx, by), stream, args)
+    threads = 32 if arrays.simulator() else 256
+    gx = min(-(-positions // threads), 65535)
+    gy = max(1, min(planes, (2 if arrays.simulator() else 8 * 132) // gx, 65535))
+    launch(kernel, (gx, gy), threads, stream, args)
 
 
 @register("pool2d", "numba", tolerance=_TOL)
@@ -176,9 +177,9 @@ def _forward_numba(x, geom, mode, stream):
     from ..kernels import pool_fwd_kernel
     y = arrays.cuda_empty(geom.y_shape, x.dtype, stream)
     shape = geom.y_shape
-    rows = shape[0] * shape[1] * math.prod(shape[2:-1])
-    _launch(pool_fwd_kernel, rows, shape[-1], stream,
-            (arrays.flat(x), arrays.flat(y), geom.kernel_geo(), rows, _KERNEL_MODE[mode],
+    planes = shape[0] * shape[1]
+    _launch(pool_fwd_kernel, planes, math.prod(shape[2:]), stream,
+            (arrays.flat(x), arrays.flat(y), geom.kernel_geo(), planes, _KERNEL_MODE[mode],
              arrays.acc_array(x.dtype)))
     return y
 
@@ -188,12 +189,12 @@ def _forward_numba(x, geom, mode, stream):
 def _backward_numba(x, y, dy, geom, mode, stream):
     from ..kernels import pool_bwd_kernel
     dx = arrays.empty_like(x, stream)
-    shape = tuple(x.shape)   # (the simulator's shapes take no negative index)
-    rows = shape[0] * shape[1] * math.prod(shape[2:-1])
+    shape = tuple(x.shape)
+    planes = shape[0] * shape[1]
     if y.size:   # else N*C = 0: dx is empty too
-        _launch(pool_bwd_kernel, rows, shape[-1], stream,
+        _launch(pool_bwd_kernel, planes, math.prod(shape[2:]), stream,
                 (arrays.flat(x), arrays.flat(y), arrays.flat(dy), arrays.flat(dx),
-                 geom.kernel_geo(), rows, _KERNEL_MODE[mode], arrays.acc_array(x.dtype)))
+                 geom.kernel_geo(), planes, _KERNEL_MODE[mode], arrays.acc_array(x.dtype)))
     return dx
 
 

@@ -70,8 +70,8 @@ def test_numba_scaling_is_one_rounding_of_x_times_the_scale(rng, dtype):
 
 
 def test_numba_mask_is_the_documented_counter_based_function(rng):
-    """The mask is mix64(key + (i+1)*GAMMA) >> 32 >= round(p * 2**32): bitwise the host
-    implementation, for an odd size that leaves the grid-stride loop a ragged end."""
+    """The mask (the two halves of mix64(key + (j+1)*GAMMA) for elements 2j, 2j+1, against
+    round(p * 2**32)): bitwise the host implementation, for an odd size that leaves the grid-stride loop a ragged end."""
     x = np.ones(2051, np.float32)
     for seed in (0, 12345, 2**64 - 1):
         y, _ = dnnkit.dropout(x, 0.4, seed=seed, backend="numba")
