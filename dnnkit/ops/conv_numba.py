@@ -21,13 +21,13 @@ from numba import config
 
 from .. import arrays
 from ..launch import launch, pow2_at_most
+from . import gemm as G
 
 COL_BUDGET_BYTES = 256 << 20
 _SIM = bool(config.ENABLE_CUDASIM)
 ELEM_THREADS = 32 if _SIM else 256
 IM2COL_SPAN = 2 if _SIM else 16    # images (and channels) per im2col grid dimension
 TARGET_BLOCKS = 132 * 4      # filter gradient: split images until ~4 blocks per H100/H200 SM
-PLAIN = (1 << 62, 0)         # an ungrouped GEMM index (kernels/gemm.py)
 
 
 def _kernels():
@@ -75,32 +75,6 @@ class _Sizes:
         return self.n * self.k * self.out * self.rows == 0
 
 
-def gemm_config(m, n=1 << 30, batch=1):
-    """Tile configuration (kernels/gemm.py CONFIGS) for a GEMM of m x n, ``batch`` times:
-    128 x 128 tiles where they make at least two blocks per SM of an H100/H200 (measured
-    best on large products), else 64 x 128 (measured best for m <= 64 and for products
-    too small to fill the GPU with the large tiles; validation/gemm_bench.py)."""
-    if _SIM:
-        return "sim"
-    large_blocks = -(-m // 128) * -(-n // 128) * batch
-    return "large" if m > 64 and large_blocks >= 2 * 132 else "small"
-
-
-def _gemm(layout, a, b, c, dims, lds, grps, batch, *, beta=0.0, bias=None, stream):
-    """Launch kernels/gemm.py's kernel for ``layout`` (see its docstring for the arguments)."""
-    from ..kernels.gemm import CONFIGS, VARIANTS, shared_bytes
-    m, n, _ = dims
-    name = gemm_config(m, n, batch[0] * batch[1])
-    wm, wn, tx, ty, _ = CONFIGS[name]
-    acc = arrays.acc_array(a.dtype)
-    grid = (-(-n // (tx * wn)), min(-(-m // (ty * wm)), 65535), min(batch[0] * batch[1], 65535))
-    kernel = VARIANTS[f"gemm_{layout}_{name}_kernel"]
-    launch(kernel, grid, (tx, ty), stream,
-           (a, b, c, a if bias is None else bias, dims, lds, grps, batch,
-            acc.dtype.type(beta), int(bias is not None), acc),
-           shared_bytes(wm, wn, tx, ty, acc.dtype.itemsize))
-
-
 def _elementwise(kernel, n, stream, args):
     launch(kernel, arrays.grid_1d(n, ELEM_THREADS)[0], ELEM_THREADS, stream, args)
 
@@ -131,11 +105,11 @@ def forward(x, w, bias, geom, stream):
             b, ldb, gb, b1 = arrays.flat(x)[n0 * sz.image:], o, (o, sz.image), sz.rows * o
         else:
             _im2col(x, col, geom, sz, n0, nc, stream)
-            b, ldb, gb, b1 = col, nc * o, PLAIN, sz.rows * nc * o
+            b, ldb, gb, b1 = col, nc * o, G.PLAIN, sz.rows * nc * o
         # y[n, g*Kg + i, o] = sum_k W_g[i, k] col[g*rows + k, n*O + o]: C's column j = (n, o)
         # lives at (j // O)*K*O + j % O. One batch entry per group.
-        _gemm("00", wf, b, yf[n0 * ko:], (sz.kg, nc * o, sz.rows), (sz.rows, ldb, o),
-              PLAIN + gb + (o, ko), (sz.groups, 1, sz.kg * sz.rows, 0, b1, 0, sz.kg * o, 0),
+        G.gemm("00", wf, b, yf[n0 * ko:], (sz.kg, nc * o, sz.rows), (sz.rows, ldb, o),
+              G.PLAIN + gb + (o, ko), (sz.groups, 1, sz.kg * sz.rows, 0, b1, 0, sz.kg * o, 0),
               bias=None if bias is None else arrays.flat(bias), stream=stream)
     return y
 
@@ -157,11 +131,11 @@ def backward_data(dy, w, geom, stream):
         if sz.pointwise:    # C = dx: column j = (n, o) at (j // O)*C*O + j % O
             c, ldc, gc, c1 = dxf[n0 * sz.image:], o, (o, sz.image), sz.rows * o
         else:
-            c, ldc, gc, c1 = dcol, nc * o, PLAIN, sz.rows * nc * o
+            c, ldc, gc, c1 = dcol, nc * o, G.PLAIN, sz.rows * nc * o
         # dcol[g*rows + i, n*O + o] = sum_k W_g[k, i] dy[n, g*Kg + k, o]: A = W_g transposed,
         # B's column j = (n, o) at (j // O)*K*O + j % O. One batch entry per group.
-        _gemm("10", wf, dyf[n0 * ko:], c, (sz.rows, nc * o, sz.kg), (sz.rows, o, ldc),
-              PLAIN + (o, ko) + gc, (sz.groups, 1, sz.kg * sz.rows, 0, sz.kg * o, 0, c1, 0),
+        G.gemm("10", wf, dyf[n0 * ko:], c, (sz.rows, nc * o, sz.kg), (sz.rows, o, ldc),
+              G.PLAIN + (o, ko) + gc, (sz.groups, 1, sz.kg * sz.rows, 0, sz.kg * o, 0, c1, 0),
               stream=stream)
         if not sz.pointwise:
             _elementwise(_kernels().conv_col2im_bwd_kernel, nc * sz.image, stream,
@@ -180,7 +154,7 @@ def _filter_parts(sz, dw_bytes):
     """Image slices reduced by separate blocks: enough blocks to fill the GPU, within the
     workspace budget, dividing the chunk evenly."""
     from ..kernels.gemm import CONFIGS
-    wm, wn, tx, ty, _ = CONFIGS[gemm_config(sz.kg, sz.rows, sz.groups)]
+    wm, wn, tx, ty, _ = CONFIGS[G.gemm_config(sz.kg, sz.rows, sz.groups)]
     blocks = -(-sz.kg // (ty * wm)) * -(-sz.rows // (tx * wn)) * sz.groups
     cap = min(max(1, TARGET_BLOCKS // blocks), COL_BUDGET_BYTES // dw_bytes)
     return _largest_divisor(sz.chunk, cap)
@@ -209,13 +183,13 @@ def backward_filter(x, dy, geom, stream):
             b1, b2 = sz.rows * o, per * sz.image
         else:
             _im2col(x, col, geom, sz, n0, nc, stream)
-            b, ldb, gb = col, nc * o, PLAIN
+            b, ldb, gb = col, nc * o, G.PLAIN
             b1, b2 = sz.rows * nc * o, per * o
         # ws[q, g*Kg + i, j] (+)= sum_k dy_g[i, k] col[g*rows + j, q*per*O + k] over the
         # per*O columns k = (n, o) of slice q: A's k at (k // O)*K*O + k % O, B = col^T.
         # Batched over (g, q).
-        _gemm("01", dyf[n0 * ko:], b, ws, (sz.kg, sz.rows, per * o), (o, ldb, sz.rows),
-              (o, ko) + gb + PLAIN,
+        G.gemm("01", dyf[n0 * ko:], b, ws, (sz.kg, sz.rows, per * o), (o, ldb, sz.rows),
+              (o, ko) + gb + G.PLAIN,
               (sz.groups, p, sz.kg * o, per * ko, b1, b2, sz.kg * sz.rows, dw.size),
               beta=0.0 if i == 0 else 1.0, stream=stream)
     _elementwise(_kernels().conv_wsum_bwd_kernel, dw.size, stream,

@@ -158,7 +158,8 @@ def test_gpu_gemm_tiles(rng, monkeypatch, config):
     """The GPU's GEMM tile configurations (256 threads, 64 or 128 rows x 128 columns) on the
     simulator: multi-round staging of both operands, the register double buffering, edge
     tiles in every dimension and the grouped (image, position) columns."""
-    monkeypatch.setattr(conv_numba, "gemm_config", lambda *a: config)
+    from dnnkit.ops import gemm
+    monkeypatch.setattr(gemm, "gemm_config", lambda *a: config)
     g = _geom((3, 3, 1, 4, 3), (5, 3, 1, 2, 2), padding=(0, 1, 0))
     _check(_run_all(rng, g, "float32"), "float32")
     g = _geom((3, 3, 1, 4, 3), (5, 3, 1, 1, 1))          # pointwise: x and dx in place

@@ -1,0 +1,48 @@
+"""The Numba GEMM (kernels/gemm.py) for the ops: tile choice and launch.
+
+``gemm(layout, a, b, c, dims, lds, grps, batch, beta=, bias=, stream=)`` computes, for every
+batch entry z = (z1, z2),
+
+    C_z = op(A_z) . op(B_z) (+ bias[z1*m:]) (+ beta * C_z)
+
+on flat device arrays, with layout "00" (A m x k and B k x n both row-major), "10" (A stored
+k x m: transposed) or "01" (B stored n x k: transposed); ``dims`` = (m, n, k), ``lds`` = the
+three leading dimensions, ``grps`` = the grouped-index pairs (grp, gstride) of A's, B's and C's
+fast index (``PLAIN`` for none), ``batch`` = (nz1, nz2, a1, a2, b1, b2, c1, c2) offsets. See
+kernels/gemm.py for the exact addressing. Accumulation in float32 for float16/float32 data,
+float64 for float64; C in the data type or in the accumulation type.
+"""
+
+from .. import arrays
+from ..launch import launch
+
+PLAIN = (1 << 62, 0)         # an ungrouped GEMM index (kernels/gemm.py)
+NO_BATCH = (1, 1, 0, 0, 0, 0, 0, 0)
+
+
+def gemm_config(m, n=1 << 30, batch=1):
+    """Tile configuration (kernels/gemm.py CONFIGS) for a GEMM of m x n, ``batch`` times:
+    128 x 128 tiles where they make at least two blocks per SM of an H100/H200 (measured
+    best on large products), else 64 x 128 (measured best for m <= 64 and for products
+    too small to fill the GPU with the large tiles; validation/gemm_bench.py)."""
+    if arrays.simulator():
+        return "sim"
+    large_blocks = -(-m // 128) * -(-n // 128) * batch
+    return "large" if m > 64 and large_blocks >= 2 * 132 else "small"
+
+
+def gemm(layout, a, b, c, dims, lds, grps, batch, *, beta=0.0, bias=None, stream):
+    """Launch kernels/gemm.py's kernel for ``layout`` (see its docstring for the arguments)."""
+    from ..kernels.gemm import CONFIGS, VARIANTS, shared_bytes
+    m, n, _ = dims
+    name = gemm_config(m, n, batch[0] * batch[1])
+    wm, wn, tx, ty, _ = CONFIGS[name]
+    acc = arrays.acc_array(a.dtype)
+    grid = (-(-n // (tx * wn)), min(-(-m // (ty * wm)), 65535), min(batch[0] * batch[1], 65535))
+    kernel = VARIANTS[f"gemm_{layout}_{name}_kernel"]
+    launch(kernel, grid, (tx, ty), stream,
+           (a, b, c, a if bias is None else bias, dims, lds, grps, batch,
+            acc.dtype.type(beta), int(bias is not None), acc),
+           shared_bytes(wm, wn, tx, ty, acc.dtype.itemsize))
+
+
