@@ -167,6 +167,22 @@ def test_crosscheck_passes_when_backends_agree_and_raises_when_not(fake_op):
     assert "cudnn vs numba max abs error 0.004" in str(e)
 
 
+def test_crosscheck_compares_arrays_only(fake_op):
+    """A result tuple may hold a non-array (an RNN's training state, with a shape of its own,
+    different per backend): only the arrays are compared."""
+    class State:
+        def __init__(self, backend):
+            self.backend, self.shape = backend, (3,)
+    config.dnn.crosscheck = True
+    fake_op["numba"] = lambda v: (v * 2, State("numba"))
+    fake_op["cudnn"] = lambda v: (v * 2, State("cudnn"))
+    y, st = dispatch.dispatch("fake", np.ones(3))
+    assert np.array_equal(y, np.full(3, 2.0)) and st.backend == "cudnn"
+    fake_op["numba"] = lambda v: (v * 3, State("numba"))
+    with pytest.raises(CrosscheckError):
+        dispatch.dispatch("fake", np.ones(3))
+
+
 def test_assert_backends_agree(fake_op):
     def fake(a, backend=None):
         return dispatch.dispatch("fake", a, backend=backend)
