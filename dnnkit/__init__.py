@@ -9,5 +9,6 @@ from .dispatch import select_backend, trace  # noqa: F401
 from .errors import (CrosscheckError, CudnnError, CudnnUnavailableError,  # noqa: F401
                      DnnkitError, NumbaUnavailableError)
 from .ops import *  # noqa: F401,F403 - the public ops (dnnkit.ops.__all__)
+from .rnn import RNN  # noqa: F401
 
 __version__ = "0.1.0"

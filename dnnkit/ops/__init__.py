@@ -31,3 +31,9 @@ from .dropout import DropoutState, dropout, dropout_backward  # noqa: E402,F401
 FAMILIES += [_batchnorm, _dropout]
 __all__ += ["batch_norm_train", "batch_norm_inference", "batch_norm_backward",
             "dropout", "dropout_backward", "DropoutState"]
+from . import rnn_cudnn as _rnn_cudnn  # noqa: E402,F401  (registers the cuDNN RNN)
+
+from . import rnn as _rnn  # noqa: E402
+from .rnn import rnn_backward, rnn_forward  # noqa: E402,F401
+FAMILIES.append(_rnn)
+__all__ += ["rnn_forward", "rnn_backward"]

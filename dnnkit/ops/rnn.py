@@ -1,0 +1,235 @@
+"""Recurrent networks: rnn_relu, rnn_tanh, lstm, gru; multi-layer, bidirectional, variable
+lengths, forward and backward (docs/rnn.md). Most users want the ``dnnkit.RNN`` class
+(dnnkit/rnn.py); these are the ops under it, time-major.
+
+    rnn:   h' = act(W x + b_W + R h + b_R)                        act = relu | tanh
+    lstm:  i, f, o = sigmoid(W_* x + b_W* + R_* h + b_R*),  g = tanh(W_g x + b_Wg + R_g h + b_Rg)
+           c' = f*c + i*g,  h' = o*tanh(c')
+    gru:   r, z = sigmoid(W_* x + b_W* + R_* h + b_R*)
+           n = tanh(W_n x + b_Wn + r*(R_n h + b_Rn)),  h' = (1 - z)*n + z*h   ("reset after")
+
+One flat parameter buffer in cuDNN's weight-space order (rnn_common.param_layout) serves both
+backends. Backends: Numba (dnnkit/ops/rnn_numba.py) and cuDNN (dnnkit/ops/rnn_cudnn.py).
+A training forward returns a state that only the backend which made it can use.
+"""
+
+import numpy as np
+
+from .. import arrays
+from ..dispatch import public_op
+from . import rnn_numba  # noqa: F401 - registers the Numba implementations
+# (the cuDNN ones: dnnkit/ops/rnn_cudnn.py, imported by dnnkit/ops/__init__.py)
+from .rnn_common import INPUT_MODES, MODES, RNNConfig, param_size
+
+
+
+def _positive_int(op, name, v):
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+        raise TypeError(f"{op}: {name} must be an integer; got {v!r}")
+    if v < 1:
+        raise ValueError(f"{op}: {name} must be >= 1; got {v}")
+    return int(v)
+
+
+def make_config(mode, input_size, hidden_size, num_layers=1, *, bidirectional=False,
+                input_mode="linear", dtype="float32", op="RNN"):
+    """A validated RNNConfig (ValueError/TypeError naming ``op`` and the value)."""
+    if mode not in MODES:
+        raise ValueError(f"{op}: mode must be one of {', '.join(MODES)}; got {mode!r}")
+    if input_mode not in INPUT_MODES:
+        raise ValueError(f"{op}: input_mode must be one of {', '.join(INPUT_MODES)}; "
+                         f"got {input_mode!r}")
+    i = _positive_int(op, "input_size", input_size)
+    h = _positive_int(op, "hidden_size", hidden_size)
+    layers = _positive_int(op, "num_layers", num_layers)
+    if not isinstance(bidirectional, (bool, np.bool_)):
+        raise TypeError(f"{op}: bidirectional must be a bool; got {bidirectional!r}")
+    if input_mode == "skip" and i != h:
+        raise ValueError(f"{op}: input_mode 'skip' adds the input to the gates as it is, so "
+                         f"input_size must equal hidden_size; got {i} and {h}")
+    name = arrays.float_name(dtype) if isinstance(dtype, (str, np.dtype, type)) else None
+    if name is None:
+        raise TypeError(f"{op}: dtype must be one of {', '.join(arrays.FLOAT_DTYPES)}; "
+                        f"got {dtype!r}")
+    return RNNConfig(mode, i, h, layers, bool(bidirectional), input_mode, name)
+
+
+def _check_cfg(op, cfg):
+    if not isinstance(cfg, RNNConfig):
+        raise TypeError(f"{op}: cfg must be an RNNConfig (see dnnkit.RNN); got "
+                        f"{type(cfg).__name__}")
+    return make_config(cfg.mode, cfg.input_size, cfg.hidden_size, cfg.num_layers,
+                       bidirectional=cfg.bidirectional, input_mode=cfg.input_mode,
+                       dtype=cfg.dtype, op=op)
+
+
+def _check_lengths(op, lengths, t, n):
+    if lengths is None:
+        return None
+    if arrays.is_device_array(lengths) or hasattr(lengths, "__cuda_array_interface__"):
+        raise TypeError(f"{op}: lengths must be host integers (a list or NumPy array), not a "
+                        "device array")
+    a = np.asarray(lengths)
+    if a.dtype.kind not in "iu":
+        raise TypeError(f"{op}: lengths must be integers; got dtype {a.dtype}")
+    if a.shape != (n,):
+        raise ValueError(f"{op}: lengths must have one entry per sequence, shape ({n},); got "
+                         f"shape {a.shape}")
+    if n and (a.min() < 1 or a.max() > t):
+        raise ValueError(f"{op}: lengths must be in [1, T={t}]; got min {a.min()}, max "
+                         f"{a.max()}")
+    return a.astype(np.int32)
+
+
+def _state_input(op, name, a, shape, dtype, s):
+    if a is None:
+        return None
+    a = arrays.device_input(op, name, a, s)
+    if tuple(a.shape) != shape:
+        raise ValueError(f"{op}: {name} must have shape (layers*directions, N, H) = {shape}; "
+                         f"got {tuple(a.shape)}")
+    if a.dtype != dtype:
+        raise TypeError(f"{op}: {name} has dtype {a.dtype} but x has {dtype}")
+    return a
+
+
+def _inputs(op, cfg, w, x, hx, cx, s):
+    """Validated (w, x, hx, cx) device arrays."""
+    x = arrays.device_input(op, "x", x, s, ndim=(3,))
+    t, n, i = x.shape
+    if i != cfg.input_size:
+        raise ValueError(f"{op}: x must be (T, N, input_size={cfg.input_size}); got shape "
+                         f"{tuple(x.shape)}")
+    if t < 1 or n < 1:
+        raise ValueError(f"{op}: x needs at least one step and one sequence; got shape "
+                         f"{tuple(x.shape)}")
+    if np.dtype(x.dtype).name != cfg.dtype:
+        raise TypeError(f"{op}: x has dtype {x.dtype} but the RNN's dtype is {cfg.dtype}")
+    w = arrays.device_input(op, "w", w, s, ndim=(1,))
+    if w.shape[0] != param_size(cfg):
+        raise ValueError(f"{op}: w must be the flat parameter buffer of param_size = "
+                         f"{param_size(cfg)} elements; got shape {tuple(w.shape)}")
+    if w.dtype != x.dtype:
+        raise TypeError(f"{op}: w has dtype {w.dtype} but x has {x.dtype}")
+    shape = (cfg.num_layers * cfg.directions, n, cfg.hidden_size)
+    hx = _state_input(op, "hx", hx, shape, x.dtype, s)
+    if cx is not None and cfg.mode != "lstm":
+        raise ValueError(f"{op}: cx is the lstm cell state; mode {cfg.mode!r} has none")
+    cx = _state_input(op, "cx", cx, shape, x.dtype, s)
+    return w, x, hx, cx
+
+
+@public_op("rnn_forward")
+def rnn_forward(cfg, w, x, hx=None, cx=None, *, lengths=None, training=False, stream=None):
+    """Run the RNN ``cfg`` (an RNNConfig) over x (T, N, input_size), time-major; returns
+    ``(y, hy, cy, state)``: y (T, N, D*H), hy and cy (layers*D, N, H) (cy None unless lstm),
+    state None unless ``training`` (then pass it to :func:`rnn_backward`). ``hx``/``cx``:
+    initial states (None: zeros). ``lengths``: per-sequence lengths in [1, T] (host ints, any
+    order); outputs past a sequence's end are zero and hy/cy are its state at its last step.
+    ``backend=None|"auto"|"cudnn"|"numba"`` overrides ``dnn.enabled`` for this call."""
+    op = "rnn_forward"
+    cfg = _check_cfg(op, cfg)
+    if not isinstance(training, (bool, np.bool_)):
+        raise TypeError(f"{op}: training must be a bool; got {training!r}")
+    s = arrays.as_stream(stream)
+    w, x, hx, cx = _inputs(op, cfg, w, x, hx, cx, s)
+    lengths = _check_lengths(op, lengths, x.shape[0], x.shape[1])
+    return cfg, w, x, hx, cx, lengths, bool(training), s
+
+
+@public_op("rnn_backward")
+def rnn_backward(cfg, w, x, y, dy, dhy=None, dcy=None, hx=None, cx=None, *, state,
+                 lengths=None, stream=None):
+    """Gradients of :func:`rnn_forward` (run with ``training=True``, same arguments): returns
+    ``(dx, dhx, dcx, dw)``, dw a fresh flat buffer in the parameter layout (nothing is
+    accumulated), dcx None unless lstm. ``dhy``/``dcy`` None mean zeros. ``state`` is the
+    forward's; only the backend that made it can use it (each backend checks that the
+    state matches the call)."""
+    op = "rnn_backward"
+    cfg = _check_cfg(op, cfg)
+    if state is None or not hasattr(state, "backend"):
+        raise TypeError(f"{op}: state must be the state returned by rnn_forward(..., "
+                        f"training=True); got {type(state).__name__}")
+    s = arrays.as_stream(stream)
+    w, x, hx, cx = _inputs(op, cfg, w, x, hx, cx, s)
+    t, n, _ = x.shape
+    yshape = (t, n, cfg.directions * cfg.hidden_size)
+    y = arrays.device_input(op, "y", y, s, ndim=(3,))
+    dy = arrays.device_input(op, "dy", dy, s, ndim=(3,))
+    for name, a in (("y", y), ("dy", dy)):
+        if tuple(a.shape) != yshape:
+            raise ValueError(f"{op}: {name} must have shape (T, N, D*H) = {yshape}; got "
+                             f"{tuple(a.shape)}")
+        if a.dtype != x.dtype:
+            raise TypeError(f"{op}: {name} has dtype {a.dtype} but x has {x.dtype}")
+    shape = (cfg.num_layers * cfg.directions, n, cfg.hidden_size)
+    dhy = _state_input(op, "dhy", dhy, shape, x.dtype, s)
+    if dcy is not None and cfg.mode != "lstm":
+        raise ValueError(f"{op}: dcy is the lstm cell state's gradient; mode {cfg.mode!r} "
+                         "has none")
+    dcy = _state_input(op, "dcy", dcy, shape, x.dtype, s)
+    lengths = _check_lengths(op, lengths, t, n)
+    return cfg, w, x, y, dy, dhy, dcy, hx, cx, lengths, state, s
+
+
+# ---------------------------------------------------------------- python -m dnnkit check
+
+def selfcheck_cases(Case):
+    from .. import reference
+    rows = []
+    for mode in MODES:
+        small = make_config(mode, 3, 4, 2, bidirectional=True)
+        # big: sized for the float64 reference (a per-sequence NumPy loop) to take seconds;
+        # validation/rnn_bench.py times the issue's shapes
+        big = make_config(mode, 256, 256, 2, bidirectional=True)
+        shapes = {False: (small, 3, 2), True: (big, 20, 16)}
+
+        def make(rng, dtype, is_big, shapes=shapes):
+            c, t, n = shapes[is_big]
+            h = c.hidden_size
+            x = rng.standard_normal((t, n, c.input_size)).astype(dtype)
+            w = (rng.uniform(-1, 1, param_size(c)) / np.sqrt(h)).astype(dtype)
+            dy = rng.standard_normal((t, n, c.directions * h)).astype(dtype)
+            return x, w, dy
+
+        def cfg_of(i, shapes=shapes):
+            big_ = i[0].shape[2] != shapes[False][0].input_size
+            c = shapes[big_][0]
+            return RNNConfig(c.mode, c.input_size, c.hidden_size, c.num_layers,
+                             c.bidirectional, c.input_mode, np.dtype(i[0].dtype).name)
+
+        def run_fwd(backend, stream, i):
+            return _Outputs(rnn_forward(cfg_of(i), i[1], i[0], backend=backend,
+                                        stream=stream)[:3])
+
+        def run_bwd(backend, stream, i):
+            c = cfg_of(i)
+            y, _, _, st = rnn_forward(c, i[1], i[0], training=True, backend=backend,
+                                      stream=stream)
+            return _Outputs(rnn_backward(c, i[1], i[0], y, i[2], state=st, backend=backend,
+                                         stream=stream))
+
+        def ref_fwd(i):
+            return _concat(reference.rnn_forward(cfg_of(i), i[1], i[0])[:3])
+
+        def ref_bwd(i):
+            return _concat(reference.rnn_backward(cfg_of(i), i[1], i[0], i[2]))
+
+        rows.append(Case("rnn_forward", f"{mode} 2x bidir", run_fwd, ref_fwd, make))
+        rows.append(Case("rnn_backward", f"{mode} 2x bidir", run_bwd, ref_bwd, make))
+    return rows
+
+
+def _concat(outs):
+    return np.concatenate([np.asarray(arrays.to_host(o), np.float64).ravel()
+                           for o in outs if o is not None])
+
+
+class _Outputs:
+    """Several outputs as one flat host array (selfcheck compares one array per case)."""
+
+    def __init__(self, outs):
+        self.outs = outs
+
+    def copy_to_host(self):
+        return _concat(self.outs)

@@ -1,0 +1,94 @@
+"""What the RNN's two backends share: the configuration and the implementation contract.
+
+Both backends register implementations of two ops with ``dnnkit.dispatch.register``:
+
+``"rnn_forward"``:  ``fn(cfg, w, x, hx, cx, lengths, training, stream) -> (y, hy, cy, state)``
+    cfg      RNNConfig (below)
+    w        flat device array of ``param_size(cfg)`` elements in the one layout both backends
+             read (cuDNN's weight space order: see ``param_layout``)
+    x        (T, N, I) device array, time-major (``batch_first`` is undone by the caller)
+    hx, cx   (L*D, N, H) device arrays, or None for zeros (cx only for lstm)
+    lengths  None (every sequence has T steps) or a host NumPy int32 array (N,) of lengths in
+             [1, T], any order
+    training bool: when True, ``state`` carries what backward needs
+    y        (T, N, D*H); steps past a sequence's end are zero
+    hy, cy   (L*D, N, H): the state at each sequence's own last step; cy is None unless lstm
+    state    None unless training; else an object with ``.backend`` ("numba" or "cudnn")
+
+``"rnn_backward"``: ``fn(cfg, w, x, y, dy, dhy, dcy, hx, cx, lengths, state, stream)
+    -> (dx, dhx, dcx, dw)``
+    dhy, dcy (L*D, N, H) or None for zeros; state from the forward pass on the same backend
+    dx (T, N, I); dhx (L*D, N, H); dcx (L*D, N, H) for lstm else None; dw a fresh flat buffer
+    of param_size(cfg) elements in the same layout (nothing is accumulated into w)
+
+(L = num_layers, D = 2 if bidirectional else 1, H = hidden_size, I = input_size.)
+"""
+
+import dataclasses
+
+MODES = ("rnn_relu", "rnn_tanh", "lstm", "gru")
+GATES = {"rnn_relu": 1, "rnn_tanh": 1, "lstm": 4, "gru": 3}
+INPUT_MODES = ("linear", "skip")
+
+
+@dataclasses.dataclass(frozen=True)
+class RNNConfig:
+    mode: str
+    input_size: int
+    hidden_size: int
+    num_layers: int = 1
+    bidirectional: bool = False
+    input_mode: str = "linear"
+    dtype: str = "float32"
+
+    @property
+    def gates(self):
+        return GATES[self.mode]
+
+    @property
+    def directions(self):
+        return 2 if self.bidirectional else 1
+
+
+# ---------------------------------------------------------------- parameter layout
+#
+# The one place the flat buffer's layout is decided (both backends and RNN.split_params read
+# it). cuDNN's weight space order: pseudo-layers (layer 0 dir 0, layer 0 dir 1, layer 1 dir 0,
+# ...); within one, first the matrices of every linear layer in linear-layer order, then the
+# biases in the same order. Linear layers: the G input ones (W, H x I_l), then the G recurrent
+# ones (R, H x H); every one has a bias of H. Matrices are row-major (out x in). With
+# input_mode "skip" layer 0 has no input matrices (the input is added as it is) but keeps its
+# input biases.
+
+def layer_input_size(cfg, layer):
+    """I_l: the input width of ``layer`` (input_size for layer 0, H*D above)."""
+    return cfg.input_size if layer == 0 else cfg.hidden_size * cfg.directions
+
+
+def has_input_matrix(cfg, layer):
+    return not (cfg.input_mode == "skip" and layer == 0)
+
+
+def param_layout(cfg):
+    """[(layer, direction, lin_id, "matrix" | "bias", offset, shape), ...] in buffer order;
+    offsets and shapes in elements."""
+    out, off, g, h = [], 0, cfg.gates, cfg.hidden_size
+    for layer in range(cfg.num_layers):
+        i_l = layer_input_size(cfg, layer)
+        for d in range(cfg.directions):
+            for lin in range(2 * g):
+                if lin < g and not has_input_matrix(cfg, layer):
+                    continue
+                shape = (h, i_l if lin < g else h)
+                out.append((layer, d, lin, "matrix", off, shape))
+                off += shape[0] * shape[1]
+            for lin in range(2 * g):
+                out.append((layer, d, lin, "bias", off, (h,)))
+                off += h
+    return out
+
+
+def param_size(cfg):
+    """Elements of the flat parameter buffer."""
+    last = param_layout(cfg)[-1]
+    return last[4] + last[5][0]

@@ -1,0 +1,127 @@
+"""``dnnkit.RNN``: a recurrent network (rnn_relu, rnn_tanh, lstm, gru) with one flat parameter
+buffer that both backends read (docs/rnn.md). The ops under it: dnnkit.rnn_forward/backward.
+
+    rnn = dnnkit.RNN("lstm", input_size, hidden_size, num_layers=2, bidirectional=True)
+    w = rnn.init_params(seed=0)
+    out = rnn.forward(w, x, training=True)          # y, hy, cy = out; out.state
+    dx, dhx, dcx, dw = rnn.backward(w, x, out.y, dy, state=out.state)
+"""
+
+import collections
+
+import numpy as np
+
+from . import arrays
+from .ops import rnn as _ops
+from .ops.rnn_common import param_layout, param_size
+
+
+class RNNResult(collections.namedtuple("RNNResult", "y hy cy")):
+    """(y, hy, cy) of a forward pass; ``.state`` is the training state (None otherwise)."""
+    state = None
+
+
+class RNN:
+    """mode: rnn_relu | rnn_tanh | lstm | gru; input_mode: linear | skip (no input matrix:
+    input_size must equal hidden_size); x is (T, N, I), or (N, T, I) with ``batch_first``
+    (y likewise); hx/hy/cx/cy are (num_layers*directions, N, H)."""
+
+    def __init__(self, mode, input_size, hidden_size, num_layers=1, *, bidirectional=False,
+                 input_mode="linear", batch_first=False, dtype="float32"):
+        self.cfg = _ops.make_config(mode, input_size, hidden_size, num_layers,
+                                    bidirectional=bidirectional, input_mode=input_mode,
+                                    dtype=dtype)
+        if not isinstance(batch_first, (bool, np.bool_)):
+            raise TypeError(f"RNN: batch_first must be a bool; got {batch_first!r}")
+        self.batch_first = bool(batch_first)
+
+    def __repr__(self):
+        c = self.cfg
+        return (f"RNN({c.mode!r}, {c.input_size}, {c.hidden_size}, {c.num_layers}, "
+                f"bidirectional={c.bidirectional}, input_mode={c.input_mode!r}, "
+                f"batch_first={self.batch_first}, dtype={c.dtype!r})")
+
+    @property
+    def param_size(self):
+        """Elements of the flat parameter buffer."""
+        return param_size(self.cfg)
+
+    @property
+    def dtype(self):
+        return np.dtype(self.cfg.dtype)
+
+    def init_params(self, seed=0, *, stream=None):
+        """A device buffer of ``param_size`` elements, uniform in [-1/sqrt(H), 1/sqrt(H)]
+        (PyTorch's initialisation), from ``np.random.default_rng(seed)``."""
+        from numba import cuda
+        bound = 1.0 / np.sqrt(self.cfg.hidden_size)
+        h = np.random.default_rng(seed).uniform(-bound, bound, self.param_size)
+        return cuda.to_device(h.astype(self.dtype), stream=arrays.as_stream(stream))
+
+    def split_params(self, w, layer, direction=0):
+        """[(W, b), ...] for every linear layer of (layer, direction) in cuDNN's linear-layer
+        order (rnn: input, recurrent; lstm: input {i, f, g, o} then recurrent {i, f, g, o};
+        gru: input {r, z, n} then recurrent {r, z, n}). W (H x in, row-major) and b (H,) are
+        views into ``w`` (no copy); W is None for the input layers of a skip layer 0."""
+        c = self.cfg
+        for name, v, hi in (("layer", layer, c.num_layers), ("direction", direction,
+                                                               c.directions)):
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+                raise TypeError(f"RNN.split_params: {name} must be an integer; got {v!r}")
+            if not 0 <= v < hi:
+                raise ValueError(f"RNN.split_params: {name} must be in [0, {hi}); got {v}")
+        if tuple(w.shape) != (self.param_size,):
+            raise ValueError(f"RNN.split_params: w must be the flat buffer of param_size = "
+                             f"{self.param_size} elements; got shape {tuple(w.shape)}")
+        mats, biases = {}, {}
+        for l_, d, lin, kind, off, shape in param_layout(c):
+            if (l_, d) == (layer, direction):
+                view = w[off:off + int(np.prod(shape))].reshape(shape)
+                (mats if kind == "matrix" else biases)[lin] = view
+        return [(mats.get(lin), biases[lin]) for lin in range(2 * c.gates)]
+
+    # ------------------------------------------------------------ passes
+
+    def _time_major(self, a, stream):
+        if a is None or not self.batch_first:
+            return a
+        if isinstance(a, np.ndarray) or not hasattr(a, "__cuda_array_interface__"):
+            h = np.asarray(a)
+            return np.ascontiguousarray(h.swapaxes(0, 1)) if h.ndim == 3 else h
+        from .ops.rnn_numba import transpose01
+        d = arrays.device_input("RNN", "x", a, stream, ndim=(3,))
+        return transpose01(d, stream)
+
+    def _batch_major(self, a, stream):
+        if a is None or not self.batch_first:
+            return a
+        from .ops.rnn_numba import transpose01
+        return transpose01(a, stream)
+
+    def forward(self, w, x, hx=None, cx=None, *, training=False, lengths=None, backend=None,
+                stream=None):
+        """Returns ``RNNResult(y, hy, cy)`` (unpacks as ``y, hy, cy``; cy None unless lstm)
+        with ``.state`` set when ``training`` (for :meth:`backward`). ``lengths``: host ints,
+        one per sequence, in [1, T], any order."""
+        s = arrays.as_stream(stream)
+        y, hy, cy, state = _ops.rnn_forward(self.cfg, w, self._time_major(x, s), hx, cx,
+                                            lengths=lengths, training=training,
+                                            backend=backend, stream=s)
+        out = RNNResult(self._batch_major(y, s), hy, cy)
+        out.state = state
+        return out
+
+    def backward(self, w, x, y, dy, dhy=None, dcy=None, hx=None, cx=None, *, state,
+                 lengths=None, backend=None, stream=None):
+        """``(dx, dhx, dcx, dw)``: gradients of sum(y*dy) + sum(hy*dhy) + sum(cy*dcy) with
+        respect to x, hx, cx (dcx None unless lstm) and w (a fresh flat buffer). ``state``
+        is the training forward's; the backward runs on the backend that made it unless
+        ``backend`` says otherwise."""
+        s = arrays.as_stream(stream)
+        if backend is None and getattr(state, "backend", None) in ("numba", "cudnn"):
+            backend = state.backend
+        dx, dhx, dcx, dw = _ops.rnn_backward(
+            self.cfg, w, self._time_major(x, s), self._time_major(y, s),
+            self._time_major(dy, s), dhy, dcy, hx, cx, state=state, lengths=lengths,
+            backend=backend, stream=s)
+        return self._batch_major(dx, s), dhx, dcx, dw
