@@ -41,12 +41,13 @@ class _Descriptor:
 
 
 class TensorDescriptor(_Descriptor):
-    """A packed (C-contiguous) tensor of 3 to 8 dims; smaller ranks are padded with 1s."""
+    """A packed (C-contiguous) tensor of 3 to 8 dims; ranks below ``min_rank`` are padded with
+    1s (most calls want 4; the RNN's state tensors are exactly 3-D)."""
     _create, _destroy_fn = "cudnnCreateTensorDescriptor", "cudnnDestroyTensorDescriptor"
 
-    def __init__(self, shape, dtype):
+    def __init__(self, shape, dtype, min_rank=4):
         super().__init__()
-        dims = list(shape) + [1] * (4 - len(shape))
+        dims = list(shape) + [1] * (min_rank - len(shape))
         strides = [int(np.prod(dims[i + 1:], dtype=np.int64)) for i in range(len(dims))]
         if max(dims + strides) > INT_MAX:
             self.close()

@@ -45,7 +45,7 @@ from ..arrays import float_name, stream_pointer
 from ..errors import DnnkitError
 from . import api, handle
 from .calls import _ptr
-from .descriptors import INT_MAX, _Descriptor
+from .descriptors import INT_MAX, TensorDescriptor, _Descriptor
 from .dropout import DropoutDescriptor
 from .enums import DATA_TYPES, MATH_DEFAULT, MATH_FMA, MATH_TENSOR_OP
 
@@ -171,22 +171,6 @@ class RNNDataDescriptor(_Descriptor):
             raise
 
 
-class TensorDescriptor3d(_Descriptor):
-    """A packed 3-D tensor (hx/hy/cx/cy: (L*D, N, H)): cuDNN's RNN calls want 3 dims."""
-    _create, _destroy_fn = "cudnnCreateTensorDescriptor", "cudnnDestroyTensorDescriptor"
-
-    def __init__(self, shape, dtype):
-        super().__init__()
-        a, b, c = (int(s) for s in shape)
-        try:
-            api.call("cudnnSetTensorNdDescriptor", self.ptr, precision(dtype)[0], 3,
-                     (c_int * 3)(a, b, c), (c_int * 3)(b * c, c, 1),
-                     context=f"state {(a, b, c)} {float_name(dtype)}")
-        except Exception:
-            self.close()
-            raise
-
-
 class _QueryTensor(_Descriptor):
     """An unset tensor descriptor that cudnnGetRNNWeightParams fills in."""
     _create, _destroy_fn = "cudnnCreateTensorDescriptor", "cudnnDestroyTensorDescriptor"
@@ -221,7 +205,7 @@ class _Data:
     """The data descriptors of one (config, T, N, lengths)."""
     x: RNNDataDescriptor
     y: RNNDataDescriptor
-    h: TensorDescriptor3d
+    h: TensorDescriptor
     T: int
     N: int
     lengths: tuple
@@ -290,7 +274,7 @@ def _new_data(cfg, T, N, lengths):
     H = cfg.hidden_size
     return _Data(RNNDataDescriptor(cfg.dtype, T, N, cfg.input_size, lengths),
                  RNNDataDescriptor(cfg.dtype, T, N, cfg.directions * H, lengths),
-                 TensorDescriptor3d((cfg.num_layers * cfg.directions, N, H), cfg.dtype),
+                 TensorDescriptor((cfg.num_layers * cfg.directions, N, H), cfg.dtype, min_rank=3),
                  T, N, lengths, {})
 
 

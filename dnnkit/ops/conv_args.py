@@ -8,6 +8,7 @@ import numpy as np
 
 from .. import arrays, config
 from ..geometry import ConvGeom
+from .args import int_tuple
 
 CHOICES = ("guess_once", "guess_on_shape_change", "time_once", "time_on_shape_change")
 ALGOS = {
@@ -65,22 +66,6 @@ config.register_flag("dnn.conv.allow_tf32", False, _bool,
                      "let cuDNN use TF32 tensor cores for float32 (off: float32 means float32)")
 
 
-def _ints(op, name, value, nd, minimum):
-    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
-        value = (int(value),) * nd
-    try:
-        t = tuple(value)
-    except TypeError:
-        raise TypeError(f"{op}: {name} must be an int or a tuple of {nd} ints; got {value!r}") \
-            from None
-    if len(t) != nd or not all(isinstance(v, (int, np.integer)) and not isinstance(v, bool)
-                               for v in t):
-        raise TypeError(f"{op}: {name} must be an int or a tuple of {nd} ints; got {value!r}")
-    if any(v < minimum for v in t):
-        raise ValueError(f"{op}: {name} must be >= {minimum}; got {value!r}")
-    return tuple(int(v) for v in t)
-
-
 def _padding(op, padding, kernel, dilation, nd):
     if isinstance(padding, str):
         eff = [(k - 1) * d for k, d in zip(kernel, dilation)]
@@ -89,7 +74,7 @@ def _padding(op, padding, kernel, dilation, nd):
             raise ValueError(f"{op}: padding must be an int, a tuple or one of 'valid', 'full', "
                              f"'half'; got {padding!r}")
         return tuple(modes[padding])
-    return _ints(op, "padding", padding, nd, 0)
+    return int_tuple(op, "padding", padding, nd, 0)
 
 
 def _mode(op, mode):
@@ -186,8 +171,8 @@ def _make_geom(op, nd, x_shape, w_shape, stride, padding, dilation, groups, mode
     if cg * groups != c:
         raise ValueError(f"{op}: w has {cg} input channels per group but x has C={c} with "
                          f"groups={groups} (expected {c // groups}); w {w_shape}, x {x_shape}")
-    stride = _ints(op, "stride", stride, nd, 1)
-    dilation = _ints(op, "dilation", dilation, nd, 1)
+    stride = int_tuple(op, "stride", stride, nd, 1)
+    dilation = int_tuple(op, "dilation", dilation, nd, 1)
     pad = _padding(op, padding, w_shape[2:], dilation, nd)
     for i, (size, kk, p, d) in enumerate(zip(x_shape[2:], w_shape[2:], pad, dilation)):
         if (kk - 1) * d + 1 > size + 2 * p:

@@ -25,6 +25,7 @@ import numpy as np
 from .. import arrays, config
 from ..dispatch import note_algo, public_op, register
 from ..launch import launch
+from .args import int_tuple
 
 MODES = ("max", "max_deterministic", "average_inc_pad", "average_exc_pad", "sum")
 ALIASES = {"average": "average_inc_pad"}
@@ -71,27 +72,11 @@ def _mode(op, mode):
     return mode
 
 
-def _ints(op, name, value, nd, minimum):
-    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
-        value = (int(value),) * nd
-    try:
-        t = tuple(value)
-    except TypeError:
-        raise TypeError(f"{op}: {name} must be an int or a tuple of {nd} ints; got {value!r}") \
-            from None
-    if len(t) != nd or not all(isinstance(v, (int, np.integer)) and not isinstance(v, bool)
-                               for v in t):
-        raise TypeError(f"{op}: {name} must be an int or a tuple of {nd} ints; got {value!r}")
-    if any(v < minimum for v in t):
-        raise ValueError(f"{op}: {name} must be >= {minimum} in every dimension; got {value!r}")
-    return tuple(int(v) for v in t)
-
-
 def make_geom(op, nd, x_shape, window, stride, padding):
     """Check the geometric arguments against x's shape; the PoolGeom."""
-    window = _ints(op, "window", window, nd, 1)
-    stride = window if stride is None else _ints(op, "stride", stride, nd, 1)
-    padding = _ints(op, "padding", padding, nd, 0)
+    window = int_tuple(op, "window", window, nd, 1)
+    stride = window if stride is None else int_tuple(op, "stride", stride, nd, 1)
+    padding = int_tuple(op, "padding", padding, nd, 0)
     for i, (n, k, p) in enumerate(zip(x_shape[2:], window, padding)):
         if p >= k:
             raise ValueError(f"{op}: padding {padding} must be smaller than the window {window} "
