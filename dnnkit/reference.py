@@ -453,3 +453,98 @@ def rnn_backward(cfg, w, x, dy, dhy=None, dcy=None, hx=None, cx=None, lengths=No
     for layer, d, lin, kind, off, shape in layout:
         dw[off:off + int(np.prod(shape))] = grads[(layer, d, lin, kind)].ravel()
     return dout, dhx, (dcx if cfg.mode == "lstm" else None), dw
+
+
+# ---------------------------------------------------------------- spatial transformer
+# The coordinate convention is kernels/spatial.py's (ALIGN_CORNERS and its docstring).
+
+def _spatial_align():
+    from .kernels.spatial import ALIGN_CORNERS
+    return ALIGN_CORNERS
+
+
+def spatial_grid_coords(n):
+    """Normalized coordinates of the n output points along one dimension."""
+    i = np.arange(n, dtype=np.float64)
+    if n == 1:
+        return np.zeros(1)
+    return -1.0 + 2.0 * i / (n - 1) if _spatial_align() else -1.0 + (2.0 * i + 1.0) / n
+
+
+def _spatial_pixel(x, n):
+    """(pixel coordinate, d pixel / d normalized) of normalized x along n pixels."""
+    s = (n - 1) / 2.0 if _spatial_align() else n / 2.0
+    return ((x + 1.0) * s if _spatial_align() else (x + 1.0) * s - 0.5), s
+
+
+def affine_grid(theta, out_shape):
+    """grid (N, H', W', 2) = theta[n] @ (x_j, y_i, 1), stored (x, y)."""
+    theta = np.asarray(theta, dtype=np.float64)
+    _, _, oh, ow = out_shape
+    ys, xs = np.meshgrid(spatial_grid_coords(oh), spatial_grid_coords(ow), indexing="ij")
+    base = np.stack([xs, ys, np.ones_like(xs)], axis=-1)          # (H', W', 3)
+    return np.einsum("hwk,nck->nhwc", base, theta)
+
+
+def affine_grid_backward(dgrid):
+    dgrid = np.asarray(dgrid, dtype=np.float64)
+    _, oh, ow, _ = dgrid.shape
+    ys, xs = np.meshgrid(spatial_grid_coords(oh), spatial_grid_coords(ow), indexing="ij")
+    base = np.stack([xs, ys, np.ones_like(xs)], axis=-1)
+    return np.einsum("hwk,nhwc->nck", base, dgrid)
+
+
+def _spatial_taps(grid, h, w):
+    u, su = _spatial_pixel(grid[..., 0], w)
+    v, sv = _spatial_pixel(grid[..., 1], h)
+    u0, v0 = np.floor(u), np.floor(v)
+    return u0.astype(np.int64), v0.astype(np.int64), u - u0, v - v0, su, sv
+
+
+def grid_sample(img, grid):
+    """Bilinear sampling of img (N, C, H, W) at grid (N, H', W', 2); zero outside."""
+    img, grid = np.asarray(img, dtype=np.float64), np.asarray(grid, dtype=np.float64)
+    n_, c_, h, w = img.shape
+    u0, v0, fu, fv, _, _ = _spatial_taps(grid, h, w)
+    out = np.zeros((n_, c_) + grid.shape[1:3])
+    nidx = np.arange(n_)[:, None, None]
+    for a in (0, 1):
+        for b in (0, 1):
+            uu, vv = u0 + a, v0 + b
+            wt = (fu if a else 1 - fu) * (fv if b else 1 - fv)
+            ok = (uu >= 0) & (uu < w) & (vv >= 0) & (vv < h)
+            vals = img[nidx, :, np.clip(vv, 0, h - 1), np.clip(uu, 0, w - 1)]  # (N,H',W',C)
+            out += np.moveaxis(np.where(ok[..., None], vals * wt[..., None], 0.0), -1, 1)
+    return out
+
+
+def grid_sample_backward(img, grid, dy):
+    """(dimg, dgrid) of grid_sample."""
+    img, grid = np.asarray(img, dtype=np.float64), np.asarray(grid, dtype=np.float64)
+    dy = np.asarray(dy, dtype=np.float64)
+    n_, c_, h, w = img.shape
+    u0, v0, fu, fv, su, sv = _spatial_taps(grid, h, w)
+    dimg = np.zeros_like(img)
+    dgrid = np.zeros_like(grid)
+    nidx = np.arange(n_)[:, None, None]
+    g = np.moveaxis(dy, 1, -1)                                      # (N, H', W', C)
+    for a in (0, 1):
+        for b in (0, 1):
+            uu, vv = u0 + a, v0 + b
+            ok = (uu >= 0) & (uu < w) & (vv >= 0) & (vv < h)
+            vals = np.where(ok[..., None],
+                            img[nidx, :, np.clip(vv, 0, h - 1), np.clip(uu, 0, w - 1)], 0.0)
+            wu, wv = (fu if a else 1 - fu), (fv if b else 1 - fv)
+            dgrid[..., 0] += (g * vals).sum(-1) * (1 if a else -1) * wv * su
+            dgrid[..., 1] += (g * vals).sum(-1) * (1 if b else -1) * wu * sv
+            contrib = np.where(ok[..., None], g * (wu * wv)[..., None], 0.0)
+            nn = np.broadcast_to(nidx, uu.shape)
+            for c in range(c_):
+                np.add.at(dimg[:, c], (nn[ok], vv[ok], uu[ok]), contrib[..., c][ok])
+    return dimg, dgrid
+
+
+def spatial_transformer(img, theta, scale_height=1.0, scale_width=1.0):
+    n_, c_, h, w = np.shape(img)
+    out = (n_, c_, int(np.ceil(h * scale_height)), int(np.ceil(w * scale_width)))
+    return grid_sample(img, affine_grid(theta, out))

@@ -17,7 +17,8 @@ a factory at run time, through the module's ``VARIANTS`` {name: kernel}.
 import importlib
 
 # One module per op family; adding a family = adding its module here.
-MODULES = ("activation", "softmax", "conv", "gemm", "pool", "batchnorm", "dropout", "rnn")
+MODULES = ("activation", "softmax", "conv", "gemm", "pool", "batchnorm", "dropout", "rnn",
+           "spatial")
 
 _modules = [importlib.import_module(f".{m}", __name__) for m in MODULES]
 

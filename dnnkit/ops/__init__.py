@@ -37,3 +37,10 @@ from . import rnn as _rnn  # noqa: E402
 from .rnn import rnn_backward, rnn_forward  # noqa: E402,F401
 FAMILIES.append(_rnn)
 __all__ += ["rnn_forward", "rnn_backward"]
+
+from . import spatial as _spatial  # noqa: E402
+from .spatial import (affine_grid, affine_grid_backward, grid_sample,  # noqa: E402,F401
+                      grid_sample_backward, spatial_transformer)
+FAMILIES.append(_spatial)
+__all__ += ["affine_grid", "affine_grid_backward", "grid_sample", "grid_sample_backward",
+            "spatial_transformer"]

@@ -1,0 +1,345 @@
+"""Spatial transformer: affine grid generator and bilinear sampler, forward and backward.
+
+    affine_grid(theta (N, 2, 3), out_shape (N, C, H', W'))  -> grid (N, H', W', 2) of (x, y)
+    grid_sample(img (N, C, H, W), grid (N, H', W', 2))       -> y (N, C, H', W')
+    spatial_transformer(img, theta, scale_height, scale_width) = both, H' = ceil(H * sh),
+        W' = ceil(W * sw) (Theano's dnn_spatialtf)
+    grid_sample_backward(img, grid, dy) -> (dimg, dgrid);  affine_grid_backward(dgrid) -> dtheta
+
+Coordinates (kernels/spatial.py, the one place; docs/spatial.md): corner pixel centres at
++-1 (PyTorch's align_corners=True), a 1-point output dimension at 0; bilinear, zero outside.
+
+Backends: Numba (kernels/spatial.py) and cuDNN (dnnkit/cudnn/spatial.py). Numba's dimg is
+scattered with atomic adds (float32 accumulator for float16 data), or, under
+``dnn.deterministic``, gathered by input rows in a fixed order: bitwise repeatable.
+cuDNN's sampler backward is used only when ``dnn.deterministic`` is off (its determinism is
+not documented).
+"""
+
+import math
+
+import numpy as np
+
+from .. import arrays, config
+from ..dispatch import note_algo, public_op, register
+from ..launch import launch, pow2_at_most
+
+_TOL = {"float16": (1e-2, 1e-2), "float32": (1e-5, 1e-5), "float64": (1e-12, 1e-12)}
+
+
+def _same_dtype(op, ref_name, ref, **others):
+    for name, a in others.items():
+        if a.dtype != ref.dtype:
+            raise TypeError(f"{op}: {name} has dtype {a.dtype} but {ref_name} has {ref.dtype}")
+
+
+def _out_shape(op, out_shape, n):
+    try:
+        t = tuple(out_shape)
+    except TypeError:
+        raise TypeError(f"{op}: out_shape must be a tuple (N, C, H', W'); got {out_shape!r}") \
+            from None
+    if len(t) != 4 or not all(isinstance(v, (int, np.integer)) and not isinstance(v, bool)
+                              for v in t):
+        raise TypeError(f"{op}: out_shape must be 4 ints (N, C, H', W'); got {out_shape!r}")
+    t = tuple(int(v) for v in t)
+    if t[0] != n:
+        raise ValueError(f"{op}: out_shape {t} has N = {t[0]} but theta has N = {n}")
+    if min(t[1:]) < 1:
+        raise ValueError(f"{op}: out_shape {t} must have C, H', W' >= 1")
+    return t
+
+
+def _theta(op, theta, s):
+    theta = arrays.device_input(op, "theta", theta, s, ndim=(3,))
+    if tuple(theta.shape[1:]) != (2, 3):
+        raise ValueError(f"{op}: theta must be (N, 2, 3); got shape {tuple(theta.shape)}")
+    return theta
+
+
+def _img_grid(op, img, grid, s):
+    img = arrays.device_input(op, "img", img, s, ndim=(4,))
+    grid = arrays.device_input(op, "grid", grid, s, ndim=(4,))
+    if grid.shape[3] != 2 or grid.shape[0] != img.shape[0]:
+        raise ValueError(f"{op}: grid must be (N, H', W', 2) with img's N = {img.shape[0]}; "
+                         f"got shape {tuple(grid.shape)}")
+    if min(img.shape[2:]) < 1:
+        raise ValueError(f"{op}: img has an empty spatial dimension; shape {tuple(img.shape)}")
+    _same_dtype(op, "img", img, grid=grid)
+    return img, grid
+
+
+@public_op("affine_grid")
+def affine_grid(theta, out_shape, *, stream=None):
+    """The sampling grid (N, H', W', 2) of (x, y): ``grid[n, i, j] = theta[n] @ (x_j, y_i, 1)``
+    with x_j = -1 + 2j/(W'-1), y_i = -1 + 2i/(H'-1) (0 for a 1-point dimension).
+    ``backend=None|"auto"|"cudnn"|"numba"`` overrides ``dnn.enabled`` for this call."""
+    s = arrays.as_stream(stream)
+    theta = _theta("affine_grid", theta, s)
+    return theta, _out_shape("affine_grid", out_shape, theta.shape[0]), s
+
+
+@public_op("affine_grid_backward")
+def affine_grid_backward(dgrid, *, stream=None):
+    """dtheta (N, 2, 3) = sum over grid points of dgrid[n, i, j] (x) (x_j, y_i, 1)."""
+    op = "affine_grid_backward"
+    s = arrays.as_stream(stream)
+    dgrid = arrays.device_input(op, "dgrid", dgrid, s, ndim=(4,))
+    if dgrid.shape[3] != 2 or min(dgrid.shape[1:3]) < 1:
+        raise ValueError(f"{op}: dgrid must be (N, H', W', 2) with H', W' >= 1; got shape "
+                         f"{tuple(dgrid.shape)}")
+    return dgrid, s
+
+
+@public_op("grid_sample")
+def grid_sample(img, grid, *, stream=None):
+    """Bilinear samples (N, C, H', W') of img (N, C, H, W) at the normalized (x, y) of grid
+    (N, H', W', 2): pixel u = (x + 1)(W - 1)/2, v = (y + 1)(H - 1)/2; zero outside."""
+    s = arrays.as_stream(stream)
+    return (*_img_grid("grid_sample", img, grid, s), s)
+
+
+@public_op("grid_sample_backward")
+def grid_sample_backward(img, grid, dy, *, stream=None):
+    """(dimg, dgrid), gradients of :func:`grid_sample` given dy (N, C, H', W')."""
+    op = "grid_sample_backward"
+    s = arrays.as_stream(stream)
+    img, grid = _img_grid(op, img, grid, s)
+    dy = arrays.device_input(op, "dy", dy, s, ndim=(4,))
+    want = tuple(img.shape[:2]) + tuple(grid.shape[1:3])
+    if tuple(dy.shape) != want:
+        raise ValueError(f"{op}: dy has shape {tuple(dy.shape)}; img {tuple(img.shape)} and "
+                         f"grid {tuple(grid.shape)} give {want}")
+    _same_dtype(op, "img", img, dy=dy)
+    return img, grid, dy, s
+
+
+def _scale(op, name, v):
+    if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{op}: {name} must be a number; got {v!r}")
+    v = float(v)
+    if not (np.isfinite(v) and v > 0):
+        raise ValueError(f"{op}: {name} must be finite and > 0; got {v}")
+    return v
+
+
+@public_op("spatial_transformer")
+def spatial_transformer(img, theta, *, scale_height=1.0, scale_width=1.0, stream=None):
+    """``grid_sample(img, affine_grid(theta, (N, C, ceil(H*sh), ceil(W*sw))))`` on one
+    backend (Theano's dnn_spatialtf)."""
+    op = "spatial_transformer"
+    sh, sw = _scale(op, "scale_height", scale_height), _scale(op, "scale_width", scale_width)
+    s = arrays.as_stream(stream)
+    img = arrays.device_input(op, "img", img, s, ndim=(4,))
+    theta = _theta(op, theta, s)
+    _same_dtype(op, "img", img, theta=theta)
+    n, c, h, w = img.shape
+    if theta.shape[0] != n:
+        raise ValueError(f"{op}: theta has N = {theta.shape[0]} but img has N = {n}")
+    if min(h, w) < 1:
+        raise ValueError(f"{op}: img has an empty spatial dimension; shape {tuple(img.shape)}")
+    return img, theta, (n, c, math.ceil(h * sh), math.ceil(w * sw)), s
+
+
+# ---------------------------------------------------------------- Numba
+
+def _launch(kernel, n, stream, args, threads=256):
+    if n:
+        blocks, threads = arrays.grid_1d(n, threads=32 if arrays.simulator() else threads)
+        launch(kernel, blocks, threads, stream, args)
+
+
+def _geo(img, oh, ow):
+    return tuple(int(v) for v in img.shape) + (int(oh), int(ow))
+
+
+@register("affine_grid", "numba", tolerance=_TOL)
+def _grid_numba(theta, out_shape, stream):
+    from ..kernels import spatial_grid_fwd_kernel
+    n, _, oh, ow = out_shape
+    grid = arrays.cuda_empty((n, oh, ow, 2), theta.dtype, stream)
+    _launch(spatial_grid_fwd_kernel, n * oh * ow, stream,
+            (arrays.flat(theta), arrays.flat(grid), n, oh, ow, arrays.acc_array(theta.dtype)))
+    return grid
+
+
+@register("affine_grid_backward", "numba", tolerance=_TOL)
+def _grid_backward_numba(dgrid, stream):
+    from ..kernels import spatial_grid_bwd_kernel
+    n, oh, ow, _ = dgrid.shape
+    dtheta = arrays.cuda_empty((n, 2, 3), dgrid.dtype, stream)
+    if n:
+        acc = arrays.acc_array(dgrid.dtype)
+        t = pow2_at_most(oh * ow, 8 if arrays.simulator() else 256)
+        t = max(t, 8)   # threads 0..5 write the result
+        launch(spatial_grid_bwd_kernel, n, t, stream,
+               (arrays.flat(dgrid), arrays.flat(dtheta), oh, ow, acc), 6 * t * acc.dtype.itemsize)
+    return dtheta
+
+
+@register("grid_sample", "numba", tolerance=_TOL)
+def _sample_numba(img, grid, stream):
+    from ..kernels import spatial_sample_fwd_kernel
+    n, c, _, _ = img.shape
+    _, oh, ow, _ = grid.shape
+    y = arrays.cuda_empty((n, c, oh, ow), img.dtype, stream)
+    _launch(spatial_sample_fwd_kernel, y.size, stream,
+            (arrays.flat(img), arrays.flat(grid), arrays.flat(y), _geo(img, oh, ow),
+             arrays.acc_array(img.dtype)))
+    return y
+
+
+@register("grid_sample_backward", "numba", tolerance=_TOL)
+def _sample_backward_numba(img, grid, dy, stream):
+    from ..kernels import (spatial_cast_bwd_kernel, spatial_dimg_det_bwd_kernel,
+                           spatial_fill_bwd_kernel, spatial_sample_bwd_kernel)
+    _, _, oh, ow = dy.shape
+    geo = _geo(img, oh, ow)
+    acc = arrays.acc_array(img.dtype)
+    dimg = arrays.empty_like(img, stream)
+    dgrid = arrays.empty_like(grid, stream)
+    # dimg accumulates in acc's type: dimg itself, or a float32 buffer for float16 data
+    buf = dimg if acc.dtype == img.dtype else arrays.cuda_empty(img.shape, acc.dtype, stream)
+    det = config.get("dnn.deterministic")
+    note_algo("gather_rows" if det else "atomic")
+    if det:
+        _launch(spatial_dimg_det_bwd_kernel, img.shape[0] * img.shape[2], stream,
+                (arrays.flat(grid), arrays.flat(dy), arrays.flat(buf), geo, acc),
+                threads=64)   # few threads (N*H): small blocks spread them over every SM
+    else:
+        _launch(spatial_fill_bwd_kernel, buf.size, stream, (arrays.flat(buf), acc.dtype.type(0)))
+    _launch(spatial_sample_bwd_kernel, grid.size // 2, stream,
+            (arrays.flat(img), arrays.flat(grid), arrays.flat(dy),
+             acc if det else arrays.flat(buf), arrays.flat(dgrid), geo, 0 if det else 1, acc))
+    if buf is not dimg:
+        _launch(spatial_cast_bwd_kernel, dimg.size, stream, (arrays.flat(buf), arrays.flat(dimg)))
+    return dimg, dgrid
+
+
+@register("spatial_transformer", "numba", tolerance=_TOL)
+def _st_numba(img, theta, out_shape, stream):
+    return _sample_numba(img, _grid_numba(theta, out_shape, stream), stream)
+
+
+# ---------------------------------------------------------------- cuDNN
+
+def _too_big(*shapes):
+    return max(max(math.prod(s), *s) for s in shapes) >= 2**31
+
+
+def _supports_grid(theta, out_shape, stream):
+    if _too_big(out_shape, (out_shape[0], out_shape[2], out_shape[3], 2)):
+        return f"output {out_shape} exceeds cuDNN's 32-bit tensor size"
+    return None
+
+
+def _supports_grid_backward(dgrid, stream):
+    return "dgrid exceeds cuDNN's 32-bit tensor size" if _too_big(dgrid.shape) else None
+
+
+def _supports_sample(img, grid, *rest):
+    return _sample_too_big(tuple(img.shape), tuple(grid.shape))
+
+
+def _sample_too_big(img_shape, grid_shape):
+    if _too_big(img_shape, grid_shape, img_shape[:2] + grid_shape[1:3]):
+        return f"img {img_shape} or grid {grid_shape} exceeds cuDNN's 32-bit tensor size"
+    return None
+
+
+def _supports_sample_backward(img, grid, dy, stream):
+    if config.get("dnn.deterministic"):
+        return ("dnn.deterministic: cuDNN does not document its sampler backward as "
+                "deterministic; the Numba row gather is")
+    return _supports_sample(img, grid)
+
+
+def _supports_st(img, theta, out_shape, stream):
+    n, _, oh, ow = out_shape
+    return _sample_too_big(tuple(img.shape), (n, oh, ow, 2)) or \
+        _supports_grid(theta, out_shape, stream)
+
+
+@register("affine_grid", "cudnn", supports=_supports_grid)
+def _grid_cudnn(theta, out_shape, stream):
+    from ..cudnn import spatial as cs
+    n, _, oh, ow = out_shape
+    grid = arrays.cuda_empty((n, oh, ow, 2), theta.dtype, stream)
+    if n:
+        cs.grid_forward(theta, grid, arrays.stream_pointer(stream))
+    return grid
+
+
+@register("affine_grid_backward", "cudnn", supports=_supports_grid_backward)
+def _grid_backward_cudnn(dgrid, stream):
+    from ..cudnn import spatial as cs
+    dtheta = arrays.cuda_empty((dgrid.shape[0], 2, 3), dgrid.dtype, stream)
+    if dgrid.shape[0]:
+        cs.grid_backward(dgrid, dtheta, arrays.stream_pointer(stream))
+    return dtheta
+
+
+@register("grid_sample", "cudnn", supports=_supports_sample)
+def _sample_cudnn(img, grid, stream):
+    from ..cudnn import spatial as cs
+    y = arrays.cuda_empty(tuple(img.shape[:2]) + tuple(grid.shape[1:3]), img.dtype, stream)
+    if y.size:
+        cs.sampler_forward(img, grid, y, arrays.stream_pointer(stream))
+    return y
+
+
+@register("grid_sample_backward", "cudnn", supports=_supports_sample_backward)
+def _sample_backward_cudnn(img, grid, dy, stream):
+    from ..cudnn import spatial as cs
+    dimg, dgrid = arrays.empty_like(img, stream), arrays.empty_like(grid, stream)
+    if dy.size:
+        cs.sampler_backward(img, grid, dy, dimg, dgrid, arrays.stream_pointer(stream))
+    return dimg, dgrid
+
+
+@register("spatial_transformer", "cudnn", supports=_supports_st)
+def _st_cudnn(img, theta, out_shape, stream):
+    return _sample_cudnn(img, _grid_cudnn(theta, out_shape, stream), stream)
+
+
+# ---------------------------------------------------------------- python -m dnnkit check
+
+def _theta_near_identity(rng, n, dtype):
+    t = np.tile(np.array([[1.0, 0, 0], [0, 1.0, 0]]), (n, 1, 1))
+    return (t + 0.2 * rng.standard_normal((n, 2, 3))).astype(dtype)
+
+
+def selfcheck_cases(Case):
+    from .. import reference as R
+    small, big = ((2, 3, 6, 5), (5, 4)), ((16, 3, 224, 224), (224, 224))
+
+    def inputs(rng, dtype, b):
+        (n, c, h, w), (oh, ow) = big if b else small
+        img = rng.standard_normal((n, c, h, w)).astype(dtype)
+        theta = _theta_near_identity(rng, n, dtype)
+        grid = R.affine_grid(theta, (n, c, oh, ow)).astype(dtype)
+        dy = rng.standard_normal((n, c, oh, ow)).astype(dtype)
+        return img, theta, grid, dy
+
+    return [
+        Case("affine_grid", "bilinear",
+             lambda b, s, i: affine_grid(i[1], (i[0].shape[0], i[0].shape[1]) + i[2].shape[1:3],
+                                         backend=b, stream=s),
+             lambda i: R.affine_grid(i[1], (i[0].shape[0], i[0].shape[1]) + i[2].shape[1:3]),
+             inputs),
+        Case("grid_sample", "bilinear",
+             lambda b, s, i: grid_sample(i[0], i[2], backend=b, stream=s),
+             lambda i: R.grid_sample(i[0], i[2]), inputs),
+        Case("grid_sample_backward", "dimg",
+             lambda b, s, i: grid_sample_backward(i[0], i[2], i[3], backend=b, stream=s)[0],
+             lambda i: R.grid_sample_backward(i[0], i[2], i[3])[0], inputs),
+        Case("grid_sample_backward", "dgrid",
+             lambda b, s, i: grid_sample_backward(i[0], i[2], i[3], backend=b, stream=s)[1],
+             lambda i: R.grid_sample_backward(i[0], i[2], i[3])[1], inputs),
+        Case("spatial_transformer", "bilinear",
+             lambda b, s, i: spatial_transformer(i[0], i[1], backend=b, stream=s),
+             lambda i: R.spatial_transformer(i[0], i[1]), inputs),
+        Case("affine_grid_backward", "bilinear",
+             lambda b, s, i: affine_grid_backward(i[2], backend=b, stream=s),
+             lambda i: R.affine_grid_backward(i[2]), inputs),
+    ]
