@@ -466,9 +466,7 @@ def _spatial_align():
 def spatial_grid_coords(n):
     """Normalized coordinates of the n output points along one dimension."""
     i = np.arange(n, dtype=np.float64)
-    if n == 1:
-        return np.zeros(1)
-    return -1.0 + 2.0 * i / (n - 1) if _spatial_align() else -1.0 + (2.0 * i + 1.0) / n
+    return -1.0 + 2.0 * i / max(n - 1, 1) if _spatial_align() else -1.0 + (2.0 * i + 1.0) / n
 
 
 def _spatial_pixel(x, n):

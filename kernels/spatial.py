@@ -5,7 +5,7 @@ img (N, C, H, W), y and dy (N, C, H', W'). ``geo`` = (N, C, H, W, H', W') as int
 
 THE COORDINATE CONVENTION lives here only (``_grid_coord``, ``_pixel_coord``, ALIGN_CORNERS;
 dnnkit/reference.py reads ALIGN_CORNERS): with ALIGN_CORNERS output index i of n maps to
-x = -1 + 2i/(n-1) (corner pixel centres at +-1; 0 when n == 1) and normalized x reads pixel
+x = -1 + 2i/(n-1) (corner pixel centres at +-1; -1 when n == 1, as cuDNN) and normalized x reads pixel
 u = (x + 1)(n-1)/2 -- PyTorch's align_corners=True. With ALIGN_CORNERS False:
 x = -1 + (2i+1)/n and u = ((x + 1)n - 1)/2 (align_corners=False).
 
@@ -32,10 +32,9 @@ ALIGN_CORNERS = True   # see the module docstring; flip here if the GPU probe di
 @cuda.jit(device=True, inline=True)
 def _grid_coord(i, n, zero):
     """Normalized coordinate of output index i along a dimension of n points."""
-    if n == 1:
-        return zero   # a 1-point dimension sits at the centre
     if ALIGN_CORNERS:
-        return (zero + float32(2 * i)) / (zero + float32(n - 1)) - float32(1)
+        # a 1-point dimension sits at -1, as cuDNN's grid generator puts it (H200 probe)
+        return (zero + float32(2 * i)) / (zero + float32(max(n - 1, 1))) - float32(1)
     return (zero + float32(2 * i + 1)) / (zero + float32(n)) - float32(1)
 
 

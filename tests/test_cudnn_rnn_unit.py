@@ -152,13 +152,14 @@ class FakeCudnn:
         self.weight_bytes, self.work, self.reserve = weight_bytes, work, reserve
         self.params = {}        # (pseudo-layer, lin) -> (m addr or 0, m dims, b addr, b dims)
         self.dims = {}          # descriptor pointer -> dims
-        self.zeroed, self.scratches, self.lengths = [], [], []
+        self.zeroed, self.scratches, self.lengths, self.copies = [], [], [], []
         monkeypatch.setattr(api, "function", self.function)
         monkeypatch.setattr(api, "status_name", lambda s: f"STATUS_{s}")
         monkeypatch.setattr(handle, "get", lambda sp=0: ctypes.c_void_p(0xCAFE))
         monkeypatch.setattr(handle, "device_id", lambda: 0)
         monkeypatch.setattr(cr, "_device_lengths", self.device_lengths)
         monkeypatch.setattr(cr, "_zero", lambda a, sp: self.zeroed.append((a, sp)))
+        monkeypatch.setattr(cr, "_copy", lambda *a: self.copies.append(a))
         monkeypatch.setattr(cr, "_reserve_array", lambda n, s: Dev((n,), "uint8"))
         monkeypatch.setattr(cr, "_scratch", self.scratch)
         monkeypatch.setattr(cr, "stream_pointer", lambda s: 0x5EA)
@@ -174,7 +175,8 @@ class FakeCudnn:
         class S:
             def __enter__(self):
                 fake.scratches.append((nbytes, sp))
-                return 0xBEEF if nbytes else None
+                # the workspace at 0xBEEF, any other buffer (the reserve's copy) at 0xF00D
+                return None if not nbytes else 0xBEEF if nbytes == fake.work else 0xF00D
 
             def __exit__(self, *e):
                 pass
@@ -314,12 +316,14 @@ def test_backward_arguments(fake):
     assert [val(v) for v in bd[4:16]] == [
         a["y"].addr, dy.addr, val(d.x), dx.addr, val(d.h), a["hx"].addr, dhy.addr, dhx.addr,
         val(d.h), a["cx"].addr, None, dcx.addr]
-    assert [val(v) for v in bd[16:]] == [W_BYTES, a["w"].addr, 1000, 0xBEEF, 5000,
-                                         saved.reserve.addr]
+    # both run on a copy of the reserve space (cuDNN writes into it; the state stays reusable)
+    assert fake.copies == [(0xF00D, saved.reserve, 5000, 0x5EA)]
+    assert fake.scratches[-2:] == [(1000, 0x5EA), (5000, 0x5EA)]
+    assert [val(v) for v in bd[16:]] == [W_BYTES, a["w"].addr, 1000, 0xBEEF, 5000, 0xF00D]
     assert [val(v) for v in bw] == [
         0xCAFE, val(saved.net.rnn), cr.WGRAD_MODE_ADD, saved.dev_lengths.addr, val(d.x),
         a["x"].addr, val(d.h), a["hx"].addr, val(d.y), a["y"].addr, W_BYTES, dw.addr, 1000,
-        0xBEEF, 5000, saved.reserve.addr]
+        0xBEEF, 5000, 0xF00D]
     assert fake.count("cudnnGetRNNTempSpaceSizes") == 1    # remembered by the data plan
 
 

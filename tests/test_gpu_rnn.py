@@ -173,7 +173,8 @@ def test_backward_reuses_the_forward_reserve_space(rng, monkeypatch):
     assert t.backends("rnn_backward") == ["cudnn"]     # auto follows the state's backend
     bwd = [a for n, a in calls if n in ("cudnnRNNBackwardData_v8",
                                         "cudnnRNNBackwardWeights_v8")]
-    assert [a[-1].value for a in bwd] == [reserve, reserve]
+    # both calls read one copy of the reserve (cuDNN writes into it), of the reserve's size
+    assert bwd[0][-1].value == bwd[1][-1].value not in (None, reserve)
     assert [a[-2].value for a in bwd] == [st.saved.reserve_bytes] * 2
     # a second backward from the same state gives the same gradients, dw not accumulated
     g2 = rnn_backward(cfg, w, x, y, dy, dhy, dcy, hx, cx, state=st, lengths=lengths,

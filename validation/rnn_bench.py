@@ -10,7 +10,7 @@ Correctness first, on the same weights and inputs for every backend: the max rel
 dcx, dw for backward) against the float64 NumPy reference (dnnkit.reference.rnn_*, written
 from the equations; slow: --no-reference skips it and compares with cuDNN only), and against
 cuDNN. PyTorch gets the same weights through the layout mapping of docs/rnn.md (a
-pseudo-layer = weight_ih, weight_hh, bias_ih, bias_hh flattened).
+pseudo-layer's weight_ih, weight_hh, bias_ih, bias_hh are four contiguous blocks).
 
 Times: dnnkit.timing.median_ms (CUDA events on the default stream, after a warm-up) of
 ``forward`` (inference) and ``forward+backward`` (training forward, then backward; for
@@ -61,16 +61,17 @@ def _torch_module(torch, rnn, w_host, dt):
     m = cls(c.input_size, c.hidden_size, c.num_layers, bidirectional=c.bidirectional)
     m = m.to(device="cuda", dtype=getattr(torch, dt))
     from dnnkit.ops.rnn_common import param_layout
+    g = c.gates
+    # A pseudo-layer's G input matrices, G recurrent matrices, G input biases and G recurrent
+    # biases are each one contiguous block: weight_ih, weight_hh, bias_ih, bias_hh.
     starts = {}
     for layer, d, lin, kind, off, shape in param_layout(c):
-        starts.setdefault((layer, d), off)
+        name = ("weight" if kind == "matrix" else "bias") + ("_ih" if lin < g else "_hh")
+        starts.setdefault((layer, d, name), off)
     with torch.no_grad():
-        for (layer, d), off in starts.items():
-            sfx = f"l{layer}" + ("_reverse" if d else "")
-            for name in ("weight_ih", "weight_hh", "bias_ih", "bias_hh"):
-                p = getattr(m, f"{name}_{sfx}")
-                p.copy_(torch.as_tensor(w_host[off:off + p.numel()].reshape(p.shape)))
-                off += p.numel()
+        for (layer, d, name), off in starts.items():
+            p = getattr(m, f"{name}_l{layer}" + ("_reverse" if d else ""))
+            p.copy_(torch.as_tensor(w_host[off:off + p.numel()].reshape(p.shape)))
     return m
 
 

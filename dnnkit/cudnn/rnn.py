@@ -326,6 +326,17 @@ def _zero(a, stream_ptr):
         raise DnnkitError(f"cuMemsetD8Async failed with {err} zeroing {_nbytes(a)} bytes")
 
 
+def _copy(dst_ptr, src, nbytes, stream_ptr):
+    """Copy the first ``nbytes`` of device array ``src`` to the device address ``dst_ptr``,
+    ordered on the stream."""
+    if not nbytes:
+        return
+    from cuda.bindings import driver
+    (err,) = driver.cuMemcpyDtoDAsync(dst_ptr, _ptr(src).value, nbytes, stream_ptr)
+    if int(err) != 0:
+        raise DnnkitError(f"cuMemcpyDtoDAsync failed with {err} copying {nbytes} bytes")
+
+
 def _check_weights(n, w):
     if _nbytes(w) != n.weight_bytes:
         raise DnnkitError(
@@ -378,17 +389,21 @@ def backward(cfg, w, x, y, dy, dhy, dcy, hx, cx, dx, dhx, dcx, dw, saved, stream
     _zero(dw, sp)
     if d.padded:
         _zero(dx, sp)
-    with _scratch(work, sp) as ws:
+    # cudnnRNNBackwardData_v8 writes into the reserve space (measured on an H200: a second
+    # backward from the same reserve gave a different dx), so each backward runs on a copy and
+    # the state stays reusable; the copy is one device-to-device pass over the reserve bytes.
+    with _scratch(work, sp) as ws, _scratch(saved.reserve_bytes, sp) as res:
+        _copy(res, saved.reserve, saved.reserve_bytes, sp)
         api.call("cudnnRNNBackwardData_v8", h, n.rnn, _ptr(saved.dev_lengths), d.y, _ptr(y),
                  _ptr(dy), d.x, _ptr(dx), d.h, _null(hx), _null(dhy), _ptr(dhx), d.h,
                  _null(cx), _null(dcy), _null(dcx), c_size_t(n.weight_bytes), _ptr(w),
                  c_size_t(work), c_void_p(ws), c_size_t(saved.reserve_bytes),
-                 _ptr(saved.reserve), context=ctx)
+                 c_void_p(res), context=ctx)
         api.call("cudnnRNNBackwardWeights_v8", h, n.rnn, WGRAD_MODE_ADD,
                  _ptr(saved.dev_lengths),
                  d.x, _ptr(x), d.h, _null(hx), d.y, _ptr(y), c_size_t(n.weight_bytes),
                  _ptr(dw), c_size_t(work), c_void_p(ws), c_size_t(saved.reserve_bytes),
-                 _ptr(saved.reserve), context=ctx)
+                 c_void_p(res), context=ctx)
 
 
 # --- the weight space ----------------------------------------------------------------------

@@ -10,7 +10,8 @@ k x m: transposed) or "01" (B stored n x k: transposed); ``dims`` = (m, n, k), `
 three leading dimensions, ``grps`` = the grouped-index pairs (grp, gstride) of A's, B's and C's
 fast index (``PLAIN`` for none), ``batch`` = (nz1, nz2, a1, a2, b1, b2, c1, c2) offsets. See
 kernels/gemm.py for the exact addressing. Accumulation in float32 for float16/float32 data,
-float64 for float64; C in the data type or in the accumulation type.
+float64 for float64; C in the data type or in the accumulation type. Launch plans (kernel,
+grid, tile) are remembered by shape: the per-step GEMMs of an RNN cost only their launch.
 """
 
 from .. import arrays
@@ -31,18 +32,30 @@ def gemm_config(m, n=1 << 30, batch=1):
     return "large" if m > 64 and large_blocks >= 2 * 132 else "small"
 
 
+_plans = {}      # (layout, dims, batch sizes, dtype, device) -> (kernel, grid, block, shared, acc)
+
+
 def gemm(layout, a, b, c, dims, lds, grps, batch, *, beta=0.0, bias=None, stream):
-    """Launch kernels/gemm.py's kernel for ``layout`` (see its docstring for the arguments)."""
+    """Launch kernels/gemm.py's kernel for ``layout`` (see its docstring for the arguments).
+    a, b, c, bias: flat device arrays or ``launch.At`` offsets into them."""
+    key = (layout, dims, batch[0], batch[1], a.dtype, arrays.device_id())
+    plan = _plans.get(key)
+    if plan is None:
+        if len(_plans) >= 4096:
+            _plans.clear()
+        plan = _plans[key] = _plan(layout, dims, batch, a.dtype)
+    kernel, grid, block, shared, acc = plan
+    launch(kernel, grid, block, stream,
+           (a, b, c, a if bias is None else bias, dims, lds, grps, batch,
+            acc.dtype.type(beta), int(bias is not None), acc), shared)
+
+
+def _plan(layout, dims, batch, dtype):
     from ..kernels.gemm import CONFIGS, VARIANTS, shared_bytes
     m, n, _ = dims
     name = gemm_config(m, n, batch[0] * batch[1])
     wm, wn, tx, ty, _ = CONFIGS[name]
-    acc = arrays.acc_array(a.dtype)
+    acc = arrays.acc_array(dtype)
     grid = (-(-n // (tx * wn)), min(-(-m // (ty * wm)), 65535), min(batch[0] * batch[1], 65535))
-    kernel = VARIANTS[f"gemm_{layout}_{name}_kernel"]
-    launch(kernel, grid, (tx, ty), stream,
-           (a, b, c, a if bias is None else bias, dims, lds, grps, batch,
-            acc.dtype.type(beta), int(bias is not None), acc),
-           shared_bytes(wm, wn, tx, ty, acc.dtype.itemsize))
-
-
+    return (VARIANTS[f"gemm_{layout}_{name}_kernel"], grid, (tx, ty),
+            shared_bytes(wm, wn, tx, ty, acc.dtype.itemsize), acc)

@@ -71,20 +71,26 @@ def has_input_matrix(cfg, layer):
 
 def param_layout(cfg):
     """[(layer, direction, lin_id, "matrix" | "bias", offset, shape), ...] in buffer order;
-    offsets and shapes in elements."""
-    out, off, g, h = [], 0, cfg.gates, cfg.hidden_size
-    for layer in range(cfg.num_layers):
-        i_l = layer_input_size(cfg, layer)
-        for d in range(cfg.directions):
-            for lin in range(2 * g):
-                if lin < g and not has_input_matrix(cfg, layer):
-                    continue
-                shape = (h, i_l if lin < g else h)
-                out.append((layer, d, lin, "matrix", off, shape))
-                off += shape[0] * shape[1]
-            for lin in range(2 * g):
-                out.append((layer, d, lin, "bias", off, (h,)))
-                off += h
+    offsets and shapes in elements.
+
+    cuDNN 9's weight space (read back with cudnnGetRNNWeightParams on an H200, cuDNN 9.19;
+    tests/test_gpu_rnn.py proves it for every mode): first every matrix, walking layers, then
+    directions, then linear ids; then every bias in the same order. A matrix for gate q is
+    (H, input) row-major, so W @ x is a plain GEMM on the view.
+    """
+    g, h = cfg.gates, cfg.hidden_size
+    keys = [(layer, d, lin) for layer in range(cfg.num_layers)
+            for d in range(cfg.directions) for lin in range(2 * g)]
+    out, off = [], 0
+    for layer, d, lin in keys:
+        if lin < g and not has_input_matrix(cfg, layer):
+            continue
+        shape = (h, layer_input_size(cfg, layer) if lin < g else h)
+        out.append((layer, d, lin, "matrix", off, shape))
+        off += shape[0] * shape[1]
+    for layer, d, lin in keys:
+        out.append((layer, d, lin, "bias", off, (h,)))
+        off += h
     return out
 
 

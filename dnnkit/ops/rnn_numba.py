@@ -20,7 +20,7 @@ import numpy as np
 
 from .. import arrays
 from ..dispatch import register
-from ..launch import launch
+from ..launch import at, launch
 from . import gemm as G
 from .rnn_common import GATES, has_input_matrix, layer_input_size, param_layout
 
@@ -169,8 +169,7 @@ def rnn_forward_numba(cfg, w, x, hx, cx, lengths, training, stream):
             hin, hout = (s, s + 1) if training else (0, 0)
             rec = s > 0 or hx is not None
             if rec:                           # gr[p, d] = h_prev[:, slice p] . R_d[:, slice p]^T
-                a, a1 = ((hp[hin * n_ * h:] if hin else hp), slots * n_ * h) if s > 0 else \
-                    (h0, n_ * h)
+                a, a1 = (at(hp, hin * n_ * h), slots * n_ * h) if s > 0 else (h0, n_ * h)
                 G.gemm("01", a, w_r, gr, (n_, gh, kc), (h, h, gh), _P3,
                        rbatch[:2] + (a1,) + rbatch[3:], stream=stream)
             geo = (mode, s, t_, n_, h, d_, s_, flags | (2 if rec else 0), hin, hout, slots,
@@ -228,7 +227,7 @@ def rnn_backward_numba(cfg, w, x, y, dy, dhy, dcy, hx, cx, lengths, state, strea
             _elementwise(rnn_cell_bwd_kernel, d_ * n_ * h, stream,
                          (ws, hp, cp if lstm else ws, dout, dh, dc, dhy_l, dcy_l, dhx_l, dcx_l,
                           dgx, dgr, lens, geo, acc))
-            a, a1 = (dgr[s * n_ * gh:] if s else dgr), t_ * n_ * gh
+            a, a1 = at(dgr, s * n_ * gh), t_ * n_ * gh
             if s:       # dh[1 + p] = dgr_s[:, slice p] . R[slice p, :]  (summed by the cell)
                 G.gemm("00", a, w_r, dh_parts, (n_, h, kc), (gh, h, h), _P3,
                        (d_, parts, a1, kc, _stride(r_off), kc * h, n_ * h, d_ * n_ * h),

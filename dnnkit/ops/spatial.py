@@ -7,7 +7,8 @@
     grid_sample_backward(img, grid, dy) -> (dimg, dgrid);  affine_grid_backward(dgrid) -> dtheta
 
 Coordinates (kernels/spatial.py, the one place; docs/spatial.md): corner pixel centres at
-+-1 (PyTorch's align_corners=True), a 1-point output dimension at 0; bilinear, zero outside.
++-1 (PyTorch's align_corners=True), a 1-point output dimension at -1 (cuDNN's); bilinear,
+zero outside.
 
 Backends: Numba (kernels/spatial.py) and cuDNN (dnnkit/cudnn/spatial.py). Numba's dimg is
 scattered with atomic adds (float32 accumulator for float16 data), or, under
@@ -72,7 +73,7 @@ def _img_grid(op, img, grid, s):
 @public_op("affine_grid")
 def affine_grid(theta, out_shape, *, stream=None):
     """The sampling grid (N, H', W', 2) of (x, y): ``grid[n, i, j] = theta[n] @ (x_j, y_i, 1)``
-    with x_j = -1 + 2j/(W'-1), y_i = -1 + 2i/(H'-1) (0 for a 1-point dimension).
+    with x_j = -1 + 2j/(W'-1), y_i = -1 + 2i/(H'-1) (-1 for a 1-point dimension, as cuDNN).
     ``backend=None|"auto"|"cudnn"|"numba"`` overrides ``dnn.enabled`` for this call."""
     s = arrays.as_stream(stream)
     theta = _theta("affine_grid", theta, s)

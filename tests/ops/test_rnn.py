@@ -216,11 +216,14 @@ def test_param_size_and_layout_closed_form(mode, bidir, skip):
                                       for l_ in range(3))
     layout = param_layout(cfg)
     off = 0
+    # cuDNN's weight space (GPU-proven): every matrix (layer, direction, lin), then every bias
     expect_order = []
     for layer in range(3):
         for di in range(d):
             mats = [q for q in range(2 * g) if not (skip and layer == 0 and q < g)]
             expect_order += [(layer, di, q, "matrix") for q in mats]
+    for layer in range(3):
+        for di in range(d):
             expect_order += [(layer, di, q, "bias") for q in range(2 * g)]
     assert [e[:4] for e in layout] == expect_order
     for layer, di, lin, kind, o, shape in layout:   # contiguous, in order, no gaps

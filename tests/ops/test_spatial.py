@@ -20,7 +20,7 @@ from tests.conftest import DTYPES, REL_TOL, backend_params
 
 SHAPES = [  # (img shape (N, C, H, W), output (H', W'))
     ((2, 3, 5, 4), (4, 3)),
-    ((1, 2, 3, 6), (1, 5)),      # a 1-point output dimension (coordinate 0)
+    ((1, 2, 3, 6), (1, 5)),      # a 1-point output dimension (coordinate -1, as cuDNN)
 ]
 _TOL16 = 1e-2   # float16 grids round coordinates to ~1e-3 pixel
 
@@ -61,7 +61,7 @@ def test_reference_follows_the_equations(rng):
         np.broadcast_arrays(xs[None, :], ys[:, None], 1.0), axis=-1))
     np.testing.assert_allclose(grid, want, atol=1e-14)
     np.testing.assert_allclose(R.grid_sample(img, grid), _naive_sample(img, grid), atol=1e-13)
-    assert np.array_equal(R.spatial_grid_coords(1), [0.0])
+    assert np.array_equal(R.spatial_grid_coords(1), [-1.0])    # cuDNN's 1-point rule
 
 
 @pytest.mark.parametrize("backend", backend_params())

@@ -1,0 +1,132 @@
+"""dnnkit.launch's fast path: the packing plan of every argument kind, the exact bytes each
+kernel parameter pointer points at (checked with a recording cuLaunchKernel, so this runs in
+CI without a GPU), At offsets, and on a GPU that the fast path gives Numba's results."""
+
+import ctypes
+
+import numpy as np
+import pytest
+
+from dnnkit import launch as L
+
+
+class FakeArray:
+    def __init__(self, shape, dtype, ptr):
+        self.shape, self.dtype = tuple(shape), np.dtype(dtype)
+        self.ndim, self.size = len(shape), int(np.prod(shape))
+        self.strides = tuple(np.empty(shape, self.dtype).strides)
+        self.device_ctypes_pointer = ctypes.c_void_p(ptr)
+
+    def __getitem__(self, sl):
+        return ("view", self, sl.start)
+
+
+class FakeOverload:
+    entry_name = "fake_kernel"
+
+    class _codelibrary:
+        @staticmethod
+        def get_cufunc():
+            class F:
+                handle = 0xF00
+            return F
+
+
+def _types():
+    from numba.cuda import types
+    return types
+
+
+def _read(params, fmts):
+    """The values behind the kernelParams pointer array, one per format code."""
+    ptrs = (ctypes.c_void_p * len(fmts)).from_address(params)
+    ctype = {"q": ctypes.c_int64, "Q": ctypes.c_uint64, "P": ctypes.c_uint64,
+             "i": ctypes.c_int32, "I": ctypes.c_uint32, "f": ctypes.c_float,
+             "d": ctypes.c_double, "h": ctypes.c_int16, "b": ctypes.c_int8}
+    return [ctype[f].from_address(p).value for f, p in zip(fmts, ptrs)]
+
+
+def test_plan_formats():
+    t = _types()
+    assert L._plan(t.Array(t.float32, 1, "C"))[0] == "PPqqPqq"
+    assert L._plan(t.Array(t.float64, 3, "C"))[0] == "PPqqP" + "qqq" + "qqq"
+    assert L._plan(t.UniTuple(t.int64, 3))[0] == "qqq"
+    assert L._plan(t.Tuple((t.int32, t.float32, t.uint64)))[0] == "ifQ"
+    assert L._plan(t.float32)[0] == "f" and L._plan(t.float64)[0] == "d"
+    for bad in (t.float16, t.boolean, t.complex64):
+        with pytest.raises(NotImplementedError):
+            L._plan(bad)
+
+
+def test_packed_parameters(monkeypatch):
+    t = _types()
+    argtypes = (t.Array(t.float32, 1, "C"), t.Array(t.float64, 2, "C"),
+                t.Tuple((t.int64, t.int32)), t.float32, t.float64, t.Array(t.float32, 1, "C"))
+    launcher = L._Launcher(FakeOverload, [L._plan(a) for a in argtypes])
+    a = FakeArray((10,), "float32", 0x1000)
+    b = FakeArray((3, 4), "float64", 0x2000)
+    base = FakeArray((100,), "float32", 0x3000)
+    calls = []
+    from cuda.bindings import driver
+    monkeypatch.setattr(driver, "cuLaunchKernel", lambda *c: (calls.append(c), (0,))[1],
+                        raising=False)
+    launcher((5, 2), 64, 0x5EA, (a, b, (7, -3), np.float32(1.5), 2.25, L.At(base, 30)), 96)
+    (c,) = calls
+    assert c[:9] == (0xF00, 5, 2, 1, 64, 1, 1, 96, 0x5EA) and c[10] == 0
+    fmts = list(launcher.format[1:])
+    got = _read(c[9], fmts)
+    assert got == [0, 0, 10, 4, 0x1000, 10, 4,
+                   0, 0, 12, 8, 0x2000, 3, 4, 32, 8,
+                   7, -3, 1.5, 2.25,
+                   0, 0, 70, 4, 0x3000 + 30 * 4, 70, 4]
+
+
+def test_at():
+    base = FakeArray((100,), "float32", 0x3000)
+    x = L.At(L.At(base, 10), 5)
+    assert x.base is base and x.offset == 15 and x.size == 85 and x.dtype == np.float32
+    assert x.view() == ("view", base, 15)
+    assert L.at(base, 0) is base
+    with pytest.raises(ValueError, match="flat"):
+        L.At(FakeArray((2, 3), "float32", 0), 1)
+
+
+def test_unpackable_arguments_stay_on_numbas_path():
+    t = _types()
+
+    class K:
+        overloads = {(t.float16,): FakeOverload, (t.float32,): FakeOverload}
+
+        def typeof_pyval(self, v):
+            return t.float16 if isinstance(v, np.float16) else t.float32
+    k = K()
+    L._learn(k, (np.float16(1),))           # compiled, but float16 scalars are not packed
+    assert (id(k), L._types((np.float16(1),))) not in L._fast
+    L._learn(k, (np.float32(1),))
+    assert isinstance(L._fast.pop((id(k), L._types((np.float32(1),)))), L._Launcher)
+
+
+@pytest.mark.gpu
+def test_fast_path_matches_numba(monkeypatch):
+    from numba import cuda
+    from dnnkit.ops import gemm as G
+    rng = np.random.default_rng(0)
+    m, n, k = 70, 90, 33
+    a = cuda.to_device(rng.standard_normal(m * k).astype(np.float32))
+    b = cuda.to_device(rng.standard_normal(k * n + 5).astype(np.float32))
+    want = (a.copy_to_host().reshape(m, k).astype(np.float64)
+            @ b.copy_to_host()[5:].reshape(k, n))
+    used = []
+    orig = L._Launcher.__call__
+    monkeypatch.setattr(L._Launcher, "__call__",
+                        lambda self, *r: (used.append(1), orig(self, *r))[1])
+    outs = []
+    for _ in range(3):          # the first through Numba, then the fast path
+        c = cuda.device_array(m * n, np.float32)
+        G.gemm("00", a, L.At(b, 5), c, (m, n, k), (k, n, n), (G.PLAIN,) * 3, G.NO_BATCH,
+               stream=cuda.default_stream())
+        outs.append(c.copy_to_host())
+    assert len(used) >= 2
+    for o in outs:
+        assert np.abs(o.reshape(m, n) - want).max() / np.abs(want).max() < 1e-5
+    assert np.array_equal(outs[0], outs[2])
