@@ -186,6 +186,23 @@ def acc_array(dtype):
     return a
 
 
+_constants = {}
+
+
+def constant(values, dtype):
+    """A small read-only device array of ``values``, made once per device and content. (Copying
+    from pageable host memory makes the host wait for the stream's earlier work: per call, it
+    would serialise the host's launches with the GPU.) Kernels must not write into it."""
+    h = np.ascontiguousarray(values, dtype)
+    key = (device_id(), h.dtype.str, h.shape, h.tobytes())
+    a = _constants.get(key)
+    if a is None:
+        if len(_constants) >= 256:
+            _constants.clear()
+        a = _constants[key] = _cuda().to_device(h)
+    return a
+
+
 def grid_1d(n, threads=256, max_blocks=4096):
     """(blocks, threads) for a grid-stride loop over ``n`` elements."""
     return max(1, min(max_blocks, (n + threads - 1) // threads)), threads

@@ -187,10 +187,15 @@ def _array_values(a, out):
         ptr = (b.device_ctypes_pointer.value or 0) + a.offset * item
         out.extend((0, 0, n, item, ptr, n, item))
         return
-    item = a.dtype.itemsize
-    out.extend((0, 0, a.size, item, a.device_ctypes_pointer.value or 0))
-    out.extend(a.shape)
-    out.extend(a.strides)
+    try:
+        out.extend(a._dnnkit_params)
+    except AttributeError:
+        # constant for the life of the array object (its pointer, shape and strides): kept
+        # on it, so an array passed to many launches is flattened once
+        p = (0, 0, a.size, a.dtype.itemsize, a.device_ctypes_pointer.value or 0) + \
+            tuple(a.shape) + tuple(a.strides)
+        a._dnnkit_params = p
+        out.extend(p)
 
 
 def _tuple_values(flatteners):

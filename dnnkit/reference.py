@@ -516,6 +516,24 @@ def grid_sample(img, grid):
     return out
 
 
+def spatial_kinks(grid, hw, tol=1e-3):
+    """(N, H', W') mask of grid points whose pixel coordinate u or v lies within ``tol`` of an
+    integer: bilinear sampling has a kink there, so dgrid is a one-sided slope that depends on
+    the last bit of the coordinate (the float64 reference and a float32 kernel may take
+    different sides). Compare dgrid off these points."""
+    g = np.asarray(grid, dtype=np.float64)
+    h, w = hw
+    u, v = _spatial_pixel(g[..., 0], w)[0], _spatial_pixel(g[..., 1], h)[0]
+    return (np.abs(u - np.round(u)) < tol) | (np.abs(v - np.round(v)) < tol)
+
+
+def off_kinks(dgrid, grid, hw):
+    """dgrid with the points of :func:`spatial_kinks` zeroed (the comparison helper)."""
+    d = np.array(dgrid, dtype=np.float64)
+    d[spatial_kinks(grid, hw)] = 0.0
+    return d
+
+
 def grid_sample_backward(img, grid, dy):
     """(dimg, dgrid) of grid_sample."""
     img, grid = np.asarray(img, dtype=np.float64), np.asarray(grid, dtype=np.float64)

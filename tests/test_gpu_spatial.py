@@ -13,7 +13,9 @@ from dnnkit import reference as R
 pytestmark = [pytest.mark.gpu]
 
 DTYPES = ["float32", "float16", "float64"]
-TOL = {"float16": 1e-2, "float32": 1e-5, "float64": 1e-12}   # rel. error vs float64
+# rel. error vs float64. float32 at 224 pixels: a coordinate carries ~224 * 2^-24 = 1.3e-5
+# pixels of rounding, so sampled values are off by that much of the local slope (PyTorch too)
+TOL = {"float16": 1e-2, "float32": 1e-4, "float64": 1e-12}
 BIG = (64, 3, 224, 224)
 
 
@@ -73,8 +75,8 @@ def test_convention_probe():
 
 @pytest.mark.cudnn
 def test_one_point_dimension():
-    """Ours: a 1-point output dimension sits at 0. If cuDNN gives something else (NaN from
-    0/0, or -1), make supports() in dnnkit/ops/spatial.py refuse H' or W' == 1."""
+    """A 1-point output dimension sits at -1 in cuDNN's grid (measured on an H200; PyTorch puts
+    it at 0): the Numba kernel and the reference follow cuDNN."""
     th = np.array([[[1.0, 0.5, 0.25], [0.5, 1.0, -0.25]]], np.float32)
     for shape in ((1, 1, 1, 4), (1, 1, 3, 1), (1, 1, 1, 1)):
         got = _host(dnnkit.affine_grid(th, shape, backend="cudnn"))
@@ -99,7 +101,10 @@ def test_backends_agree_at_224(rng, dtype):
                                                        dy)
     rimg, rgrid = R.grid_sample_backward(img[sub], g[sub], dy[sub])
     assert R.rel_error(_host(dimg)[sub], rimg) <= 2 * TOL[dtype]
-    assert R.rel_error(_host(dgrid)[sub], rgrid) <= 4 * TOL[dtype]
+    # off the kinks (a pixel coordinate on an integer: one-sided slopes; R.spatial_kinks)
+    gd, hw = g[sub], (h, w)
+    assert R.rel_error(R.off_kinks(_host(dgrid)[sub], gd, hw),
+                       R.off_kinks(rgrid, gd, hw)) <= 4 * TOL[dtype]
     dnnkit.testing.assert_backends_agree(dnnkit.affine_grid_backward, dgrid)
 
 

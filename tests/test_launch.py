@@ -123,7 +123,7 @@ def test_fast_path_matches_numba(monkeypatch):
     outs = []
     for _ in range(3):          # the first through Numba, then the fast path
         c = cuda.device_array(m * n, np.float32)
-        G.gemm("00", a, L.At(b, 5), c, (m, n, k), (k, n, n), (G.PLAIN,) * 3, G.NO_BATCH,
+        G.gemm("00", a, L.At(b, 5), c, (m, n, k), (k, n, n), G.PLAIN * 3, G.NO_BATCH,
                stream=cuda.default_stream())
         outs.append(c.copy_to_host())
     assert len(used) >= 2

@@ -21,7 +21,8 @@ from dnnkit import config
 from dnnkit import reference as R
 from dnnkit.timing import median_ms
 
-TOL = {"float16": 1e-2, "float32": 1e-5, "float64": 1e-12}
+# float32 at 224 pixels: coordinates carry ~224 * 2^-24 pixels of rounding (PyTorch's too)
+TOL = {"float16": 1e-2, "float32": 1e-4, "float64": 1e-12}
 SUB = 4
 
 
@@ -47,7 +48,9 @@ def _check(shape, dtype, backend, img, theta, dy):
         "grid": R.rel_error(g, R.affine_grid(theta, shape)),
         "y": R.rel_error(y.copy_to_host()[:SUB], R.grid_sample(img[:SUB], g[:SUB])),
         "dimg": R.rel_error(dimg.copy_to_host()[:SUB], rimg),
-        "dgrid": R.rel_error(dgrid.copy_to_host()[:SUB], rgrid),
+        # off the kinks (pixel coordinates on an integer: one-sided slopes, R.spatial_kinks)
+        "dgrid": R.rel_error(R.off_kinks(dgrid.copy_to_host()[:SUB], g[:SUB], shape[2:]),
+                             R.off_kinks(rgrid, g[:SUB], shape[2:])),
         "dtheta": R.rel_error(dtheta.copy_to_host(), R.affine_grid_backward(dgrid.copy_to_host())),
     }
 

@@ -263,11 +263,9 @@ def net(cfg, h):
 
 
 def _device_lengths(lengths, stream):
-    """The lengths as a device int32 array, copied in order on ``stream`` (a Numba stream)."""
-    from ..memory import device_array
-    a = device_array((len(lengths),), np.int32, stream)
-    a.copy_to_device(np.asarray(lengths, np.int32), stream=stream)
-    return a
+    """The lengths as a device int32 array (made once per content: arrays.constant)."""
+    from ..arrays import constant
+    return constant(lengths, np.int32)
 
 
 def _new_data(cfg, T, N, lengths):

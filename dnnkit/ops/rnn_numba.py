@@ -114,9 +114,7 @@ def _elementwise(kernel, n, stream, args):
 
 
 def _lens(lengths, t, n, stream):
-    from numba import cuda
-    h = np.full(n, t, np.int32) if lengths is None else np.asarray(lengths, np.int32)
-    return cuda.to_device(h, stream=stream)
+    return arrays.constant(np.full(n, t) if lengths is None else lengths, np.int32)
 
 
 def transpose01(a, stream):
