@@ -32,7 +32,11 @@ def _inputs(shape, dtype, seed=0):
     img = rng.standard_normal(shape).astype(dtype)
     theta = (np.tile(np.array([[1.0, 0, 0], [0, 1.0, 0]]), (n, 1, 1))
              + 0.15 * rng.standard_normal((n, 2, 3))).astype(dtype)
-    dy = rng.standard_normal(shape).astype(dtype)
+    # float16: dtheta sums H'*W' terms of dgrid ~ (W-1)/2 * C: at 224 x 224 unit-scale dy it
+    # passes float16's 65504 (both backends give inf, as PyTorch would); a gradient of 1e-2
+    # keeps it in range
+    scale = 1e-2 if np.dtype(dtype) == np.float16 else 1.0
+    dy = (scale * rng.standard_normal(shape)).astype(dtype)
     return img, theta, dy
 
 
