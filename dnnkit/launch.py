@@ -117,19 +117,22 @@ _fast = {}        # (id(kernel), argument type key) -> _Launcher
 
 
 def _types(args):
-    """A hashable key of the arguments' Numba types, cheaply (arrays: their cached
-    ``_numba_type_``; At: its base's; tuples: their members')."""
+    """A hashable key of the arguments' Numba types, cheaply: Numba interns its types, so an
+    array's (cached ``_numba_type_``) is keyed by ``id`` (hashing the type itself costs ~0.5 us
+    each); the ids stay valid because the launcher keeps its overload, which holds the types.
+    At: its base's; tuples: their members'; Python and NumPy scalars: their class."""
     out = []
     for a in args:
         t = type(a)
         if t is At:
-            out.append(a.base._numba_type_)
+            out.append(id(a.base._numba_type_))
         elif t is tuple:
             out.append(_types(a))
         elif t is int or t is float or t is bool:
             out.append(t)
         else:
-            out.append(getattr(a, "_numba_type_", None) or t)
+            nt = getattr(a, "_numba_type_", None)
+            out.append(t if nt is None else id(nt))
     return tuple(out)
 
 
@@ -142,12 +145,11 @@ def _learn(kernel, args):
     try:
         argtypes = tuple(kernel.typeof_pyval(a) for a in args)
         overload = kernel.overloads.get(argtypes)
-        plan = [_plan(t) for t in argtypes]
+        launcher = _Launcher(overload, argtypes) if overload is not None else None
     except (NotImplementedError, TypeError, ValueError, KeyError, AttributeError):
         return
-    if overload is None:
+    if launcher is None:
         return
-    launcher = _Launcher(overload, plan)
     try:
         launcher.pack(args)        # a dry run: every value of these arguments packs
     except (AttributeError, TypeError, struct.error):
@@ -156,70 +158,62 @@ def _learn(kernel, args):
         _fast[key] = launcher
 
 
-def _plan(t):
-    """(struct format, flattener) of one argument of Numba type ``t``."""
+def _plan(t, v):
+    """(struct format, Python expression of its values) of one argument of Numba type ``t``
+    held in the variable ``v``."""
     from numba.cuda import types
     if isinstance(t, types.Array):
-        nd = t.ndim
-        return "PPqqP" + "q" * (2 * nd), _array_values
+        return "PPqqP" + "q" * (2 * t.ndim), f"*_arr({v})"
     if isinstance(t, types.BaseTuple):
-        subs = [_plan(m) for m in t]
-        return "".join(f for f, _ in subs), _tuple_values([g for _, g in subs])
+        subs = [_plan(m, f"{v}[{i}]") for i, m in enumerate(t)]
+        return "".join(f for f, _ in subs), ", ".join(e for _, e in subs)
     if isinstance(t, types.Integer):
         code = {8: "b", 16: "h", 32: "i", 64: "q"}[t.bitwidth]
-        return (code if t.signed else code.upper()), _one
+        return (code if t.signed else code.upper()), v
     if t == types.float32:
-        return "f", _one
+        return "f", v
     if t == types.float64:
-        return "d", _one
+        return "d", v
     raise NotImplementedError(t)
 
 
-def _one(v, out):
-    out.append(v)
-
-
-def _array_values(a, out):
+def _arr(a):
+    """The kernel parameters of a device array or At: meminfo, parent, nitems, itemsize, data,
+    shape..., strides... An array's are constant for the life of the object: kept on it."""
     if type(a) is At:
         b = a.base
-        item = b.dtype.itemsize
-        n = b.size - a.offset
-        ptr = (b.device_ctypes_pointer.value or 0) + a.offset * item
-        out.extend((0, 0, n, item, ptr, n, item))
-        return
-    try:
-        out.extend(a._dnnkit_params)
-    except AttributeError:
-        # constant for the life of the array object (its pointer, shape and strides): kept
-        # on it, so an array passed to many launches is flattened once
+        base = b.__dict__.get("_dnnkit_params") or _arr(b)
+        n, item = base[2] - a.offset, base[3]
+        return (0, 0, n, item, base[4] + a.offset * item, n, item)
+    p = a.__dict__.get("_dnnkit_params")
+    if p is None:
         p = (0, 0, a.size, a.dtype.itemsize, a.device_ctypes_pointer.value or 0) + \
             tuple(a.shape) + tuple(a.strides)
         a._dnnkit_params = p
-        out.extend(p)
-
-
-def _tuple_values(flatteners):
-    def values(v, out):
-        for g, m in zip(flatteners, v):
-            g(m, out)
-    return values
+    return p
 
 
 class _Launcher:
     """cuLaunchKernel of one compiled overload with arguments packed by a fixed plan."""
 
-    def __init__(self, overload, plan):
+    def __init__(self, overload, argtypes):
         import ctypes
         self.overload = overload
-        self.flatteners = [g for _, g in plan]
-        fmts = []
-        for f, _ in plan:
-            fmts.extend(f)
+        names = [f"a{i}" for i in range(len(argtypes))]
+        plan = [_plan(t, v) for t, v in zip(argtypes, names)]
+        fmts = "".join(f for f, _ in plan)
         # each parameter at its natural alignment, as the kernel's parameter space lays them
-        self.format = "@" + "".join(fmts)
-        self.offsets = [struct.calcsize("@" + "".join(fmts[:i]) + fmts[i])
-                        - struct.calcsize(fmts[i]) for i in range(len(fmts))]
+        self.format = "@" + fmts
+        self.offsets = [struct.calcsize("@" + fmts[:i + 1]) - struct.calcsize(fmts[i])
+                        for i in range(len(fmts))]
         self.size = max(8, struct.calcsize(self.format))
+        # one generated function per argument list: straight-line unpacking into pack_into
+        src = (f"def pack(args, buf):\n    {', '.join(names) or '_'}"
+               f"{',' if len(names) == 1 else ''} = args\n    pack_into({self.format!r}, buf, 0, "
+               f"{', '.join(e for _, e in plan)})\n")
+        scope = {"pack_into": struct.pack_into, "_arr": _arr}
+        exec(src, scope)               # noqa: S102 (source built here from Numba types only)
+        self._pack = scope["pack"]
         self.ctypes = ctypes
         self.buffers = {}      # thread id -> (buffer, pointer array)
         self.functions = {}    # device id -> kernel handle (int)
@@ -246,11 +240,8 @@ class _Launcher:
     def pack(self, args):
         """Pack ``args`` into this thread's buffer; returns the address of the pointer array
         (the kernelParams of cuLaunchKernel)."""
-        values = []
-        for g, a in zip(self.flatteners, args):
-            g(a, values)
         buf, _, params = self._buffer()
-        struct.pack_into(self.format, buf, 0, *values)
+        self._pack(args, buf)
         return params
 
     def __call__(self, grid, block, stream_ptr, args, shared):

@@ -48,21 +48,21 @@ def _read(params, fmts):
 
 def test_plan_formats():
     t = _types()
-    assert L._plan(t.Array(t.float32, 1, "C"))[0] == "PPqqPqq"
-    assert L._plan(t.Array(t.float64, 3, "C"))[0] == "PPqqP" + "qqq" + "qqq"
-    assert L._plan(t.UniTuple(t.int64, 3))[0] == "qqq"
-    assert L._plan(t.Tuple((t.int32, t.float32, t.uint64)))[0] == "ifQ"
-    assert L._plan(t.float32)[0] == "f" and L._plan(t.float64)[0] == "d"
+    assert L._plan(t.Array(t.float32, 1, "C"), "v")[0] == "PPqqPqq"
+    assert L._plan(t.Array(t.float64, 3, "C"), "v")[0] == "PPqqP" + "qqq" + "qqq"
+    assert L._plan(t.UniTuple(t.int64, 3), "v")[0] == "qqq"
+    assert L._plan(t.Tuple((t.int32, t.float32, t.uint64)), "v")[0] == "ifQ"
+    assert L._plan(t.float32, "v") == ("f", "v") and L._plan(t.float64, "v")[0] == "d"
     for bad in (t.float16, t.boolean, t.complex64):
         with pytest.raises(NotImplementedError):
-            L._plan(bad)
+            L._plan(bad, "v")
 
 
 def test_packed_parameters(monkeypatch):
     t = _types()
     argtypes = (t.Array(t.float32, 1, "C"), t.Array(t.float64, 2, "C"),
                 t.Tuple((t.int64, t.int32)), t.float32, t.float64, t.Array(t.float32, 1, "C"))
-    launcher = L._Launcher(FakeOverload, [L._plan(a) for a in argtypes])
+    launcher = L._Launcher(FakeOverload, argtypes)
     a = FakeArray((10,), "float32", 0x1000)
     b = FakeArray((3, 4), "float64", 0x2000)
     base = FakeArray((100,), "float32", 0x3000)

@@ -156,15 +156,20 @@ def _launch(kernel, planes, positions, stream, args):
     launch(kernel, (gx, gy), threads, stream, args)
 
 
+def _kernels(geom, mode):
+    from ..kernels.pool import pool_kernels
+    lift = (1,) * (3 - geom.nd)
+    return pool_kernels(_KERNEL_MODE[mode], lift + tuple(geom.window), lift + tuple(geom.stride))
+
+
 @register("pool2d", "numba", tolerance=_TOL)
 @register("pool3d", "numba", tolerance=_TOL)
 def _forward_numba(x, geom, mode, stream):
-    from ..kernels import pool_fwd_kernel
     y = arrays.cuda_empty(geom.y_shape, x.dtype, stream)
     shape = geom.y_shape
     planes = shape[0] * shape[1]
-    _launch(pool_fwd_kernel, planes, math.prod(shape[2:]), stream,
-            (arrays.flat(x), arrays.flat(y), geom.kernel_geo(), planes, _KERNEL_MODE[mode],
+    _launch(_kernels(geom, mode)[0], planes, math.prod(shape[2:]), stream,
+            (arrays.flat(x), arrays.flat(y), geom.kernel_geo(), planes,
              arrays.acc_array(x.dtype)))
     return y
 
@@ -172,14 +177,13 @@ def _forward_numba(x, geom, mode, stream):
 @register("pool2d_backward", "numba", tolerance=_TOL)
 @register("pool3d_backward", "numba", tolerance=_TOL)
 def _backward_numba(x, y, dy, geom, mode, stream):
-    from ..kernels import pool_bwd_kernel
     dx = arrays.empty_like(x, stream)
     shape = tuple(x.shape)
     planes = shape[0] * shape[1]
     if y.size:   # else N*C = 0: dx is empty too
-        _launch(pool_bwd_kernel, planes, math.prod(shape[2:]), stream,
+        _launch(_kernels(geom, mode)[1], planes, math.prod(shape[2:]), stream,
                 (arrays.flat(x), arrays.flat(y), arrays.flat(dy), arrays.flat(dx),
-                 geom.kernel_geo(), planes, _KERNEL_MODE[mode], arrays.acc_array(x.dtype)))
+                 geom.kernel_geo(), planes, arrays.acc_array(x.dtype)))
     return dx
 
 
