@@ -17,18 +17,21 @@ cover it, in a fixed order: deterministic, no atomics):
     AVG_*    dx[i] = sum of dy[o] / divisor(o)            SUM  dx[i] = sum of dy[o]
 
 Tie rule: the arg-max of a window is its **first** maximum in scan order (depth, then height,
-then width, i.e. the lowest address), or its first NaN when it holds one. The backward kernel
-decides whether input i is the arg-max of output o from y: x[i] must equal y[o] (both NaN for
-a NaN window) and no input of the window before i may equal it. To resolve ties the other way
-(the last maximum), scan the inputs after i instead in ``_is_first``.
+then width, i.e. the lowest address), or its first NaN when it holds one. MAX backward is two
+kernels: ``argmax`` writes, per output, the tap index of its arg-max ((a*KH + b)*KW + c, one
+byte when the window has at most 255 taps), recomputed from x with the forward's rule; the
+gather kernel then adds dy[o] to input i when o's code names i's tap. (Deciding it from y
+instead, "x[i] == y[o] and no earlier tap equals it", made a quarter of the lanes of every
+warp re-scan a window while the others waited: 2.1 ms vs 0.37 for cuDNN on an H200 at
+64x64x112x112 3/2/1.) To resolve ties the other way (the last maximum), take ``>=`` in
+``argmax``.
 
-Specialisation. ``pool_kernels(mode, window, stride)`` builds the two kernels of one mode,
-window and stride, all compile-time constants (kernels are made on first use and kept): the
-window loops then have constant trip counts, so the compiler unrolls them and the loads of a
-window are independent instructions in flight together, instead of a chain of dependent
-trips through a runtime loop (each waiting ~500 cycles for its load: measured 4x slower on
-an H200 for max 3/2/1). Out-of-range taps are predicated off; divisions by a stride become
-multiplications; the mode's other branches are not compiled.
+Specialisation. ``pool_kernels(mode, window, stride)`` builds the kernels of one mode, window
+and stride, all compile-time constants (made on first use and kept): the window loops have
+constant trip counts, so they unroll and a window's loads are independent instructions in
+flight together; out-of-range taps are predicated off; divisions by a stride become
+multiplications; the mode's other branches are not compiled. (Measured on an H200: average
+backward 0.86 -> 0.31 ms at 64x64x112x112 3/2/1.)
 
 Thread mapping (both directions): x threads walk the positions of one plane (output plane
 forward, input plane backward; grid-stride), so a warp reads and writes consecutive
@@ -40,8 +43,8 @@ Indices are int64 throughout.
 Memory traffic. Forward: y written once; every x element is read by ~(k/s)^d windows, but
 neighbouring threads read the same lines, so DRAM sees x about once (the rest hits L1/L2).
 Backward: dx written once; avg/sum read only dy, each element by ~(k/s)^d threads through the
-cache (x and y untouched); max also reads x once and y with dy, plus a short re-scan of the
-window (from cache) for the one candidate per output where x[i] equals y[o].
+cache (x and y untouched); max reads x once more (argmax, as the forward) and writes and reads
+one code byte per output.
 Accumulation in acc's type (float32 for float16 data, see kernels/__init__.py).
 """
 
@@ -119,36 +122,47 @@ def pool_kernels(mode, window, stride):
                 pl += cuda.gridDim.y
             q += cuda.gridDim.x * cuda.blockDim.x
 
-    @cuda.jit(device=True, inline=True)
-    def is_first(x, base, d_, h_, w_, z0, y0, x0, own, m, zero):
-        """True when no tap of the window at (z0, y0, x0) before plane offset ``own`` (scan
-        order = address order) equals m (is NaN, for a NaN m). All taps are loaded at once."""
-        nan = m != m
-        found = False
-        for a in range(KD):
-            z = z0 + a
-            for b in range(KH):
-                yy = y0 + b
-                for c in range(KW):
-                    xx = x0 + c
-                    if 0 <= z < d_ and 0 <= yy < h_ and 0 <= xx < w_:
-                        off = (z * h_ + yy) * w_ + xx
-                        if off < own:
-                            v = x[base + off] + zero
-                            if v == m or (nan and v != v):
-                                found = True
-        return not found
-
-    @cuda.jit(device=True, inline=True)
-    def gradient(x, y, dy, geo, base, ybase, iz, iy, ix, zero):
-        """dx of the input at (iz, iy, ix) of the plane: the sum over the outputs covering it
-        (at most CD x CH x CW, below the highest one per dimension, o <= (i + p) / s)."""
+    @cuda.jit
+    def argmax(x, codes, geo, planes, acc):
+        """codes[o] = the tap index (a*KH + b)*KW + c of output o's arg-max: its first maximum
+        in scan order, or its first NaN (the forward's rule). Thread mapping as ``forward``."""
         d_, h_, w_, od_, oh_, ow_ = geo[0], geo[1], geo[2], geo[3], geo[4], geo[5]
         pd, ph, pw = geo[12], geo[13], geo[14]
-        own = (iz * h_ + iy) * w_ + ix
-        v = zero
-        if mode == MAX:
-            v = x[base + own] + zero
+        zero = acc[0]
+        opl, ipl, ohw = od_ * oh_ * ow_, d_ * h_ * w_, oh_ * ow_
+        q = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+        while q < opl:
+            z0 = (q // ohw) * SD - pd
+            y0 = ((q % ohw) // ow_) * SH - ph
+            x0 = (q % ow_) * SW - pw
+            pl = cuda.blockIdx.y
+            while pl < planes:
+                base = pl * ipl
+                m = zero
+                best = -1
+                for a in range(KD):
+                    z = z0 + a
+                    for b in range(KH):
+                        yy = y0 + b
+                        for c in range(KW):
+                            xx = x0 + c
+                            if 0 <= z < d_ and 0 <= yy < h_ and 0 <= xx < w_:
+                                v = x[base + (z * h_ + yy) * w_ + xx] + zero
+                                # the first tap; then strictly greater, or the first NaN
+                                if best < 0 or v > m or (v != v and m == m):
+                                    m = v
+                                    best = (a * KH + b) * KW + c
+                codes[pl * opl + q] = best
+                pl += cuda.gridDim.y
+            q += cuda.gridDim.x * cuda.blockDim.x
+
+    @cuda.jit(device=True, inline=True)
+    def gradient(codes, dy, geo, ybase, iz, iy, ix, zero):
+        """dx of the input at (iz, iy, ix) of the plane: the sum over the outputs covering it
+        (at most CD x CH x CW, below the highest one per dimension, o <= (i + p) / s). MAX:
+        only those whose arg-max code is this input's tap in their window."""
+        d_, h_, w_, od_, oh_, ow_ = geo[0], geo[1], geo[2], geo[3], geo[4], geo[5]
+        pd, ph, pw = geo[12], geo[13], geo[14]
         total = zero
         for a in range(CD):
             oz = (iz + pd) // SD - a
@@ -163,10 +177,8 @@ def pool_kernels(mode, window, stride):
                             and x0 + KW > ix and oz < od_ and oy < oh_ and ox < ow_):
                         j = ybase + (oz * oh_ + oy) * ow_ + ox
                         if mode == MAX:
-                            m = y[j] + zero
-                            if v == m or (v != v and m != m):
-                                if is_first(x, base, d_, h_, w_, z0, y0, x0, own, m, zero):
-                                    total += dy[j]
+                            if codes[j] == ((iz - z0) * KH + (iy - y0)) * KW + (ix - x0):
+                                total += dy[j]
                         else:
                             g = dy[j] + zero
                             if mode == AVG_INC:
@@ -178,9 +190,10 @@ def pool_kernels(mode, window, stride):
         return total
 
     @cuda.jit
-    def backward(x, y, dy, dx, geo, planes, acc):
-        """dx from x, y, dy (avg/sum read only dy); planes = N*C. One thread per input
-        position of a plane, gathering (see the module docstring)."""
+    def backward(codes, dy, dx, geo, planes, acc):
+        """dx from dy and, for MAX, the arg-max codes of ``argmax`` (the average modes pass
+        any array as ``codes``); planes = N*C. One thread per input position of a plane,
+        gathering (see the module docstring)."""
         d_, h_, w_, od_, oh_, ow_ = geo[0], geo[1], geo[2], geo[3], geo[4], geo[5]
         zero = acc[0]
         opl, ipl, hw = od_ * oh_ * ow_, d_ * h_ * w_, h_ * w_
@@ -189,11 +202,11 @@ def pool_kernels(mode, window, stride):
             iz, iy, ix = i // hw, (i % hw) // w_, i % w_
             pl = cuda.blockIdx.y
             while pl < planes:
-                dx[pl * ipl + i] = gradient(x, y, dy, geo, pl * ipl, pl * opl, iz, iy, ix, zero)
+                dx[pl * ipl + i] = gradient(codes, dy, geo, pl * opl, iz, iy, ix, zero)
                 pl += cuda.gridDim.y
             i += cuda.gridDim.x * cuda.blockDim.x
 
-    return forward, backward
+    return forward, argmax, backward
 
 
 # Representative variants (every mode; 2-D 2/2 and 3/2, 3-D 3/2) for the ahead-of-time PTX
@@ -209,17 +222,25 @@ def _variant_name(mode, window, stride, direction):
 
 VARIANTS = {}
 for _m, _w, _s in _CHECKED:
-    _f, _b = pool_kernels(_m, _w, _s)
+    _f, _a, _b = pool_kernels(_m, _w, _s)
     VARIANTS[_variant_name(_m, _w, _s, "fwd")] = _f
     VARIANTS[_variant_name(_m, _w, _s, "bwd")] = _b
+    if _m == MAX:
+        VARIANTS[_variant_name(_m, _w, _s, "argmax")] = _a
 
 
 def SIGNATURES(t, acc):
-    from numba import int64
+    from numba import int64, uint8
     from numba.core.types import UniTuple
     a, z = t[::1], acc[::1]
     geo = UniTuple(int64, 15)
+    codes = uint8[::1]
     out = {}
     for name in VARIANTS:
-        out[name] = (a, a, geo, int64, z) if "_fwd_" in name else (a, a, a, a, geo, int64, z)
+        if "_fwd_" in name:
+            out[name] = (a, a, geo, int64, z)
+        elif "_argmax_" in name:
+            out[name] = (a, codes, geo, int64, z)
+        else:
+            out[name] = (codes if name.startswith("pool_max") else a, a, a, geo, int64, z)
     return out

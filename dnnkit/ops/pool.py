@@ -180,10 +180,18 @@ def _backward_numba(x, y, dy, geom, mode, stream):
     dx = arrays.empty_like(x, stream)
     shape = tuple(x.shape)
     planes = shape[0] * shape[1]
-    if y.size:   # else N*C = 0: dx is empty too
-        _launch(_kernels(geom, mode)[1], planes, math.prod(shape[2:]), stream,
-                (arrays.flat(x), arrays.flat(y), arrays.flat(dy), arrays.flat(dx),
-                 geom.kernel_geo(), planes, arrays.acc_array(x.dtype)))
+    if not y.size:   # N*C = 0: dx is empty too
+        return dx
+    _, argmax, gather = _kernels(geom, mode)
+    geo, acc, codes = geom.kernel_geo(), arrays.acc_array(x.dtype), arrays.flat(y)
+    if _KERNEL_MODE[mode] == 0:
+        # the arg-max of every output as its tap index (kernels/pool.py)
+        codes = arrays.cuda_empty((y.size,), np.uint8 if geom.window_size <= 255
+                                  else np.int32, stream)
+        _launch(argmax, planes, math.prod(geom.y_shape[2:]), stream,
+                (arrays.flat(x), codes, geo, planes, acc))
+    _launch(gather, planes, math.prod(shape[2:]), stream,
+            (codes, arrays.flat(dy), arrays.flat(dx), geo, planes, acc))
     return dx
 
 

@@ -114,6 +114,17 @@ def test_backward_is_the_derivative(rng, shape, geo, mode):
     np.testing.assert_allclose(R.pool_backward(x, dy, *geo, mode), fd, rtol=1e-7, atol=1e-9)
 
 
+def test_max_backward_with_more_taps_than_a_byte(rng):
+    """Windows of more than 255 taps carry their arg-max codes in int32, not uint8."""
+    x = P.tie_free(rng, (1, 2, 17, 18), np.float64)
+    geo = ((16, 17), (1, 1), 0)                        # 272 taps, 2 x 2 overlapping windows
+    y = dnnkit.pool2d(x, *geo, "max", backend="numba")
+    dy = rng.standard_normal(y.shape)
+    dx = dnnkit.pool2d_backward(x, y, dy, *geo, "max", backend="numba").copy_to_host()
+    np.testing.assert_allclose(dx, R.pool_backward(x, dy, *geo, "max"), rtol=1e-12)
+    assert np.count_nonzero(dx) >= 2
+
+
 # Hand-checked routing: window 2, stride 1. Windows (row-major) and their first maximum:
 # (0,0) [1 5;3 5] -> (0,1); (0,1) [5 5;5 0] -> (0,1); (0,2) [5 2;0 5] -> (0,2);
 # (1,0) [3 5;4 4] -> (1,1); (1,1) [5 0;4 1] -> (1,1); (1,2) [0 5;1 1] -> (1,3).
