@@ -63,6 +63,17 @@ def _count(lo, k, n):
     return min(lo + k, n) - max(lo, 0)
 
 
+@cuda.jit(device=True, inline=True)
+def _walk(g, n, planes, flat):
+    """(position, first plane, end plane, plane step) of thread index g. Planes of n >= 128
+    positions: g is the position, planes along the grid's y. Smaller planes (``flat``; e.g.
+    global pooling, one output per plane): g walks (plane, position) pairs, one plane each,
+    so a block is not left with n busy threads."""
+    if flat:
+        return g % n, g // n, g // n + 1, 1
+    return g, cuda.blockIdx.y, planes, cuda.gridDim.y
+
+
 @functools.lru_cache(maxsize=None)
 def pool_kernels(mode, window, stride):
     """(forward, backward) kernels for ``mode`` (MAX, AVG_INC, AVG_EXC, SUM), ``window`` and
@@ -104,39 +115,39 @@ def pool_kernels(mode, window, stride):
         return total
 
     @cuda.jit
-    def forward(x, y, geo, planes, acc):
+    def forward(x, y, geo, planes, flat, acc):
         """y from x; planes = N*C. One thread per output position of a plane (grid-stride
         along x), planes along the grid's y (see the module docstring)."""
         d_, h_, w_, od_, oh_, ow_ = geo[0], geo[1], geo[2], geo[3], geo[4], geo[5]
         pd, ph, pw = geo[12], geo[13], geo[14]
         zero = acc[0]
         opl, ipl, ohw = od_ * oh_ * ow_, d_ * h_ * w_, oh_ * ow_
-        q = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
-        while q < opl:
+        g = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+        while g < (planes * opl if flat else opl):
+            q, pl, pend, pstep = _walk(g, opl, planes, flat)
             z0 = (q // ohw) * SD - pd
             y0 = ((q % ohw) // ow_) * SH - ph
             x0 = (q % ow_) * SW - pw
-            pl = cuda.blockIdx.y
-            while pl < planes:
+            while pl < pend:
                 y[pl * opl + q] = window_value(x, pl * ipl, d_, h_, w_, z0, y0, x0, zero)
-                pl += cuda.gridDim.y
-            q += cuda.gridDim.x * cuda.blockDim.x
+                pl += pstep
+            g += cuda.gridDim.x * cuda.blockDim.x
 
     @cuda.jit
-    def argmax(x, codes, geo, planes, acc):
+    def argmax(x, codes, geo, planes, flat, acc):
         """codes[o] = the tap index (a*KH + b)*KW + c of output o's arg-max: its first maximum
         in scan order, or its first NaN (the forward's rule). Thread mapping as ``forward``."""
         d_, h_, w_, od_, oh_, ow_ = geo[0], geo[1], geo[2], geo[3], geo[4], geo[5]
         pd, ph, pw = geo[12], geo[13], geo[14]
         zero = acc[0]
         opl, ipl, ohw = od_ * oh_ * ow_, d_ * h_ * w_, oh_ * ow_
-        q = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
-        while q < opl:
+        g = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+        while g < (planes * opl if flat else opl):
+            q, pl, pend, pstep = _walk(g, opl, planes, flat)
             z0 = (q // ohw) * SD - pd
             y0 = ((q % ohw) // ow_) * SH - ph
             x0 = (q % ow_) * SW - pw
-            pl = cuda.blockIdx.y
-            while pl < planes:
+            while pl < pend:
                 base = pl * ipl
                 m = zero
                 best = -1
@@ -153,8 +164,8 @@ def pool_kernels(mode, window, stride):
                                     m = v
                                     best = (a * KH + b) * KW + c
                 codes[pl * opl + q] = best
-                pl += cuda.gridDim.y
-            q += cuda.gridDim.x * cuda.blockDim.x
+                pl += pstep
+            g += cuda.gridDim.x * cuda.blockDim.x
 
     @cuda.jit(device=True, inline=True)
     def gradient(codes, dy, geo, ybase, iz, iy, ix, zero):
@@ -190,21 +201,21 @@ def pool_kernels(mode, window, stride):
         return total
 
     @cuda.jit
-    def backward(codes, dy, dx, geo, planes, acc):
+    def backward(codes, dy, dx, geo, planes, flat, acc):
         """dx from dy and, for MAX, the arg-max codes of ``argmax`` (the average modes pass
         any array as ``codes``); planes = N*C. One thread per input position of a plane,
         gathering (see the module docstring)."""
         d_, h_, w_, od_, oh_, ow_ = geo[0], geo[1], geo[2], geo[3], geo[4], geo[5]
         zero = acc[0]
         opl, ipl, hw = od_ * oh_ * ow_, d_ * h_ * w_, h_ * w_
-        i = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
-        while i < ipl:
+        g = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+        while g < (planes * ipl if flat else ipl):
+            i, pl, pend, pstep = _walk(g, ipl, planes, flat)
             iz, iy, ix = i // hw, (i % hw) // w_, i % w_
-            pl = cuda.blockIdx.y
-            while pl < planes:
+            while pl < pend:
                 dx[pl * ipl + i] = gradient(codes, dy, geo, pl * opl, iz, iy, ix, zero)
-                pl += cuda.gridDim.y
-            i += cuda.gridDim.x * cuda.blockDim.x
+                pl += pstep
+            g += cuda.gridDim.x * cuda.blockDim.x
 
     return forward, argmax, backward
 
@@ -238,9 +249,9 @@ def SIGNATURES(t, acc):
     out = {}
     for name in VARIANTS:
         if "_fwd_" in name:
-            out[name] = (a, a, geo, int64, z)
+            out[name] = (a, a, geo, int64, int64, z)
         elif "_argmax_" in name:
-            out[name] = (a, codes, geo, int64, z)
+            out[name] = (a, codes, geo, int64, int64, z)
         else:
-            out[name] = (codes if name.startswith("pool_max") else a, a, a, geo, int64, z)
+            out[name] = (codes if name.startswith("pool_max") else a, a, a, geo, int64, int64, z)
     return out

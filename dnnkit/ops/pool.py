@@ -145,15 +145,25 @@ def pool3d_backward(x, y, dy, window, stride=None, padding=0, mode="max", *, str
 
 # ---------------------------------------------------------------- Numba
 
+_FLAT_BELOW = 128     # planes of fewer positions are walked as (plane, position) pairs
+
+
 def _launch(kernel, planes, positions, stream, args):
     """Positions of a plane along x (grid-stride), planes along the grid's y, capped so that
-    each thread visits several planes while the grid still fills the GPU (~8 blocks per SM)."""
+    each thread visits several planes while the grid still fills the GPU (~8 blocks per SM).
+    Planes of fewer than 128 positions (global pooling: 1) are walked flat instead, one
+    (plane, position) pair per thread (kernels/pool.py ``_walk``). ``args`` end with
+    (..., planes, acc): the flag goes between them."""
     if planes == 0 or positions == 0:
         return
     threads = 32 if arrays.simulator() else 256
-    gx = min(-(-positions // threads), 65535)
-    gy = max(1, min(planes, (2 if arrays.simulator() else 8 * 132) // gx, 65535))
-    launch(kernel, (gx, gy), threads, stream, args)
+    flat = positions < (4 if arrays.simulator() else _FLAT_BELOW)
+    if flat:
+        grid = (min(-(-planes * positions // threads), 8 * 132 * 4), 1)
+    else:
+        gx = min(-(-positions // threads), 65535)
+        grid = (gx, max(1, min(planes, (2 if arrays.simulator() else 8 * 132) // gx, 65535)))
+    launch(kernel, grid, threads, stream, args[:-1] + (int(flat), args[-1]))
 
 
 def _kernels(geom, mode):

@@ -114,6 +114,22 @@ def test_backward_is_the_derivative(rng, shape, geo, mode):
     np.testing.assert_allclose(R.pool_backward(x, dy, *geo, mode), fd, rtol=1e-7, atol=1e-9)
 
 
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("shape,window", [((3, 2, 2, 3), (2, 3)), ((3, 2, 1, 3), (1, 3))],
+                         ids=["global-fwd-flat", "global-both-flat"])
+def test_global_pooling_walks_small_planes_flat(rng, shape, window, mode):
+    """Planes of few positions (global pooling) are walked as (plane, position) pairs
+    (dnnkit/ops/pool.py _launch: below 4 positions on the simulator, 128 on a GPU)."""
+    x = P.tie_free(rng, shape, np.float64) if "max" in mode else rng.standard_normal(shape)
+    y = dnnkit.pool2d(x, window, mode=mode, backend="numba")
+    np.testing.assert_allclose(y.copy_to_host(), R.pool_forward(x, window, window, 0, mode),
+                               rtol=1e-12)
+    dy = rng.standard_normal(y.shape)
+    dx = dnnkit.pool2d_backward(x, y, dy, window, window, 0, mode, backend="numba")
+    np.testing.assert_allclose(dx.copy_to_host(), R.pool_backward(x, dy, window, window, 0, mode),
+                               rtol=1e-12)
+
+
 def test_max_backward_with_more_taps_than_a_byte(rng):
     """Windows of more than 255 taps carry their arg-max codes in int32, not uint8."""
     x = P.tie_free(rng, (1, 2, 17, 18), np.float64)
