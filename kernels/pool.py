@@ -74,6 +74,38 @@ def _walk(g, n, planes, flat):
     return g, cuda.blockIdx.y, planes, cuda.gridDim.y
 
 
+def _walker(per_window, SD, SH, SW):
+    """A device function ``f(x, out, geo, planes, flat, zero)`` setting
+    out[o] = per_window(x, plane base, d, h, w, z0, y0, x0, zero) for every output o (window
+    corner (z0, y0, x0) from the strides SD, SH, SW). Two planes per trip: both windows' loads
+    are issued before either store (a store may alias the next window's loads as far as the
+    compiler knows, so they would not be hoisted past it)."""
+
+    @cuda.jit(device=True, inline=True)
+    def walk(x, out, geo, planes, flat, zero):
+        d_, h_, w_, od_, oh_, ow_ = geo[0], geo[1], geo[2], geo[3], geo[4], geo[5]
+        pd, ph, pw = geo[12], geo[13], geo[14]
+        opl, ipl, ohw = od_ * oh_ * ow_, d_ * h_ * w_, oh_ * ow_
+        g = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+        while g < (planes * opl if flat else opl):
+            q, pl, pend, pstep = _walk(g, opl, planes, flat)
+            z0 = (q // ohw) * SD - pd
+            y0 = ((q % ohw) // ow_) * SH - ph
+            x0 = (q % ow_) * SW - pw
+            while pl < pend:
+                p1 = pl + pstep
+                p1c = p1 if p1 < pend else pl
+                v0 = per_window(x, pl * ipl, d_, h_, w_, z0, y0, x0, zero)
+                v1 = per_window(x, p1c * ipl, d_, h_, w_, z0, y0, x0, zero)
+                out[pl * opl + q] = v0
+                if p1 < pend:
+                    out[p1 * opl + q] = v1
+                pl += 2 * pstep
+            g += cuda.gridDim.x * cuda.blockDim.x
+
+    return walk
+
+
 @functools.lru_cache(maxsize=None)
 def pool_kernels(mode, window, stride):
     """(forward, backward) kernels for ``mode`` (MAX, AVG_INC, AVG_EXC, SUM), ``window`` and
@@ -114,58 +146,45 @@ def pool_kernels(mode, window, stride):
                                            * _count(x0, KW, w_)))
         return total
 
+    @cuda.jit(device=True, inline=True)
+    def window_argmax(x, base, d_, h_, w_, z0, y0, x0, zero):
+        """The tap index (a*KH + b)*KW + c of the window's arg-max: its first maximum in scan
+        order, or its first NaN (the forward's rule)."""
+        m = zero
+        best = -1
+        for a in range(KD):
+            z = z0 + a
+            for b in range(KH):
+                yy = y0 + b
+                for c in range(KW):
+                    xx = x0 + c
+                    if 0 <= z < d_ and 0 <= yy < h_ and 0 <= xx < w_:
+                        v = x[base + (z * h_ + yy) * w_ + xx] + zero
+                        # the first tap; then strictly greater, or the first NaN
+                        if best < 0 or v > m or (v != v and m == m):
+                            m = v
+                            best = (a * KH + b) * KW + c
+        return best
+
+    def walker(per_window):
+        """A device function setting out[o] = per_window(...) for every output o."""
+        return _walker(per_window, SD, SH, SW)
+
+    value_walker, argmax_walker = walker(window_value), walker(window_argmax)
+
     @cuda.jit
     def forward(x, y, geo, planes, flat, acc):
         """y from x; planes = N*C. One thread per output position of a plane (grid-stride
-        along x), planes along the grid's y (see the module docstring)."""
-        d_, h_, w_, od_, oh_, ow_ = geo[0], geo[1], geo[2], geo[3], geo[4], geo[5]
-        pd, ph, pw = geo[12], geo[13], geo[14]
-        zero = acc[0]
-        opl, ipl, ohw = od_ * oh_ * ow_, d_ * h_ * w_, oh_ * ow_
-        g = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
-        while g < (planes * opl if flat else opl):
-            q, pl, pend, pstep = _walk(g, opl, planes, flat)
-            z0 = (q // ohw) * SD - pd
-            y0 = ((q % ohw) // ow_) * SH - ph
-            x0 = (q % ow_) * SW - pw
-            while pl < pend:
-                y[pl * opl + q] = window_value(x, pl * ipl, d_, h_, w_, z0, y0, x0, zero)
-                pl += pstep
-            g += cuda.gridDim.x * cuda.blockDim.x
+        along x), planes along the grid's y, or (plane, position) pairs for small planes
+        (see the module docstring and ``_walk``)."""
+        value_walker(x, y, geo, planes, flat, acc[0])
 
     @cuda.jit
     def argmax(x, codes, geo, planes, flat, acc):
-        """codes[o] = the tap index (a*KH + b)*KW + c of output o's arg-max: its first maximum
-        in scan order, or its first NaN (the forward's rule). Thread mapping as ``forward``."""
-        d_, h_, w_, od_, oh_, ow_ = geo[0], geo[1], geo[2], geo[3], geo[4], geo[5]
-        pd, ph, pw = geo[12], geo[13], geo[14]
-        zero = acc[0]
-        opl, ipl, ohw = od_ * oh_ * ow_, d_ * h_ * w_, oh_ * ow_
-        g = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
-        while g < (planes * opl if flat else opl):
-            q, pl, pend, pstep = _walk(g, opl, planes, flat)
-            z0 = (q // ohw) * SD - pd
-            y0 = ((q % ohw) // ow_) * SH - ph
-            x0 = (q % ow_) * SW - pw
-            while pl < pend:
-                base = pl * ipl
-                m = zero
-                best = -1
-                for a in range(KD):
-                    z = z0 + a
-                    for b in range(KH):
-                        yy = y0 + b
-                        for c in range(KW):
-                            xx = x0 + c
-                            if 0 <= z < d_ and 0 <= yy < h_ and 0 <= xx < w_:
-                                v = x[base + (z * h_ + yy) * w_ + xx] + zero
-                                # the first tap; then strictly greater, or the first NaN
-                                if best < 0 or v > m or (v != v and m == m):
-                                    m = v
-                                    best = (a * KH + b) * KW + c
-                codes[pl * opl + q] = best
-                pl += pstep
-            g += cuda.gridDim.x * cuda.blockDim.x
+        """codes[o] = the tap index of output o's arg-max (``window_argmax``). Thread mapping
+        as ``forward``."""
+        argmax_walker(x, codes, geo, planes, flat, acc[0])
+
 
     @cuda.jit(device=True, inline=True)
     def gradient(codes, dy, geo, ybase, iz, iy, ix, zero):
