@@ -9,6 +9,7 @@ from .dispatch import select_backend, trace  # noqa: F401
 from .errors import (CrosscheckError, CudnnError, CudnnUnavailableError,  # noqa: F401
                      DnnkitError, NumbaUnavailableError)
 from .ops import *  # noqa: F401,F403 - the public ops (dnnkit.ops.__all__)
+from .profile import profile  # noqa: F401
 from .rnn import RNN  # noqa: F401
 
 __version__ = "0.1.0"

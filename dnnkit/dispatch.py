@@ -18,6 +18,7 @@ import threading
 import numpy as np
 
 from . import config
+from . import profile as profiling
 from .errors import CrosscheckError, CudnnError, CudnnUnavailableError
 
 log = logging.getLogger("dnnkit")
@@ -219,6 +220,8 @@ def dispatch(op, *args, backend=None, **kw):
     chosen, reason, policy = _choose(op, args, kw, backend)
     _log_decision(op, chosen, reason)
     _local.algo = None
+    prof = profiling.active()
+    token = prof.begin(args) if prof is not None else None
     try:
         out = REGISTRY[op][chosen].fn(*args, **kw)
     except CudnnError as e:
@@ -228,6 +231,8 @@ def dispatch(op, *args, backend=None, **kw):
         _log_decision(op, chosen, reason)
         _local.algo = None
         out = REGISTRY[op]["numba"].fn(*args, **kw)
+    if prof is not None:
+        prof.end(token, op, chosen)
     _record(op, chosen, _local.algo, args, reason)
     if config.get("dnn.crosscheck") and OPS[op].crosscheck:
         _crosscheck(op, chosen, out, args, kw)

@@ -164,3 +164,19 @@ def test_backward_follows_the_forward_backend(rng, monkeypatch):
     with dnnkit.trace() as t:
         conv.backward(np.ones((1, 1, 2, 2), np.float32))
     assert set(t.backends()) == {"numba"}
+
+
+def test_profile_counts_calls_per_op_and_backend(rng):
+    x = rng.standard_normal((4, 8)).astype(np.float32)
+    with dnnkit.profile() as p:
+        for _ in range(3):
+            dnnkit.relu(x, backend="numba")
+        dnnkit.softmax(x, backend="numba")
+    assert {(r.op, r.backend, r.calls) for r in p.rows.values()} == {
+        ("activation", "numba", 3), ("softmax", "numba", 1)}
+    assert all(r.ms >= 0 for r in p.rows.values())
+    lines = str(p).splitlines()
+    assert lines[0].split()[:3] == ["op", "backend", "calls"] and len(lines) == 3
+    with dnnkit.trace() as t:          # outside the block nothing is recorded
+        dnnkit.relu(x, backend="numba")
+    assert len(p.rows) == 2 and t.ops() == ["activation"]

@@ -1,0 +1,78 @@
+"""``with dnnkit.profile() as p: ...``: per-op call counts and GPU time per op and backend
+(Theano's ``profile=True``). The dispatcher brackets every implementation call made on this
+thread inside the block with two CUDA events on the call's stream; the times are read when
+the block ends (one synchronisation), so profiling does not serialise the calls it measures.
+``print(p)`` gives the table, sorted by total time."""
+
+import contextlib
+import dataclasses
+import threading
+
+_local = threading.local()
+
+
+@dataclasses.dataclass
+class Row:
+    op: str
+    backend: str
+    calls: int = 0
+    ms: float = 0.0
+
+
+class Profile:
+    def __init__(self):
+        self._pending = []     # (op, backend, start event, end event)
+        self.rows = {}         # (op, backend) -> Row
+
+    def begin(self, args):
+        from numba import cuda
+        stream = next((a for a in reversed(args) if hasattr(a, "auto_synchronize")), 0)
+        start = cuda.event()
+        start.record(stream)
+        return start, stream
+
+    def end(self, token, op, backend):
+        from numba import cuda
+        start, stream = token
+        stop = cuda.event()
+        stop.record(stream)
+        self._pending.append((op, backend, start, stop))
+
+    def _collect(self):
+        for op, backend, start, stop in self._pending:
+            stop.synchronize()
+            row = self.rows.setdefault((op, backend), Row(op, backend))
+            row.calls += 1
+            row.ms += max(0.0, start.elapsed_time(stop))   # the simulator answers -1
+        self._pending.clear()
+
+    def table(self):
+        rows = sorted(self.rows.values(), key=lambda r: -r.ms)
+        total = sum(r.ms for r in rows) or 1.0
+        lines = [f"{'op':<28} {'backend':<8} {'calls':>7} {'total ms':>10} {'ms/call':>9} "
+                 f"{'share':>6}"]
+        for r in rows:
+            lines.append(f"{r.op:<28} {r.backend:<8} {r.calls:>7} {r.ms:>10.3f} "
+                         f"{r.ms / max(1, r.calls):>9.4f} {100 * r.ms / total:>5.1f}%")
+        return "\n".join(lines)
+
+    def __str__(self):
+        return self.table()
+
+
+def active():
+    """The innermost profile of this thread, or None."""
+    stack = getattr(_local, "stack", None)
+    return stack[-1] if stack else None
+
+
+@contextlib.contextmanager
+def profile():
+    p = Profile()
+    stack = _local.__dict__.setdefault("stack", [])
+    stack.append(p)
+    try:
+        yield p
+    finally:
+        stack.remove(p)
+        p._collect()
