@@ -49,11 +49,24 @@ def cmd_check(args):
     return 1 if bad else 0
 
 
+def cmd_demo(args):
+    from . import demo
+    results = demo.run(backend=args.backend, crosscheck=args.crosscheck, plot=args.plot,
+                       seed=args.seed)
+    return 0 if demo.finite(results) else 1
+
+
 def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
     p = argparse.ArgumentParser(prog="python -m dnnkit")
     sub = p.add_subparsers(dest="cmd")
     sub.add_parser("info", help="backend status and flags")
+    d = sub.add_parser("demo", help="train a small CNN and an LSTM end to end")
+    d.add_argument("--backend", default="auto", choices=["auto", "cudnn", "numba"])
+    d.add_argument("--crosscheck", action="store_true",
+                   help="train a cuDNN and a Numba copy side by side; report their divergence")
+    d.add_argument("--plot", metavar="PNG", help="write the loss curves (needs matplotlib)")
+    d.add_argument("--seed", type=int, default=0)
     c = sub.add_parser("check", help="cross-check every op on every backend vs float64 NumPy")
     c.add_argument("--dtypes", default="float16,float32,float64")
     c.add_argument("--reps", type=int, default=20, help="timed runs per row (GPU)")
@@ -63,7 +76,7 @@ def main(argv=None):
         p.print_help()
         return 2
     _ensure_device(argv)
-    return {"info": cmd_info, "check": cmd_check}[args.cmd](args)
+    return {"info": cmd_info, "check": cmd_check, "demo": cmd_demo}[args.cmd](args)
 
 
 if __name__ == "__main__":

@@ -19,6 +19,8 @@ import importlib
 # One module per op family; adding a family = adding its module here.
 MODULES = ("activation", "softmax", "conv", "gemm", "pool", "batchnorm", "dropout", "rnn",
            "spatial")
+MODULES += ("optim",)
+MODULES += ("loss",)
 
 _modules = [importlib.import_module(f".{m}", __name__) for m in MODULES]
 

@@ -11,5 +11,6 @@ from .layers import (ELU, GRU, LSTM, RNN, AvgPool2d, BatchNorm1d, BatchNorm2d,  
                      BatchNorm3d, ClippedReLU, Conv2d, Conv3d, Dropout, Flatten, Linear,
                      LogSoftmax, MaxPool2d, MaxPool3d, ReLU, Sigmoid, Softmax,
                      SpatialTransformer, Tanh)
+from .loss import CrossEntropyLoss, MSELoss  # noqa: F401
 from .module import Module, Sequential, convert  # noqa: F401
 from .parameter import Parameter  # noqa: F401

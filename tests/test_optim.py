@@ -1,0 +1,270 @@
+"""dnnkit.optim (SGD, Adam) and ops.elementwise.axpy against float64 NumPy references written
+from PyTorch's update equations (tiny arrays: the simulator runs a thread per CUDA thread)."""
+
+import numpy as np
+import pytest
+from numba import cuda
+
+from dnnkit.nn.parameter import Parameter
+from dnnkit.ops.elementwise import axpy
+from dnnkit.optim import SGD, Adam
+
+TOL = {"float16": 1e-3, "float32": 1e-6, "float64": 1e-12}
+SHAPES = [(3, 5), (7,)]
+
+
+def rel_err(got, ref):
+    return np.max(np.abs(got.astype(np.float64) - ref)) / max(np.max(np.abs(ref)), 1e-30)
+
+
+def make(rng, dtype, shapes=SHAPES):
+    hosts = [rng.standard_normal(s).astype(dtype) for s in shapes]
+    return hosts, [Parameter(h) for h in hosts]
+
+
+def grads(rng, shapes, steps, dtype):
+    return [[rng.standard_normal(s).astype(dtype) for s in shapes] for _ in range(steps)]
+
+
+def set_grads(params, gs):
+    for p, g in zip(params, gs):
+        p.grad = cuda.to_device(g)
+
+
+class SGDRef:
+    """torch.optim.SGD in float64 NumPy."""
+
+    def __init__(self, lr, momentum=0.0, weight_decay=0.0, nesterov=False, dampening=0.0):
+        self.lr, self.mom, self.wd = lr, momentum, weight_decay
+        self.nesterov, self.damp, self.buf = nesterov, dampening, {}
+
+    def step(self, i, p, grad):
+        g = grad + self.wd * p
+        if self.mom:
+            b = self.buf.get(i)
+            b = g.copy() if b is None else self.mom * b + (1 - self.damp) * g
+            self.buf[i] = b
+            g = g + self.mom * b if self.nesterov else b
+        return p - self.lr * g
+
+
+class AdamRef:
+    """torch.optim.Adam (amsgrad off) in float64 NumPy."""
+
+    def __init__(self, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0):
+        self.lr, (self.b1, self.b2), self.eps, self.wd = lr, betas, eps, weight_decay
+        self.m, self.v, self.t = {}, {}, {}
+
+    def step(self, i, p, grad):
+        t = self.t[i] = self.t.get(i, 0) + 1
+        g = grad + self.wd * p
+        m = self.m[i] = self.b1 * self.m.get(i, 0.0) + (1 - self.b1) * g
+        v = self.v[i] = self.b2 * self.v.get(i, 0.0) + (1 - self.b2) * g * g
+        mhat, vhat = m / (1 - self.b1 ** t), v / (1 - self.b2 ** t)
+        return p - self.lr * mhat / (np.sqrt(vhat) + self.eps)
+
+
+def run_both(rng, dtype, make_opt, ref, steps=4):
+    hosts, params = make(rng, dtype)
+    opt = make_opt(params)
+    refs = [h.astype(np.float64) for h in hosts]
+    for gs in grads(rng, SHAPES, steps, dtype):
+        set_grads(params, gs)
+        opt.step()
+        refs = [ref.step(i, r, g.astype(np.float64)) for i, (r, g) in enumerate(zip(refs, gs))]
+        if dtype == "float16":
+            # the parameter is stored in float16 after every step (its state stays float32):
+            # model that rounding, else it compounds past the tolerance over the steps
+            refs = [r.astype(np.float16).astype(np.float64) for r in refs]
+        for p, r in zip(params, refs):
+            assert p.dtype == np.dtype(dtype)
+            assert rel_err(p.numpy(), r) <= TOL[dtype]
+
+
+SGD_CASES = [dict(lr=0.1), dict(lr=0.1, weight_decay=0.01), dict(lr=0.05, momentum=0.9),
+             dict(lr=0.05, momentum=0.9, dampening=0.3, weight_decay=0.02),
+             dict(lr=0.05, momentum=0.8, nesterov=True, weight_decay=0.01)]
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
+@pytest.mark.parametrize("kw", SGD_CASES, ids=lambda kw: "-".join(kw))
+def test_sgd_matches_reference(rng, dtype, kw):
+    run_both(rng, dtype, lambda ps: SGD(ps, **kw), SGDRef(**kw))
+
+
+ADAM_CASES = [dict(), dict(lr=0.01, betas=(0.8, 0.99), eps=1e-6, weight_decay=0.05),
+              dict(lr=0.02, betas=(0.0, 0.5))]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("kw", ADAM_CASES, ids=["default", "wd", "b1zero"])
+def test_adam_matches_reference(rng, dtype, kw):
+    run_both(rng, dtype, lambda ps: Adam(ps, **kw), AdamRef(**kw), steps=5)
+
+
+def test_adam_bias_correction_first_step(rng):
+    # step 1: mhat = g, vhat = g^2, so each element moves by lr * g / (|g| + eps) ~ lr * sign(g)
+    hosts, params = make(rng, "float64", [(9,)])
+    g = rng.standard_normal(9)
+    set_grads(params, [g])
+    Adam(params, lr=0.01).step()
+    np.testing.assert_allclose(params[0].numpy(), hosts[0] - 0.01 * g / (np.abs(g) + 1e-8),
+                               rtol=1e-13)
+
+
+def test_zero_grad_and_missing_grads(rng):
+    hosts, params = make(rng, "float32")
+    opt = Adam(params, lr=0.1)
+    params[0].grad = cuda.to_device(np.ones(SHAPES[0], np.float32))
+    opt.step()
+    assert not np.array_equal(params[0].numpy(), hosts[0])
+    np.testing.assert_array_equal(params[1].numpy(), hosts[1])      # no grad: untouched
+    assert 1 not in opt.state_dict()["state"]                      # and no state made
+    opt.zero_grad()
+    assert all(p.grad is None for p in params)
+    before = [p.numpy() for p in params]
+    opt.step()                                                      # nothing to do
+    for p, b in zip(params, before):
+        np.testing.assert_array_equal(p.numpy(), b)
+
+
+def test_skipped_parameter_keeps_its_own_step_count(rng):
+    # Adam counts steps per parameter: a parameter first updated at step 3 gets step-1 bias
+    # correction then, as in PyTorch
+    hosts, params = make(rng, "float64")
+    opt, ref = Adam(params, lr=0.01), AdamRef(lr=0.01)
+    refs = [h.astype(np.float64) for h in hosts]
+    for k, gs in enumerate(grads(rng, SHAPES, 4, "float64")):
+        live = [0, 1] if k >= 2 else [0]
+        opt.zero_grad()
+        set_grads([params[i] for i in live], [gs[i] for i in live])
+        opt.step()
+        for i in live:
+            refs[i] = ref.step(i, refs[i], gs[i])
+    for p, r in zip(params, refs):
+        assert rel_err(p.numpy(), r) <= 1e-12
+    assert [opt.state[i]["step"] for i in (0, 1)] == [4, 2]
+
+
+@pytest.mark.parametrize("make_opt", [
+    lambda ps: SGD(ps, lr=0.05, momentum=0.9, dampening=0.1),
+    lambda ps: Adam(ps, lr=0.01, weight_decay=0.01)], ids=["sgd", "adam"])
+def test_state_dict_round_trip(rng, make_opt):
+    hosts, params = make(rng, "float32")
+    opt = make_opt(params)
+    gs = grads(rng, SHAPES, 4, "float32")
+    for k in range(2):
+        set_grads(params, gs[k])
+        opt.step()
+    saved = opt.state_dict()
+    snapshot = [p.numpy() for p in params]
+    for k in (2, 3):
+        set_grads(params, gs[k])
+        opt.step()
+    first = [p.numpy() for p in params]
+    # a fresh optimizer on parameters restored to the snapshot continues identically
+    params2 = [Parameter(s) for s in snapshot]
+    opt2 = make_opt(params2)
+    opt2.load_state_dict(saved)
+    for k in (2, 3):
+        set_grads(params2, gs[k])
+        opt2.step()
+    for a, b in zip(first, (p.numpy() for p in params2)):
+        np.testing.assert_array_equal(a, b)
+    # the saved copies are the host's: later steps did not change them
+    s2 = opt.state_dict()
+    assert any(not np.array_equal(v, s2["state"][0][k]) for k, v in saved["state"][0].items()
+               if isinstance(v, np.ndarray))
+
+
+def test_state_dict_contents(rng):
+    _, params = make(rng, "float16")
+    opt = SGD(params, lr=0.1, momentum=0.5)
+    set_grads(params, grads(rng, SHAPES, 1, "float16")[0])
+    opt.step()
+    d = opt.state_dict()
+    assert d["param_groups"][0]["lr"] == 0.1 and d["param_groups"][0]["params"] == [0, 1]
+    buf = d["state"][0]["momentum_buffer"]
+    assert buf.shape == SHAPES[0] and buf.dtype == np.float32      # accumulation dtype
+    with pytest.raises(ValueError, match="SGD.load_state_dict"):
+        SGD(params[:1], lr=0.1, momentum=0.5).load_state_dict(d)
+    bad = {"state": {0: {"momentum_buffer": np.zeros(4, np.float32)}},
+           "param_groups": d["param_groups"]}
+    with pytest.raises(ValueError, match="shape"):
+        opt.load_state_dict(bad)
+
+
+def test_lr_setter(rng):
+    hosts, params = make(rng, "float64", [(4,)])
+    opt = SGD(params, lr=0.1)
+    opt.lr = 0.5
+    g = rng.standard_normal(4)
+    set_grads(params, [g])
+    opt.step()
+    np.testing.assert_allclose(params[0].numpy(), hosts[0] - 0.5 * g, rtol=1e-14)
+    with pytest.raises(ValueError, match="SGD.*lr -1"):
+        opt.lr = -1
+
+
+@pytest.mark.parametrize("cls, kw, match", [
+    (SGD, dict(lr=-0.1), r"SGD: invalid lr -0\.1"),
+    (SGD, dict(lr=float("nan")), r"SGD: invalid lr nan"),
+    (SGD, dict(lr=0.1, momentum=-0.5), r"SGD: invalid momentum -0\.5"),
+    (SGD, dict(lr=0.1, weight_decay=-1), r"SGD: invalid weight_decay -1"),
+    (SGD, dict(lr=0.1, nesterov=True), r"SGD: nesterov needs momentum > 0.*momentum=0\.0"),
+    (SGD, dict(lr=0.1, momentum=0.9, nesterov=True, dampening=0.1),
+     r"SGD: nesterov .*dampening=0\.1"),
+    (Adam, dict(lr=-1e-3), r"Adam: invalid lr -0\.001"),
+    (Adam, dict(betas=(1.0, 0.999)), r"Adam: invalid beta1 1\.0"),
+    (Adam, dict(betas=(0.9, -0.1)), r"Adam: invalid beta2 -0\.1"),
+    (Adam, dict(betas=0.9), r"Adam: betas must be a pair"),
+    (Adam, dict(eps=0.0), r"Adam: invalid eps 0\.0"),
+    (Adam, dict(eps=-1e-8), r"Adam: invalid eps -1e-08"),
+])
+def test_argument_errors(rng, cls, kw, match):
+    _, params = make(rng, "float32", [(2,)])
+    with pytest.raises(ValueError, match=match):
+        cls(params, **kw)
+
+
+def test_parameter_list_errors(rng):
+    _, params = make(rng, "float32", [(2,)])
+    with pytest.raises(ValueError, match="empty"):
+        SGD([], lr=0.1)
+    with pytest.raises(ValueError, match="more than once"):
+        Adam(params + params)
+    with pytest.raises(TypeError, match="iterable"):
+        Adam(params[0])
+    with pytest.raises(TypeError, match="lr must be a real number"):
+        SGD(params, lr="0.1")
+    p = params[0]
+    p.grad = cuda.to_device(np.zeros(3, np.float32))
+    with pytest.raises(ValueError, match="shape"):
+        SGD(params, lr=0.1).step()
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
+def test_axpy(rng, dtype):
+    x, y = (rng.standard_normal((4, 6)).astype(dtype) for _ in range(2))
+    dy = cuda.to_device(y)
+    out = axpy(-0.75, cuda.to_device(x), dy)
+    ref = y.astype(np.float64) - 0.75 * x.astype(np.float64)
+    got = dy.copy_to_host()
+    assert out is dy and got.dtype == np.dtype(dtype)
+    assert rel_err(got, ref) <= TOL[dtype]
+
+
+def test_axpy_errors_and_accumulate(rng):
+    y = cuda.to_device(np.zeros(5, np.float32))
+    with pytest.raises(TypeError, match="in place"):
+        axpy(1.0, cuda.to_device(np.ones(5, np.float32)), np.zeros(5, np.float32))
+    with pytest.raises(ValueError, match="shape"):
+        axpy(1.0, cuda.to_device(np.ones(4, np.float32)), y)
+    with pytest.raises(TypeError, match="dtype"):
+        axpy(1.0, cuda.to_device(np.ones(5, np.float64)), y)
+    # Parameter.accumulate sums gradients through axpy
+    p = Parameter(np.zeros(5, np.float32))
+    g1, g2 = rng.standard_normal(5).astype(np.float32), rng.standard_normal(5).astype(np.float32)
+    p.accumulate(cuda.to_device(g1))
+    p.accumulate(cuda.to_device(g2))
+    np.testing.assert_allclose(p.grad.copy_to_host(), g1 + g2, rtol=1e-6)
