@@ -46,28 +46,24 @@ class Module:
 
     def run(self, fn, *args, **kw):
         """``fn(*args, **kw)`` on this module's backend; records which backend ran."""
-        pinned = None if self.backend in (None, "auto") else self.backend
-        if self.backend == "auto":
-            kw["backend"] = "auto"
-        elif pinned is not None:
-            kw["backend"] = pinned
+        if self.backend is not None:
+            kw["backend"] = self.backend
+        return self._traced(fn, args, kw)
+
+    def run_as(self, forward_op, fn, *args, **kw):
+        """A gradient op ``fn`` on the backend that ran ``forward_op`` in the last forward
+        (the module's own backend when that op has not run)."""
+        be = self.used.get(forward_op, self.backend)
+        if be is not None:
+            kw["backend"] = be
+        return self._traced(fn, args, kw)
+
+    def _traced(self, fn, args, kw):
         with trace() as t:
             out = fn(*args, **kw)
         if len(t):
             self.used[t[-1].op] = t[-1].backend
         return out
-
-    def run_as(self, forward_op, fn, *args, **kw):
-        """A gradient op ``fn`` on the backend that ran ``forward_op`` in the last forward."""
-        be = self.used.get(forward_op)
-        if be is not None:
-            kw["backend"] = be
-            with trace() as t:
-                out = fn(*args, **kw)
-            if len(t):
-                self.used[t[-1].op] = t[-1].backend
-            return out
-        return self.run(fn, *args, **kw)
 
     # ---------------------------------------------------------------- interface
 
@@ -93,20 +89,21 @@ class Module:
     def modules(self):
         return [m for _, m in self.named_modules()]
 
-    def named_parameters(self, prefix=""):
-        for name, p in self._parameters.items():
-            yield (f"{prefix}.{name}" if prefix else name), p
+    def _named(self, attr, prefix):
+        """(dotted name, item) of this module's ``attr`` dict, then its children's."""
+        for name, item in getattr(self, attr).items():
+            yield (f"{prefix}.{name}" if prefix else name), item
         for name, m in self._modules.items():
-            yield from m.named_parameters(f"{prefix}.{name}" if prefix else name)
+            yield from m._named(attr, f"{prefix}.{name}" if prefix else name)
+
+    def named_parameters(self, prefix=""):
+        return self._named("_parameters", prefix)
 
     def parameters(self):
         return [p for _, p in self.named_parameters()]
 
     def named_buffers(self, prefix=""):
-        for name, b in self._buffers.items():
-            yield (f"{prefix}.{name}" if prefix else name), b
-        for name, m in self._modules.items():
-            yield from m.named_buffers(f"{prefix}.{name}" if prefix else name)
+        return self._named("_buffers", prefix)
 
     def zero_grad(self):
         for p in self.parameters():
