@@ -64,7 +64,9 @@ def majority(rng, n, t):
 # ---------------------------------------------------------------- models
 
 class LastStep(nn.Module):
-    """(T, N, H) -> (N, H): the last time step (a view); backward puts dy there, zeros before."""
+    """(T, N, H) -> (N, H): the last time step (a view). Backward puts dy at the last step of a
+    (T, N, H) gradient whose earlier steps are zero: one device buffer per shape, zeroed once,
+    of which only the last step is rewritten (the LSTM's backward consumes it at once)."""
 
     def forward(self, y):
         self._shape, self._dtype = tuple(y.shape), y.dtype
@@ -72,9 +74,11 @@ class LastStep(nn.Module):
 
     def backward(self, dy):
         from numba import cuda
-        full = np.zeros(self._shape, self._dtype)
-        full[-1] = dy.copy_to_host() if hasattr(dy, "copy_to_host") else dy
-        return cuda.to_device(full)
+        key = (self._shape, self._dtype)
+        if getattr(self, "_full_key", None) != key:
+            self._full_key, self._full = key, cuda.to_device(np.zeros(self._shape, self._dtype))
+        self._full[self._shape[0] - 1].copy_to_device(dy)
+        return self._full
 
 
 def cnn(classes, width, seed):
@@ -136,7 +140,7 @@ def train(name, models, data, cfg, rng, log):
     from .optim import Adam
     (xtr, ytr), (xte, yte), axis = data
     opts = {k: Adam(m.parameters(), lr=cfg["lr"]) for k, m in models.items()}
-    loss_fn = {k: CrossEntropyLoss() for k in models}
+    loss_fn = {k: nn.convert(CrossEntropyLoss(), k) for k in models}
     curves = {k: [] for k in models}
     for epoch in range(cfg["epochs"]):
         batches = _batches(len(ytr), cfg["batch"], rng, cfg["steps"])
@@ -163,9 +167,28 @@ def _config(tiny):
         return dict(cnn=dict(epochs=2, batch=4, steps=2, lr=0.01, width=2),
                     lstm=dict(epochs=2, batch=4, steps=2, lr=0.02, hidden=2, t=3),
                     test=8)
-    return dict(cnn=dict(epochs=8, batch=64, steps=None, lr=0.01, width=8),
+    # width 16: held-out 0.983-0.997 over six seeds on an H100 (width 8: 0.953-0.989;
+    # shifting the training images by a pixel made it worse); validation/demo_accuracy.py
+    return dict(cnn=dict(epochs=8, batch=64, steps=None, lr=0.01, width=16),
                 lstm=dict(epochs=10, batch=64, steps=None, lr=0.01, hidden=32, t=15),
                 test=None)
+
+
+def datasets(rng, cfg, tiny):
+    """(cnn data, lstm data, number of digit classes, a one-line summary); each data is
+    ((x train, y train), (x test, y test), batch axis)."""
+    x, y, source = digits(rng)
+    order = rng.permutation(len(y))        # the digits come grouped by writer: shuffle first
+    x, y = x[order], y[order]
+    split = int(0.8 * len(y))
+    n_test = cfg["test"] or len(y) - split
+    data_cnn = ((x[:split], y[:split]), (x[split:split + n_test], y[split:split + n_test]), 0)
+    t = cfg["lstm"]["t"]
+    xs, ys = majority(rng, 2000 if not tiny else 64, t)
+    data_lstm = ((xs[:, :-n_test], ys[:-n_test]), (xs[:, -n_test:], ys[-n_test:]), 1)
+    summary = (f"data: {source}, {split} train / {n_test} test images; majority of {t} bits, "
+               f"{len(ys) - n_test} train / {n_test} test sequences")
+    return data_cnn, data_lstm, len(np.unique(y)), summary
 
 
 def run(backend="auto", crosscheck=False, plot=None, seed=0, log=print):
@@ -184,19 +207,12 @@ def run(backend="auto", crosscheck=False, plot=None, seed=0, log=print):
             labels = ["cudnn", "numba"]
     cfg = _config(tiny)
     rng = np.random.default_rng(seed)
-    x, y, source = digits(rng)
-    split = int(0.8 * len(y))
-    n_test = cfg["test"] or len(y) - split
-    data_cnn = ((x[:split], y[:split]), (x[split:split + n_test], y[split:split + n_test]), 0)
-    t = cfg["lstm"]["t"]
-    xs, ys = majority(rng, 2000 if not tiny else 64, t)
-    data_lstm = ((xs[:, :-n_test], ys[:-n_test]), (xs[:, -n_test:], ys[-n_test:]), 1)
-    log(f"data: {source}, {split} train / {n_test} test images; majority of {t} bits, "
-        f"{len(ys) - n_test} train / {n_test} test sequences\n")
+    data_cnn, data_lstm, classes, summary = datasets(rng, cfg, tiny)
+    log(summary + "\n")
     results, curves = {}, {}
     with profile() as prof:
         for name, make, data, c in (
-                ("cnn", lambda: cnn(len(np.unique(y)), cfg["cnn"]["width"], seed), data_cnn,
+                ("cnn", lambda: cnn(classes, cfg["cnn"]["width"], seed), data_cnn,
                  cfg["cnn"]),
                 ("lstm", lambda: lstm(cfg["lstm"]["hidden"], seed), data_lstm, cfg["lstm"])):
             models = {k: nn.convert(make(), k) for k in labels}

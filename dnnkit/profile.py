@@ -2,7 +2,13 @@
 (Theano's ``profile=True``). The dispatcher brackets every implementation call made on this
 thread inside the block with two CUDA events on the call's stream; the times are read when
 the block ends (one synchronisation), so profiling does not serialise the calls it measures.
-``print(p)`` gives the table, sorted by total time."""
+``print(p)`` gives the table, sorted by total time.
+
+What an event pair measures is the GPU's timeline between the call's start and its end: the
+kernels, plus any time the GPU waited for the host inside the call. The first call of an op on
+a backend is where Numba compiles its kernels and cuDNN builds its plan (seconds, not
+microseconds), so it is kept apart: ``first ms`` is that call alone, and ``total ms`` and
+``ms/call`` cover the calls after it (the steady state)."""
 
 import contextlib
 import dataclasses
@@ -16,7 +22,8 @@ class Row:
     op: str
     backend: str
     calls: int = 0
-    ms: float = 0.0
+    ms: float = 0.0          # every call after the first
+    first_ms: float = 0.0    # the first call (compilation, plan building)
 
 
 class Profile:
@@ -42,18 +49,25 @@ class Profile:
         for op, backend, start, stop in self._pending:
             stop.synchronize()
             row = self.rows.setdefault((op, backend), Row(op, backend))
+            ms = max(0.0, start.elapsed_time(stop))   # the simulator answers -1
+            if row.calls == 0:
+                row.first_ms = ms
+            else:
+                row.ms += ms
             row.calls += 1
-            row.ms += max(0.0, start.elapsed_time(stop))   # the simulator answers -1
         self._pending.clear()
 
     def table(self):
         rows = sorted(self.rows.values(), key=lambda r: -r.ms)
         total = sum(r.ms for r in rows) or 1.0
         lines = [f"{'op':<28} {'backend':<8} {'calls':>7} {'total ms':>10} {'ms/call':>9} "
-                 f"{'share':>6}"]
+                 f"{'share':>6} {'first ms':>9}"]
         for r in rows:
             lines.append(f"{r.op:<28} {r.backend:<8} {r.calls:>7} {r.ms:>10.3f} "
-                         f"{r.ms / max(1, r.calls):>9.4f} {100 * r.ms / total:>5.1f}%")
+                         f"{r.ms / max(1, r.calls - 1):>9.4f} {100 * r.ms / total:>5.1f}% "
+                         f"{r.first_ms:>9.1f}")
+        lines.append("(total, ms/call and share: every call after an op's first; first ms: the "
+                     "first call, with kernel compilation and plan building)")
         return "\n".join(lines)
 
     def __str__(self):

@@ -4,13 +4,13 @@ and the same parameter gradients on the cuDNN and the Numba backends."""
 import numpy as np
 import pytest
 
-from dnnkit import demo, nn
+from dnnkit import demo, nn, trace
 
 pytestmark = [pytest.mark.gpu, pytest.mark.cudnn]
 
 
-def _step(model, x, y):
-    loss_fn = nn.CrossEntropyLoss()
+def _step(model, x, y, backend):
+    loss_fn = nn.convert(nn.CrossEntropyLoss(), backend)
     model.train()
     loss = loss_fn.forward(model.forward(x), y)
     model.zero_grad()
@@ -30,10 +30,19 @@ def test_training_step_agrees_across_backends(rng, which):
     results = {}
     for backend in ("cudnn", "numba"):
         m = nn.convert(make(), backend)
-        results[backend] = _step(m, x, y)
+        with trace() as t:
+            results[backend] = _step(m, x, y, backend)
+        # every op of the step, gradients and the bias reduction included, ran on the pin
+        assert set(t.backends()) == {backend}, [(e.op, e.backend) for e in t]
         assert all(b == backend for mod in m.modules() for b in mod.used.values())
     (lc, gc), (ln, gn) = results["cudnn"], results["numba"]
     assert abs(lc - ln) <= 1e-5 * max(1.0, abs(ln))
+    # A conv bias followed by batch norm has a gradient of exactly 0 in exact arithmetic (the
+    # normalisation removes any per-channel shift): both backends return float32 rounding
+    # noise there (sums of 4096 terms: ~1e-7 against 4e-4 for the largest gradient, measured
+    # on an H100), so each difference is measured against the larger of the parameter's own
+    # gradient and 1% of the largest gradient in the model.
+    model_scale = max(np.abs(g).max() for g in gn.values())
     for name in gn:
-        scale = max(1e-12, np.abs(gn[name]).max())
+        scale = max(np.abs(gn[name]).max(), 1e-2 * model_scale)
         assert np.abs(gc[name] - gn[name]).max() / scale <= 1e-4, name

@@ -174,9 +174,11 @@ def test_profile_counts_calls_per_op_and_backend(rng):
         dnnkit.softmax(x, backend="numba")
     assert {(r.op, r.backend, r.calls) for r in p.rows.values()} == {
         ("activation", "numba", 3), ("softmax", "numba", 1)}
-    assert all(r.ms >= 0 for r in p.rows.values())
+    assert all(r.ms >= 0 and r.first_ms >= 0 for r in p.rows.values())
     lines = str(p).splitlines()
-    assert lines[0].split()[:3] == ["op", "backend", "calls"] and len(lines) == 3
+    assert lines[0].split() == ["op", "backend", "calls", "total", "ms", "ms/call", "share",
+                                "first", "ms"]
+    assert len(lines) == 4 and lines[-1].startswith("(total, ms/call and share: every call after")
     with dnnkit.trace() as t:          # outside the block nothing is recorded
         dnnkit.relu(x, backend="numba")
     assert len(p.rows) == 2 and t.ops() == ["activation"]

@@ -56,7 +56,7 @@ class _ConvNd(Module):
         self.weight.accumulate(self.run_as(fwd.op_name, bwd_filter, x, dy, self.weight.shape,
                                            **self.conv))
         if self.bias is not None:
-            self.bias.accumulate(ops.conv_backward_bias(dy))
+            self.bias.accumulate(self.run_as(fwd.op_name, ops.conv_backward_bias, dy))
         return dx
 
 
@@ -246,7 +246,8 @@ class Dropout(Module):
     def backward(self, dy):
         if self._state is None:
             return dy
-        return ops.dropout_backward(dy, self._state)   # on the backend that made the mask
+        # the backend that made the mask (recorded by the forward) is the only one that can
+        return self.run_as("dropout", ops.dropout_backward, dy, self._state)
 
 
 class _BatchNorm(Module):
@@ -359,8 +360,8 @@ class _Recurrent(Module):
     def backward(self, dy, dhy=None, dcy=None):
         if self._state is None:
             raise ValueError(f"{type(self).__name__}.backward: the forward ran in eval mode")
-        dx, self.dhx, self.dcx, dw = self.rnn.backward(
-            self.weight.data, self._x, self._y, dy, dhy, dcy, self._hx, self._cx,
+        dx, self.dhx, self.dcx, dw = self.run_as(
+            "rnn_forward", self.rnn.backward, self.weight.data, self._x, self._y, dy, dhy, dcy, self._hx, self._cx,
             state=self._state, lengths=self._lengths)
         self.weight.accumulate(dw)
         return dx

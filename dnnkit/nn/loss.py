@@ -10,8 +10,9 @@ with K the number of counted positions (targets != ignore_index) or elements for
 spatial form is cudnn.torch's SpatialCrossEntropyCriterion); targets are (N,) or (N, d1, ...).
 With every position ignored, the mean is NaN (0/0, as PyTorch) and the gradient 0.
 
-The log-softmax runs through ``dnnkit.log_softmax`` (cuDNN or Numba, under the library's
-policy); the gather/sum and the gradient are the Numba kernels of kernels/loss.py, with a
+Both are modules: the log-softmax runs through ``dnnkit.log_softmax`` on the loss's pinned
+backend (``nn.convert`` pins a loss like any layer; unpinned, the library's policy picks and
+``used`` records the choice); the gather/sum and the gradient are the Numba kernels of kernels/loss.py, with a
 deterministic reduction. ``forward`` returns a Python float, so it synchronises the stream.
 """
 
@@ -19,6 +20,7 @@ import numpy as np
 
 from .. import arrays
 from ..launch import launch, pow2_at_most
+from .module import Module
 
 REDUCTIONS = ("mean", "sum")
 _MAX_THREADS, _MAX_BLOCKS = 256, 4096
@@ -87,10 +89,11 @@ def _check_classes(cls, target, c, ignore):
                          f"got {int(target[pos])} at {pos} ({int(bad.sum())} invalid)")
 
 
-class CrossEntropyLoss:
+class CrossEntropyLoss(Module):
     """log_softmax over dim 1 + negative log-likelihood; see the module docstring."""
 
     def __init__(self, reduction="mean", ignore_index=-100):
+        super().__init__()
         self.reduction = _check_reduction("CrossEntropyLoss", reduction)
         if isinstance(ignore_index, (bool, np.bool_)) or not isinstance(
                 ignore_index, (int, np.integer)):
@@ -99,8 +102,8 @@ class CrossEntropyLoss:
         self.ignore_index = int(ignore_index)
         self._saved = None
 
-    def __repr__(self):
-        return f"CrossEntropyLoss(reduction={self.reduction!r}, ignore_index={self.ignore_index})"
+    def extra_repr(self):
+        return f"reduction={self.reduction!r}, ignore_index={self.ignore_index}"
 
     def _inputs(self, logits, target, s):
         cls = "CrossEntropyLoss"
@@ -129,8 +132,8 @@ class CrossEntropyLoss:
             total, count, logp = 0.0, 0, x
         else:
             # log_softmax takes 2-D or 4-D: any spatial dims become (N, C, S, 1), same memory
-            logp = log_softmax(x if x.ndim == 2 else x.reshape(n, c, sp, 1), "channel",
-                               stream=s)
+            logp = self.run(log_softmax, x if x.ndim == 2 else x.reshape(n, c, sp, 1),
+                            "channel", stream=s)
             args = (arrays.flat(logp), arrays.flat(t), n, c, sp, self.ignore_index)
             total, count = _reduce(nll_fwd_kernel, args, n * sp, arrays.acc_array(x.dtype), s)
             if on_device and np.isnan(total):   # NaN: an invalid target, or NaN logits
@@ -141,8 +144,6 @@ class CrossEntropyLoss:
         if not mean:
             return total
         return total / count if count else float("nan")
-
-    __call__ = forward
 
     def backward(self, *, stream=None):
         """dloss/dlogits: a device array shaped like the logits."""
@@ -159,15 +160,16 @@ class CrossEntropyLoss:
         return dx
 
 
-class MSELoss:
+class MSELoss(Module):
     """Mean (or sum) of squared differences; see the module docstring."""
 
     def __init__(self, reduction="mean"):
+        super().__init__()
         self.reduction = _check_reduction("MSELoss", reduction)
         self._saved = None
 
-    def __repr__(self):
-        return f"MSELoss(reduction={self.reduction!r})"
+    def extra_repr(self):
+        return f"reduction={self.reduction!r}"
 
     def _inputs(self, x, target, s):
         cls = "MSELoss"
@@ -200,8 +202,6 @@ class MSELoss:
         if not mean:
             return total
         return total / x.size if x.size else float("nan")
-
-    __call__ = forward
 
     def backward(self, *, stream=None):
         """dloss/dx: a device array shaped like x."""
