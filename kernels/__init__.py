@@ -2,6 +2,12 @@
 
 Kernels take preallocated outputs, never allocate and never read configuration.
 
+Every kernel is declared with ``cache=True``: Numba keeps each compiled kernel on disk (in
+``__pycache__`` beside its source, else ``$NUMBA_CACHE_DIR`` or ``~/.cache/numba``), keyed by
+the argument types, the compute capability and, for kernels built by a factory, the values the
+factory closed over; a second process loads the cubin instead of compiling (about a second per
+kernel family on an H100; validation/bench.py measures both).
+
 Precision: each kernel takes ``acc``, a one-element device array holding 0 in the accumulation
 type (float32 for float16 and float32 data, float64 for float64). ``zero = acc[0]`` and
 ``x[i] + zero`` promote every load to that type, ``cuda.shared.array(..., dtype=acc.dtype)``

@@ -69,7 +69,7 @@ def _derivative(v, w, mode, coef, zero):
     return one
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def activation_fwd_kernel(x, y, mode, coef, acc):
     """y[i] = f(x[i]) on flat arrays. Thread mapping: grid-stride loop, one element per thread
     per iteration, consecutive threads on consecutive elements (coalesced)."""
@@ -79,7 +79,7 @@ def activation_fwd_kernel(x, y, mode, coef, acc):
         y[i] = _forward(x[i] + zero, mode, coef, zero)
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def activation_bwd_kernel(x, y, dy, dx, mode, coef, acc):
     """dx[i] = dy[i] * f'(x[i]) (f' from x and y, see _derivative); same thread mapping as the
     forward kernel. A NaN in dy always propagates."""

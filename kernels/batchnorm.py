@@ -62,8 +62,8 @@ def _walker(kernel):
     """``cuda.jit`` with the launch bounds above (the simulator's jit takes none)."""
     kernel.launch_bounds = (MAX_THREADS, MIN_BLOCKS)
     if config.ENABLE_CUDASIM:
-        return cuda.jit(kernel)
-    return cuda.jit(kernel, launch_bounds=kernel.launch_bounds)
+        return cuda.jit(kernel, cache=True)
+    return cuda.jit(kernel, launch_bounds=kernel.launch_bounds, cache=True)
 
 
 # ---------------------------------------------------------------- thread mapping
@@ -207,7 +207,7 @@ def batch_norm_stats_fwd_kernel(x, part, n, c, s, sw, cw, splits_i, acc):
         cuda.syncthreads()   # sh is reused by the next channel group
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def batch_norm_finalize_fwd_kernel(x, part, splits, c, s, mean, invstd, run_mean, run_var,
                                    has_running, momentum, unbias, eps, acc):
     """One thread per channel (grid-stride): merge the partials in split order; write the
@@ -311,7 +311,7 @@ def batch_norm_reduce_bwd_kernel(x, dy, mean, part, n, c, s, sw, cw, splits_i, a
         cuda.syncthreads()
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def batch_norm_finalize_bwd_kernel(part, splits, c, invstd, dgamma, dbeta, acc):
     """One thread per channel: dbeta = sum dy, dgamma = invstd * sum dy*(x - mean), adding
     the partials in split order."""

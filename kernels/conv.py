@@ -30,7 +30,7 @@ def _tap(o, stride, k, ksize, dil, pad, flip):
     return o * stride + ((ksize - 1 - k) if flip else k) * dil - pad
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def conv_im2col_fwd_kernel(x, col, geo, nc, acc):
     """col (C*T*R*S, nc*O) from the nc images of x (x flat from the chunk's first image).
     Thread mapping: x threads walk the O output positions of an image (grid-stride), the grid's
@@ -70,7 +70,7 @@ def _out(i, pad, k, ksize, dil, stride, osize, flip):
     return q // stride
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def conv_col2im_bwd_kernel(dcol, dx, geo, nc, acc):
     """dx (the chunk's nc images, flat) from dcol (C*T*R*S, nc*O), in gather form:
     dx[n, c, i] = sum over taps (t, r, s) and outputs o with o*stride + t'*dil - pad = i of
@@ -102,7 +102,7 @@ def conv_col2im_bwd_kernel(dcol, dx, geo, nc, acc):
         dx[e] = total
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def conv_bias_bwd_kernel(dy, db, n, k, s, acc):
     """db[ch] = sum over n and s of dy[n, ch, s] (dy flat (n, k, s)). Thread mapping: a block
     of (1, by) threads per channel (grid-stride over channels); its threads stride over the
@@ -121,7 +121,7 @@ def conv_bias_bwd_kernel(dy, db, n, k, s, acc):
             db[ch] = total
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def conv_wsum_bwd_kernel(ws, dw, parts, size, acc):
     """dw[i] = sum_{p < parts} ws[p*size + i]: the split-batch partial filter gradients summed
     in a fixed order and cast to dw's type. Thread mapping: grid-stride loop, one element per

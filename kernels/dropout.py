@@ -49,7 +49,7 @@ def _keep_scale(v, bits, thr, scale, zero):
     return v * scale if bits >= thr else zero
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def dropout_fwd_kernel(x, y, key, thr, scale, acc):
     """y = x * mask * scale on flat arrays (also dx from dy: see the module docstring)."""
     zero = acc[0]

@@ -228,8 +228,8 @@ def gemm_kernel(ta, tb, wm, wn, tx, ty, min_blocks=1):
 
     kernel.launch_bounds = (nt, min_blocks)
     if config.ENABLE_CUDASIM:           # the simulator's jit takes no launch bounds
-        return cuda.jit(kernel)
-    return cuda.jit(kernel, launch_bounds=kernel.launch_bounds)
+        return cuda.jit(kernel, cache=True)
+    return cuda.jit(kernel, launch_bounds=kernel.launch_bounds, cache=True)
 
 
 # Tile configurations (wm, wn, tx, ty, min_blocks) the ops choose from (dnnkit/ops/gemm.py);

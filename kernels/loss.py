@@ -60,7 +60,7 @@ def _write_partials(red, total, count, part, cnt):
         cnt[cuda.blockIdx.x] = int64(count)
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def nll_fwd_kernel(logp, target, part, cnt, n, c, s, ignore, acc):
     """Per-block partial sums of -logp[n, target, s] and counts of counted positions.
     Thread mapping: grid-stride over the n*s positions p = n*S + s (consecutive threads read
@@ -81,7 +81,7 @@ def nll_fwd_kernel(logp, target, part, cnt, n, c, s, ignore, acc):
     _write_partials(red, total, count, part, cnt)
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def mse_fwd_kernel(x, t, part, cnt, acc):
     """Per-block partial sums of (x - t)^2 and element counts. Thread mapping: grid-stride
     over the elements, consecutive threads on consecutive elements."""
@@ -96,7 +96,7 @@ def mse_fwd_kernel(x, t, part, cnt, acc):
     _write_partials(red, total, count, part, cnt)
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def loss_sum_fwd_kernel(part, cnt, out, out_cnt, acc):
     """out[0] = sum(part), out_cnt[0] = sum(cnt), in one block: thread i adds part[i],
     part[i + blockDim.x], ... in order, then a fixed tree (deterministic)."""
@@ -115,7 +115,7 @@ def loss_sum_fwd_kernel(part, cnt, out, out_cnt, acc):
         out[0] = total
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def nll_bwd_kernel(logp, target, dx, n, c, s, ignore, scale, acc):
     """dx = scale * (exp(logp) - onehot(target)), 0 at ignored positions; flat (n, c, s)
     arrays. Thread mapping: grid-stride over the n*c*s elements (coalesced)."""
@@ -134,7 +134,7 @@ def nll_bwd_kernel(logp, target, dx, n, c, s, ignore, scale, acc):
             dx[i] = scale * g
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def mse_bwd_kernel(x, t, dx, scale, acc):
     """dx = scale * (x - t) (scale = 2/n or 2). Thread mapping: grid-stride, coalesced."""
     zero = acc[0]

@@ -19,7 +19,7 @@ import math
 from numba import cuda, int64
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def axpy_fwd_kernel(x, y, alpha, acc):
     """y[i] += alpha * x[i] (BLAS axpy, in place on y)."""
     zero = acc[0]
@@ -28,7 +28,7 @@ def axpy_fwd_kernel(x, y, alpha, acc):
         y[i] = (y[i] + zero) + alpha * (x[i] + zero)
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def sgd_fwd_kernel(p, g, buf, lr, momentum, damp, wd, first, nesterov, acc):
     """One SGD step (PyTorch's torch.optim.SGD), in place on p and buf:
 
@@ -53,7 +53,7 @@ def sgd_fwd_kernel(p, g, buf, lr, momentum, damp, wd, first, nesterov, acc):
         p[i] = w - lr * d
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def adam_fwd_kernel(p, g, m, v, step_size, b1, c1, b2, c2, rsqrt_bc2, eps, wd, acc):
     """One Adam step (PyTorch's torch.optim.Adam, amsgrad off), in place on p, m and v:
 

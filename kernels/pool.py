@@ -166,14 +166,14 @@ def pool_kernels(mode, window, stride):
 
     value_walker, argmax_walker = walker(window_value), walker(window_argmax)
 
-    @cuda.jit
+    @cuda.jit(cache=True)
     def forward(x, y, geo, planes, flat, acc):
         """y from x; planes = N*C. One thread per output position of a plane (grid-stride
         along x), planes along the grid's y, or (plane, position) pairs for small planes
         (see the module docstring and ``_walk``)."""
         value_walker(x, y, geo, planes, flat, acc[0])
 
-    @cuda.jit
+    @cuda.jit(cache=True)
     def argmax(x, codes, geo, planes, flat, acc):
         """codes[o] = the tap index of output o's arg-max (``window_argmax``). Thread mapping
         as ``forward``."""
@@ -213,7 +213,7 @@ def pool_kernels(mode, window, stride):
                             total += g
         return total
 
-    @cuda.jit
+    @cuda.jit(cache=True)
     def backward(codes, dy, dx, geo, planes, flat, acc):
         """dx from dy and, for MAX, the arg-max codes of ``argmax`` (the average modes pass
         any array as ``codes``); planes = N*C. One thread per input position of a plane,

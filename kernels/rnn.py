@@ -61,7 +61,7 @@ def _element(e, nh, nb, lens):
     return u, n, d, lens[n], (d * nb + n) * nh + u
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def rnn_cell_fwd_kernel(ws, gr, w, x, h0, c0, hp, cp, y, hy, cy, lens, geo, acc):
     """One time step of one layer, both directions: gates (pre-activations = input projection
     or, with SKIP, x itself + input bias + recurrent product (REC, else 0: step 0 with no hx)
@@ -158,7 +158,7 @@ def rnn_cell_fwd_kernel(ws, gr, w, x, h0, c0, hp, cp, y, hy, cy, lens, geo, acc)
                 cy[k] = cnew
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def rnn_cell_bwd_kernel(ws, hp, cp, dy, dh, dc, dhy, dcy, dhx, dcx, dgx, dgr, lens, geo, acc):
     """One step of backpropagation through time (steps in reverse), both directions. Before
     step s, dh/dc hold the gradient reaching h'/c' of step s from later steps (at s = T - 1:
@@ -254,7 +254,7 @@ def rnn_cell_bwd_kernel(ws, hp, cp, dy, dh, dc, dhy, dcy, dhx, dcx, dgx, dgr, le
                 dc[k] = cout
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def rnn_bias_bwd_kernel(dgx, dgr, dw, geo, acc):
     """Bias gradients of one layer: column sums over the T*N rows of dgx (input biases) and
     dgr (recurrent biases), written to dw at ``boff + d*pstride`` (2G*H per direction).
@@ -281,7 +281,7 @@ def rnn_bias_bwd_kernel(dgx, dgr, dw, geo, acc):
                 dw[boff + d * pstride + j] = total
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def rnn_skip_bwd_kernel(dgx, dx, geo, acc):
     """dx of a "skip" layer (its input enters every gate as it is): dx[t, n, u] =
     sum over directions and gates of dgx[d, t, n, q*H + u]. One thread per (t, n, u) in a
@@ -298,7 +298,7 @@ def rnn_skip_bwd_kernel(dgx, dx, geo, acc):
         dx[e] = v
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def rnn_transpose_fwd_kernel(src, dst, geo):
     """dst (B, A, F) = src (A, B, F) with the first two axes swapped (batch_first <->
     time-major). One thread per destination element, consecutive threads on consecutive

@@ -57,7 +57,7 @@ def _block_reduce(red, val, op):
     return out
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def softmax_fwd_kernel(x, y, n, c, s, algo, acc):
     """x, y: flat arrays of n*c*s elements; see the module docstring for the mapping."""
     red = cuda.shared.array(0, dtype=acc.dtype)  # bx*by elements, sized at launch
@@ -95,7 +95,7 @@ def softmax_fwd_kernel(x, y, n, c, s, algo, acc):
                     y[base + ci * s] = math.exp(x[base + ci * s] + zero - m) * inv
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def softmax_bwd_kernel(y, dy, dx, n, c, s, algo, acc):
     """dx from y and dy (flat, n*c*s elements); same mapping as the forward kernel."""
     red = cuda.shared.array(0, dtype=acc.dtype)  # bx*by elements, sized at launch

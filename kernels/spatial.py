@@ -69,7 +69,7 @@ def _read(img, base, w_, h_, yy, xx, zero):
     return zero
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def spatial_grid_fwd_kernel(theta, grid, n_, oh, ow, acc):
     """grid from theta. One thread per grid point (grid-stride over N*H'*W'), consecutive
     threads along W': theta read from cache (6 values per image), grid written once."""
@@ -88,7 +88,7 @@ def spatial_grid_fwd_kernel(theta, grid, n_, oh, ow, acc):
         q += cuda.gridDim.x * cuda.blockDim.x
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def spatial_grid_bwd_kernel(dgrid, dtheta, oh, ow, acc):
     """dtheta from dgrid. One block per image n (blockIdx.x); each thread sums the points
     t, t + T, ... in order into 6 partials, then a fixed shared-memory tree: deterministic.
@@ -129,7 +129,7 @@ def spatial_grid_bwd_kernel(dgrid, dtheta, oh, ow, acc):
         dtheta[n * 6 + t] = sh[t * T]
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def spatial_sample_fwd_kernel(img, grid, y, geo, acc):
     """y from img and grid. One thread per output element (grid-stride over N*C*H'*W'),
     consecutive threads along W' so y is written coalesced; the grid is re-read per channel
@@ -161,7 +161,7 @@ def _scatter(dimg, base, w_, h_, yy, xx, v):
         cuda.atomic.add(dimg, base + yy * w_ + xx, v)
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def spatial_sample_bwd_kernel(img, grid, dy, dimg, dgrid, geo, scatter, acc):
     """dgrid, and with scatter != 0 dimg by atomic adds (dimg in acc's type, zeroed before).
     One thread per grid point (grid-stride over N*H'*W', consecutive along W'), looping over
@@ -201,7 +201,7 @@ def spatial_sample_bwd_kernel(img, grid, dy, dimg, dgrid, geo, scatter, acc):
         q += cuda.gridDim.x * cuda.blockDim.x
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def spatial_dimg_det_bwd_kernel(grid, dy, dimg, geo, acc):
     """Deterministic dimg (acc's type), gather by input rows: one thread per (n, input row r)
     (grid-stride over N*H), the only writer of row r of image n in every channel. It zeroes
@@ -248,7 +248,7 @@ def spatial_dimg_det_bwd_kernel(grid, dy, dimg, geo, acc):
         q += cuda.gridDim.x * cuda.blockDim.x
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def spatial_fill_bwd_kernel(buf, value):
     """buf[:] = value (zeroes the atomic accumulator). One thread per element, grid-stride."""
     q = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
@@ -257,7 +257,7 @@ def spatial_fill_bwd_kernel(buf, value):
         q += cuda.gridDim.x * cuda.blockDim.x
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def spatial_cast_bwd_kernel(src, dst):
     """dst[:] = src[:] converted (float32 accumulator -> float16 dimg). Grid-stride."""
     q = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
