@@ -49,7 +49,7 @@ def activation_backward(x, y, dy, dx, mode, coef, stream):
                  context=_ctx("activation_backward", x=x) + f", mode {mode}, coef {coef}")
 
 
-def softmax_forward(x, y, dims, algo, mode, stream):
+def softmax_forward(x, y, dims, mode, algo, stream):
     """``dims`` is the 4-D (N, C, H, W) view of x that cuDNN's softmax reduces over."""
     h = handle.get(stream)
     alpha, beta = scalars(x.dtype)
@@ -59,7 +59,7 @@ def softmax_forward(x, y, dims, algo, mode, stream):
                  context=_ctx("softmax", x=x) + f", algo {algo}, mode {mode}")
 
 
-def softmax_backward(y, dy, dx, dims, algo, mode, stream):
+def softmax_backward(y, dy, dx, dims, mode, algo, stream):
     h = handle.get(stream)
     alpha, beta = scalars(y.dtype)
     with TensorDescriptor(dims, y.dtype) as td:

@@ -140,3 +140,25 @@ def test_slopes_at_kinks_and_nan_follow_cudnn(backend):
         np.testing.assert_allclose(dx, np.array(want, np.float32), rtol=1e-6, err_msg=mode)
         ref = reference.activation_backward(x.astype(np.float64), dy.astype(np.float64), mode, 2.0)
         np.testing.assert_allclose(ref, want, rtol=1e-6, err_msg=mode)
+
+
+@pytest.mark.parametrize("n", [4 * 64 + 37, 3 * 64 - 5])
+def test_kernels_cover_every_element_with_a_small_grid(rng, n):
+    """The unrolled grid-stride loops (four elements a grid apart per trip, then a tail) write
+    every element exactly right when the grid is much smaller than the array (the ops size
+    their grids to the array, so the other tests never take the unrolled path)."""
+    from numba import cuda
+    from dnnkit.kernels import activation_bwd_kernel, activation_fwd_kernel
+    from dnnkit.ops.activation import _MODE_ID
+    x = rng.standard_normal(n).astype(np.float32)
+    dy = rng.standard_normal(n).astype(np.float32)
+    acc = cuda.to_device(np.zeros(1, np.float32))
+    y, dx = cuda.to_device(np.full(n, np.nan, np.float32)), cuda.to_device(
+        np.full(n, np.nan, np.float32))
+    dev_x, dev_dy = cuda.to_device(x), cuda.to_device(dy)
+    mode = _MODE_ID["tanh"]
+    activation_fwd_kernel[2, 32](dev_x, y, mode, np.float32(0), acc)
+    activation_bwd_kernel[2, 32](dev_x, y, dev_dy, dx, mode, np.float32(0), acc)
+    ref_y = np.tanh(x.astype(np.float64))
+    np.testing.assert_allclose(y.copy_to_host(), ref_y, rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(dx.copy_to_host(), dy * (1 - ref_y ** 2), rtol=1e-5, atol=1e-6)

@@ -122,3 +122,13 @@ def test_bad_arguments_name_op_and_values(call, exc, words):
 def test_empty_batch():
     y = dnnkit.softmax(np.zeros((0, 5), np.float32))
     assert y.shape == (0, 5)
+
+
+def test_cudnn_view_uses_instance_mode_when_spatial_size_is_one():
+    """(N, C) and (N, C, 1, 1) go to cuDNN in instance mode (the same function; cuDNN's
+    channel-mode backward is 250x slower there); real spatial maps keep the mode asked for."""
+    from dnnkit.ops.softmax import _dims4
+    assert _dims4((8, 4), "channel") == ((8, 4, 1, 1), "instance")
+    assert _dims4((8, 4, 1, 1), "channel") == ((8, 4, 1, 1), "instance")
+    assert _dims4((8, 4, 3, 1), "channel") == ((8, 4, 3, 1), "channel")
+    assert _dims4((8, 4, 2, 2), "instance") == ((8, 4, 2, 2), "instance")
