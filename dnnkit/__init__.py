@@ -4,7 +4,9 @@ Every op has a hand-written Numba CUDA kernel and, where cuDNN can run it, a cuD
 ``dnn.enabled`` flag (auto | forced | disabled) or a per-call ``backend=`` chooses.
 """
 
-from . import backends, config, dispatch, reference, testing  # noqa: F401
+# memory registers the dnn.allocator flag: imported here so that the flag exists (for
+# DNNKIT_FLAGS, the rc file and config.describe()) before the first op runs
+from . import backends, config, dispatch, memory, reference, testing  # noqa: F401
 from .dispatch import select_backend, trace  # noqa: F401
 from .errors import (CrosscheckError, CudnnError, CudnnUnavailableError,  # noqa: F401
                      DnnkitError, NumbaUnavailableError)

@@ -87,12 +87,18 @@ def as_stream(stream):
         return s
     if hasattr(stream, "auto_synchronize"):  # already a Numba stream (real or simulated)
         return stream
-    ptr = getattr(stream, "cuda_stream", None) or getattr(stream, "ptr", None)
+    # PyTorch streams carry the handle as .cuda_stream, CuPy's as .ptr; either may be 0 (the
+    # default stream), which must not read as "no handle"
+    ptr = getattr(stream, "cuda_stream", None)
+    if ptr is None:
+        ptr = getattr(stream, "ptr", None)
     if ptr is None and isinstance(stream, int):
         ptr = stream
     if ptr is None:
         raise TypeError(f"stream must be None, a Numba stream, a cudaStream_t int or a PyTorch/"
                         f"CuPy stream, got {type(stream).__name__}")
+    if int(ptr) == 0:
+        return as_stream(None)
     return cuda.external_stream(int(ptr))
 
 

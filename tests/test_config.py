@@ -116,3 +116,17 @@ def test_describe_lists_every_flag():
     assert {"dnn.enabled", "dnn.library_path", "dnn.deterministic", "dnn.verbose",
             "dnn.crosscheck"} <= set(names)
     assert "dnn.enabled = 'auto'" in repr(config.dnn)
+
+
+def test_allocator_flag_is_known_right_after_import():
+    """dnn.allocator lives in dnnkit.memory; `import dnnkit` must register it, so that
+    DNNKIT_FLAGS, the rc file and config.describe() know it before the first op runs."""
+    import subprocess
+    import sys
+    code = ("import dnnkit; from dnnkit import config; "
+            "print(config.get('dnn.allocator'), "
+            "[n for n, *_ in config.describe()].count('dnn.allocator'))")
+    import os
+    env = dict(os.environ, DNNKIT_FLAGS="dnn.allocator=numba")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert r.returncode == 0 and r.stdout.split() == ["numba", "1"], r.stdout + r.stderr

@@ -130,3 +130,17 @@ def test_fast_path_matches_numba(monkeypatch):
     for o in outs:
         assert np.abs(o.reshape(m, n) - want).max() / np.abs(want).max() < 1e-5
     assert np.array_equal(outs[0], outs[2])
+
+
+def test_stream_objects_with_handle_zero_mean_the_default_stream():
+    """A PyTorch/CuPy stream object of the default stream (handle 0) is the default stream,
+    not 'no handle'."""
+    from dnnkit import arrays
+
+    class TorchLike:
+        cuda_stream = 0
+
+    class CupyLike:
+        ptr = 0
+    default = arrays.as_stream(None)
+    assert arrays.as_stream(TorchLike()) is default and arrays.as_stream(CupyLike()) is default
