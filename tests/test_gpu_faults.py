@@ -56,22 +56,22 @@ def _workspace_sizes(direction, op, *args, **kw):
 
 
 # (direction, op name, call, reference, algos asked for)
-X_SHAPE, W_SHAPE, PAD = (4, 8, 16, 16), (16, 8, 3, 3), 1
+X_SHAPE, W_SHAPE, PAD = (4, 8, 16, 16), (16, 8, 3, 3), 1   # reference: tuples
 Y_SHAPE = (4, 16, 16, 16)
 CASES = [
     (conv.FWD, "conv2d", lambda x, w, dy, algo: dnnkit.conv2d(x, w, padding=PAD, algo=algo),
-     lambda x, w, dy: reference.conv_forward(x, w, None, 1, PAD),
+     lambda x, w, dy: reference.conv_forward(x, w, None, (1, 1), (PAD, PAD), (1, 1)),
      ("large", "fft", "fft_tiling", "winograd_non_fused", "guess_once", "time_once"),
      lambda x, w, dy: (x, w), {"padding": PAD}),
     (conv.BWD_DATA, "conv2d_backward_data",
      lambda x, w, dy, algo: dnnkit.conv2d_backward_data(dy, w, X_SHAPE, padding=PAD, algo=algo),
-     lambda x, w, dy: reference.conv_backward_data(dy, w, X_SHAPE, 1, PAD),
+     lambda x, w, dy: reference.conv_backward_data(dy, w, X_SHAPE, (1, 1), (PAD, PAD), (1, 1)),
      ("fft", "fft_tiling", "winograd_non_fused", "guess_once", "time_once"),
      lambda x, w, dy: (dy, w, X_SHAPE), {"padding": PAD}),
     (conv.BWD_FILTER, "conv2d_backward_filter",
      lambda x, w, dy, algo: dnnkit.conv2d_backward_filter(x, dy, W_SHAPE, padding=PAD,
                                                            algo=algo),
-     lambda x, w, dy: reference.conv_backward_filter(x, dy, W_SHAPE, 1, PAD),
+     lambda x, w, dy: reference.conv_backward_filter(x, dy, W_SHAPE, (1, 1), (PAD, PAD), (1, 1)),
      ("fft", "small", "fft_tiling", "winograd_non_fused", "guess_once", "time_once"),
      lambda x, w, dy: (x, dy, W_SHAPE), {"padding": PAD}),
 ]
@@ -157,7 +157,9 @@ STRIDE2 = dict(stride=2, padding=1)
 
 def _stride2(rng):
     x, w = _data(rng, (2, 8, 17, 17), (8, 8, 3, 3))
-    return x, w, reference.conv_forward(x.astype(np.float64), w.astype(np.float64), None, 2, 1)
+    ref = reference.conv_forward(x.astype(np.float64), w.astype(np.float64), None, (2, 2),
+                                 (1, 1), (1, 1))
+    return x, w, ref
 
 
 def test_not_supported_under_auto_falls_back_to_numba(fault_op, rng):
