@@ -205,7 +205,9 @@ def _leak_check(ops, backend, n):
     if after["free"] is not None:
         assert before["free"] - after["free"] <= DEVICE_SLACK, \
             f"device memory fell by {(before['free'] - after['free']) >> 10} KiB: {what}"
-    assert misses <= len(runs) * 4, f"{misses} allocator misses in a steady loop: {what}"
+    # Outputs caught in reference cycles return their blocks only when the collector runs,
+    # so a few hundred misses are normal; a leaked block per call would be n misses.
+    assert misses <= len(runs) * 4 + n // 10, f"{misses} allocator misses in a loop: {what}"
     assert after["rss"] - before["rss"] <= RSS_SLACK, \
         f"host RSS grew by {(after['rss'] - before['rss']) >> 20} MiB: {what}"
     # a clean run leaves ~0 more; one leaked output per call leaves >= 1 per call
