@@ -1,6 +1,13 @@
-"""cuDNN descriptors as context managers; ``weakref.finalize`` destroys any that escape."""
+"""cuDNN descriptors as context managers; ``weakref.finalize`` destroys any that escape.
 
+Every cuDNN object dnnkit creates (descriptors here and in the op families' modules, which
+subclass ``_Descriptor``; handles in ``handle.py``) is counted per kind on creation and on
+destruction, so leak tests can check that ``live_counts()`` returns to where it started.
+"""
+
+import collections
 import ctypes
+import threading
 import weakref
 
 import numpy as np
@@ -11,11 +18,45 @@ from .enums import DATA_TYPES, PROPAGATE_NAN, TENSOR_NCHW
 INT_MAX = 2**31 - 1
 
 
-def _destroy(fn_name, ptr):
+# kind (the C type's name: "TensorDescriptor", "Handle", ...) -> [created, destroyed]
+_counts = collections.defaultdict(lambda: [0, 0])
+_counts_lock = threading.Lock()   # finalizers run on whichever thread drops the last reference
+
+
+def count(kind, created=0, destroyed=0):
+    """Record cuDNN objects of ``kind`` created/destroyed (for every Create/Destroy call)."""
+    with _counts_lock:
+        c = _counts[kind]
+        c[0] += created
+        c[1] += destroyed
+
+
+def live_counts():
+    """``{kind: objects created and not yet destroyed}`` for every kind dnnkit has created
+    (a debugging aid: cached plans and per-thread handles are live by design)."""
+    with _counts_lock:
+        return {k: c[0] - c[1] for k, c in _counts.items()}
+
+
+def total_counts():
+    """``{kind: (created, destroyed)}`` since the process started."""
+    with _counts_lock:
+        return {k: tuple(c) for k, c in _counts.items()}
+
+
+def kind_of(create_fn):
+    """'cudnnCreateTensorDescriptor' -> 'TensorDescriptor' ('cudnnCreate' -> 'Handle')."""
+    return create_fn[len("cudnnCreate"):] or "Handle"
+
+
+def _destroy(fn_name, ptr, kind):
     try:
         api.function(fn_name)(ptr)
     except Exception:  # pragma: no cover - best effort
         pass
+    # Counted even when the call failed: the object is gone for dnnkit either way, and a
+    # failing destroy (the library unusable) would otherwise read as a leak of ours.
+    count(kind, destroyed=1)
 
 
 class _Descriptor:
@@ -24,7 +65,9 @@ class _Descriptor:
     def __init__(self):
         self.ptr = ctypes.c_void_p()
         api.call(self._create, ctypes.byref(self.ptr))
-        self._fin = weakref.finalize(self, _destroy, self._destroy_fn, self.ptr)
+        kind = kind_of(self._create)
+        count(kind, created=1)   # only after cuDNN succeeded: a failed create made nothing
+        self._fin = weakref.finalize(self, _destroy, self._destroy_fn, self.ptr, kind)
 
     def close(self):
         self._fin()

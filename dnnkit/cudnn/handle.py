@@ -10,6 +10,7 @@ import threading
 import weakref
 
 from . import api
+from .descriptors import count
 
 _local = threading.local()
 
@@ -20,6 +21,8 @@ def _destroy_all(handles):
             api.function("cudnnDestroy")(h)
         except Exception:  # pragma: no cover - best effort at thread exit
             pass
+        count("Handle", destroyed=1)   # descriptors.live_counts() tracks handles too
+    handles.clear()
 
 
 class _PerThread:
@@ -47,6 +50,7 @@ def get(stream_ptr=0):
     if h is None:
         h = ctypes.c_void_p()
         api.call("cudnnCreate", ctypes.byref(h), context=f"device {dev}")
+        count("Handle", created=1)
         holder.handles[dev] = h
     if holder.streams.get(dev) != stream_ptr:
         api.call("cudnnSetStream", h, ctypes.c_void_p(stream_ptr or None),

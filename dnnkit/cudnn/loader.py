@@ -4,15 +4,19 @@ Order: ``dnn.library_path`` (a file or a folder) if set, else
 ``cuda.pathfinder.load_nvidia_dynamic_lib("cudnn")`` (pip wheels cu12/cu13, conda, system).
 
 cuDNN 9 is split into ``libcudnn.so.9`` and sub-libraries that it dlopens on its first call;
-when one is missing the process *aborts* inside cuDNN. So before any call we check that the
-sub-libraries sit beside the main file, and only then ask ``cudnnGetVersion`` and try
-``cudnnCreate`` (which answers CUDNN_STATUS_NOT_INITIALIZED when there is no CUDA device).
+when one is missing the process *aborts* inside cuDNN. So before any call we read the file's
+ELF soname (is it cuDNN's main library, and which major version? -- a path may name libz, a
+sub-library or a cuDNN 8 file, and calling into those would crash or mislead), check that the
+sub-libraries sit beside it, and only then ask ``cudnnGetVersion`` and try ``cudnnCreate``
+(which answers CUDNN_STATUS_NOT_INITIALIZED when there is no CUDA device).
 """
 
 import ctypes
 import dataclasses
 import glob
 import os
+import re
+import struct
 import threading
 
 from .enums import STATUS_NAMES, STATUS_SUCCESS
@@ -35,10 +39,7 @@ class CudnnStatus:
 
     @property
     def version_string(self):
-        if self.version is None:
-            return None
-        v = self.version
-        return f"{v // 10000}.{(v % 10000) // 100}.{v % 100}"
+        return None if self.version is None else version_string(self.version)
 
     def describe(self):
         where = f" at {self.path}" if self.path else ""
@@ -48,6 +49,75 @@ class CudnnStatus:
             return f"{ver}{where}{how}"
         found = f"; found {ver}{where}{how}" if self.path else ""
         return f"{self.reason}{found}"
+
+
+def version_string(v):
+    """cudnnGetVersion's number as text: 9.x encodes major*10000 + minor*100 + patch (91900),
+    8.x and older major*1000 + minor*100 + patch (8906 = 8.9.6)."""
+    major, rest = (v // 10000, v % 10000) if v >= MIN_VERSION else (v // 1000, v % 1000)
+    return f"{major}.{rest // 100}.{rest % 100}"
+
+
+def version_problem(version):
+    """None when cudnnGetVersion's answer is new enough, else the reason."""
+    if version < MIN_VERSION:
+        return f"too old: cuDNN {version_string(version)}; cuDNN >= 9 is required"
+    return None
+
+
+def soname(path):
+    """The DT_SONAME of the ELF shared library at ``path`` (read from the file, never loaded),
+    or None when the file is not ELF or has no soname."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read(64)
+            if data[:4] != b"\x7fELF":
+                return None
+            bits64, end = data[4] == 2, "<" if data[5] == 1 else ">"
+            # e_shoff, e_shentsize, e_shnum from the ELF header (32- or 64-bit layout)
+            if bits64:
+                shoff, = struct.unpack_from(end + "Q", data, 0x28)
+                shentsize, shnum = struct.unpack_from(end + "HH", data, 0x3A)
+            else:
+                shoff, = struct.unpack_from(end + "I", data, 0x20)
+                shentsize, shnum = struct.unpack_from(end + "HH", data, 0x2E)
+            f.seek(shoff)
+            table = f.read(shentsize * shnum)
+            # section header: sh_type at 4; sh_offset, sh_size, sh_link at 24/32/40 (64-bit)
+            fmt = end + ("IIQQQQII" if bits64 else "IIIIIIII")
+            sections = [struct.unpack_from(fmt, table, i * shentsize) for i in range(shnum)]
+            for sec in sections:
+                if sec[1] != 6:   # SHT_DYNAMIC
+                    continue
+                f.seek(sec[4])
+                dyn = f.read(sec[5])
+                entry = end + ("qQ" if bits64 else "iI")
+                step = struct.calcsize(entry)
+                strtab = sections[sec[6]]
+                for i in range(0, len(dyn) - step + 1, step):
+                    tag, val = struct.unpack_from(entry, dyn, i)
+                    if tag == 0:          # DT_NULL ends the table
+                        break
+                    if tag == 14:         # DT_SONAME: an offset into the linked string table
+                        f.seek(strtab[4] + val)
+                        return f.read(256).split(b"\0", 1)[0].decode(errors="replace")
+    except (OSError, struct.error, IndexError):
+        return None
+    return None
+
+
+def identity_problem(path, name):
+    """None when soname ``name`` is cuDNN 9's main library (or unknown: then the library
+    itself must answer), else why the file at ``path`` cannot be used."""
+    if name is None or name == MAIN_NAME:
+        return None
+    m = re.fullmatch(r"libcudnn\.so\.(\d+)", name)
+    if m and int(m.group(1)) < 9:
+        return f"too old: {path} is cuDNN {m.group(1)} (soname {name}); cuDNN >= 9 is required"
+    if name.startswith("libcudnn"):
+        return (f"not cuDNN's main library: {path} is the sub-library {name}; name "
+                f"{MAIN_NAME} or its folder")
+    return f"not a cuDNN library: {path} has soname {name}, expected {MAIN_NAME}"
 
 
 _lock = threading.Lock()
@@ -100,6 +170,9 @@ def _probe(library_path, device_ok, device_reason):
         path, via = _locate(library_path)
     except LookupError as e:
         return CudnnStatus(False, str(e))
+    why = identity_problem(path, soname(path))
+    if why:
+        return CudnnStatus(False, why, path=path, found_via=via)
     folder = os.path.dirname(os.path.realpath(path)) if os.path.islink(path) else os.path.dirname(path)
     missing = [s for s in SUBLIBRARIES if not os.path.exists(os.path.join(folder, s))
                and not os.path.exists(os.path.join(os.path.dirname(path), s))]
@@ -111,13 +184,17 @@ def _probe(library_path, device_ok, device_reason):
         lib = ctypes.CDLL(path)
     except OSError as e:
         return CudnnStatus(False, f"library not loadable: {e}", path=path, found_via=via)
+    if not hasattr(lib, "cudnnGetVersion"):   # a shared library without a soname
+        return CudnnStatus(False, f"not a cuDNN library: {path} has no cudnnGetVersion",
+                           path=path, found_via=via)
     # size_t cudnnGetVersion(void);
     lib.cudnnGetVersion.restype = ctypes.c_size_t
     lib.cudnnGetVersion.argtypes = []
     version = int(lib.cudnnGetVersion())
     base = dict(version=version, path=path, found_via=via, lib=lib)
-    if version < MIN_VERSION:
-        return CudnnStatus(False, "too old: cuDNN >= 9 is required", **base)
+    why = version_problem(version)
+    if why:
+        return CudnnStatus(False, why, **base)
     # cudnnStatus_t cudnnCreate(cudnnHandle_t *handle);
     handle = ctypes.c_void_p()
     st = lib.cudnnCreate(ctypes.byref(handle))

@@ -1,0 +1,211 @@
+"""Issue 9, faults that need a GPU and cuDNN: the workspace, run-time errors, recovery.
+
+- Workspace limit 0: every convolution direction, asked for an algorithm that needs a
+  workspace (or a runtime choice), runs a zero-workspace one (checked against cuDNN's own
+  workspace query) and is right.
+- Device memory exhausted (a real allocation holding nearly all free memory): an FFT
+  workspace cannot be had, the convolution falls back to the zero-workspace default and is
+  right.
+- A real cuDNN NOT_SUPPORTED status (FFT forward with stride 2, run without conv.py's retry,
+  through a test-only op "fault_conv2d"): forced, it raises CudnnError; under auto the
+  dispatcher falls back to Numba (trace); and the next normal call on the same thread
+  succeeds with the same handle, the same cached plan (no new descriptor) and an algorithm
+  cache hit.
+
+Run on a GPU: python -m pytest -q tests/test_gpu_faults.py  (each test takes seconds)
+"""
+
+import numpy as np
+import pytest
+
+import dnnkit
+from dnnkit import arrays, config, dispatch, memory, reference
+from dnnkit.cudnn import algo_cache, conv, descriptors, handle
+from dnnkit.dispatch import note_algo
+from dnnkit.errors import CudnnError
+
+pytestmark = [pytest.mark.gpu, pytest.mark.cudnn]
+F32 = np.dtype(np.float32)
+TOL = 1e-4                    # max|got - ref| / max|ref| vs float64, float32 data
+
+
+def _data(rng, xs, ws):
+    x = rng.standard_normal(xs).astype(np.float32)
+    w = (rng.standard_normal(ws) / np.sqrt(np.prod(ws[1:]))).astype(np.float32)
+    return x, w
+
+
+def _workspace_sizes(direction, op, *args, **kw):
+    """cuDNN's workspace size per algorithm name for this convolution (None: NOT_SUPPORTED),
+    asked through the same cached plan the op uses."""
+    from numba import cuda
+    a = dispatch.PREPARE[op](*args, **kw)
+    geom = a[-3]
+    shapes = {"fwd": (a[0], a[1], geom.y_shape), "bwd_data": (a[1], a[0], geom.x_shape),
+              "bwd_filter": (a[0], a[1], geom.w_shape)}[direction.name]
+    out = cuda.device_array(geom.user_shape(shapes[2]), np.float32)
+    c = conv._open(direction, (shapes[0], shapes[1], out), geom, F32, "float32",
+                   conv.math_type(F32, "float32", False), 0)
+    sizes = {}
+    for name, enum in direction.algos.items():
+        try:
+            sizes[name] = conv._ws_size(c, enum)
+        except CudnnError:        # NOT_SUPPORTED for this shape (or architecture)
+            sizes[name] = None
+    return sizes
+
+
+# (direction, op name, call, reference, algos asked for)
+X_SHAPE, W_SHAPE, PAD = (4, 8, 16, 16), (16, 8, 3, 3), 1   # reference: tuples
+Y_SHAPE = (4, 16, 16, 16)
+CASES = [
+    (conv.FWD, "conv2d", lambda x, w, dy, algo: dnnkit.conv2d(x, w, padding=PAD, algo=algo),
+     lambda x, w, dy: reference.conv_forward(x, w, None, (1, 1), (PAD, PAD), (1, 1)),
+     ("large", "fft", "fft_tiling", "winograd_non_fused", "guess_once", "time_once"),
+     lambda x, w, dy: (x, w), {"padding": PAD}),
+    (conv.BWD_DATA, "conv2d_backward_data",
+     lambda x, w, dy, algo: dnnkit.conv2d_backward_data(dy, w, X_SHAPE, padding=PAD, algo=algo),
+     lambda x, w, dy: reference.conv_backward_data(dy, w, X_SHAPE, (1, 1), (PAD, PAD), (1, 1)),
+     ("fft", "fft_tiling", "winograd_non_fused", "guess_once", "time_once"),
+     lambda x, w, dy: (dy, w, X_SHAPE), {"padding": PAD}),
+    (conv.BWD_FILTER, "conv2d_backward_filter",
+     lambda x, w, dy, algo: dnnkit.conv2d_backward_filter(x, dy, W_SHAPE, padding=PAD,
+                                                           algo=algo),
+     lambda x, w, dy: reference.conv_backward_filter(x, dy, W_SHAPE, (1, 1), (PAD, PAD), (1, 1)),
+     ("fft", "small", "fft_tiling", "winograd_non_fused", "guess_once", "time_once"),
+     lambda x, w, dy: (x, dy, W_SHAPE), {"padding": PAD}),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c[1])
+def test_workspace_limit_zero_runs_a_zero_workspace_algorithm(case, rng):
+    direction, op, call, ref, algos, args, kw = case
+    x, w = _data(rng, X_SHAPE, W_SHAPE)
+    dy = rng.standard_normal(Y_SHAPE).astype(np.float32)
+    want = ref(x.astype(np.float64), w.astype(np.float64), dy.astype(np.float64))
+    sizes = _workspace_sizes(direction, op, *args(x, w, dy), **kw)
+    algo_cache.clear()
+    for algo in algos:
+        with config.change_flags({"dnn.conv.workspace_limit": 0}), dnnkit.trace() as t:
+            got = call(x, w, dy, algo).copy_to_host()
+        assert t.backends() == ["cudnn"]
+        chosen = t[0].algo
+        assert sizes[chosen] == 0, f"{op} algo={algo} ran {chosen} ({sizes[chosen]} bytes)"
+        named = conv.FWD_ALGOS if direction is conv.FWD else (
+            conv.BWD_DATA_ALGOS if direction is conv.BWD_DATA else conv.BWD_FILTER_ALGOS)
+        if algo in named:
+            asked = direction.algo_name(named[algo])
+            if sizes[asked]:   # it needs a workspace: it must not have run
+                assert chosen != asked
+        assert reference.rel_error(got, want) <= TOL, (op, algo, chosen)
+
+
+def test_workspace_that_cannot_be_allocated_falls_back(rng):
+    """A real out-of-memory: nearly all free device memory is held, an FFT-family algorithm's
+    workspace (hundreds of MB at this size; GEMM needs none on cuDNN 9.19 / H100) cannot be
+    allocated, and the zero-workspace default runs."""
+    from numba import cuda
+    x, w = _data(rng, (16, 64, 64, 64), (64, 64, 3, 3))
+    margin = 48 << 20          # room for y (16 MiB) and cuDNN's small needs
+    with config.change_flags({"dnn.conv.workspace_limit": 1 << 40}):   # the limit allows all
+        with dnnkit.trace() as t:   # the default first: its kernels load now, not under OOM
+            want = dnnkit.conv2d(x, w, padding=1, algo="none").copy_to_host()
+        assert t[0].algo == "implicit_gemm"
+        sizes = _workspace_sizes(conv.FWD, "conv2d", x, w, padding=1)
+        big = [(a, n) for a, n in (("fft", "fft"), ("fft_tiling", "fft_tiling"),
+                                   ("winograd_non_fused", "winograd_nonfused"))
+               if isinstance(sizes[n], int) and sizes[n] > 2 * margin]
+        if not big:
+            pytest.skip(f"no algorithm needs more than {2 * margin} bytes here: {sizes}")
+        algo, name = big[0]
+        with dnnkit.trace() as t:
+            dnnkit.conv2d(x, w, padding=1, algo=algo)
+        assert t[0].algo == name, f"{algo} did not run as itself with memory to spare"
+        cuda.synchronize()
+        memory.empty_cache()
+        cuda.current_context().deallocations.clear()
+        free = cuda.current_context().get_memory_info()[0]
+        try:
+            hog = cuda.device_array(free - margin, np.uint8)
+        except Exception as e:  # noqa: BLE001 - fragmentation: cannot set the fault up
+            pytest.skip(f"could not hold {free - margin} bytes: {e}")
+        try:
+            with dnnkit.trace() as t:
+                got = dnnkit.conv2d(x, w, padding=1, algo=algo).copy_to_host()
+        finally:
+            del hog
+    assert t[0].backend == "cudnn" and t[0].algo == "implicit_gemm"
+    assert np.array_equal(got, want)   # the same algorithm as the reference run
+
+
+# ------------------------------------------------ a real NOT_SUPPORTED, then recovery
+
+def _fft_without_retry(x, w, bias, geom, opts, stream):
+    """conv2d's cuDNN path, but FFT and no retry: cuDNN's status reaches the dispatcher."""
+    y = arrays.cuda_empty(geom.user_shape(geom.y_shape), x.dtype, stream)
+    math_t = conv.math_type(x.dtype, opts["compute_dtype"], opts["allow_tf32"])
+    c = conv._open(conv.FWD, (x, w, y), geom, x.dtype, opts["compute_dtype"], math_t,
+                   arrays.stream_pointer(stream))
+    note_algo(conv.FWD.algo_name(conv._execute(c, conv.FWD.algos["fft"], False, None)))
+    return y
+
+
+@pytest.fixture
+def fault_op():
+    dispatch.register("fault_conv2d", "numba")(dispatch.REGISTRY["conv2d"]["numba"].fn)
+    dispatch.register("fault_conv2d", "cudnn")(_fft_without_retry)
+    yield
+    dispatch.REGISTRY.pop("fault_conv2d")
+    dispatch.OPS.pop("fault_conv2d")
+
+
+STRIDE2 = dict(stride=2, padding=1)
+
+
+def _stride2(rng):
+    x, w = _data(rng, (2, 8, 17, 17), (8, 8, 3, 3))
+    ref = reference.conv_forward(x.astype(np.float64), w.astype(np.float64), None, (2, 2),
+                                 (1, 1), (1, 1))
+    return x, w, ref
+
+
+def test_not_supported_under_auto_falls_back_to_numba(fault_op, rng):
+    x, w, want = _stride2(rng)
+    args = dispatch.PREPARE["conv2d"](x, w, **STRIDE2)
+    with pytest.raises(CudnnError) as ei:
+        dispatch.dispatch("fault_conv2d", *args, backend="cudnn")
+    assert ei.value.not_supported, f"expected a NOT_SUPPORTED status: {ei.value}"
+    with dnnkit.trace() as t:
+        got = dispatch.dispatch("fault_conv2d", *args).copy_to_host()   # auto
+    assert t.backends() == ["numba"]
+    assert t[0].reason == f"cuDNN returned {ei.value.status_name} at run time"
+    assert reference.rel_error(got, want) <= TOL
+
+
+def test_a_cudnn_error_mid_graph_leaves_handle_plans_and_cache_usable(fault_op, rng):
+    x, w, want = _stride2(rng)
+    call = dict(STRIDE2, algo="guess_once", backend="cudnn")
+    algo_cache.clear()
+    with dnnkit.trace() as t0:
+        y0 = dnnkit.conv2d(x, w, **call).copy_to_host()
+        dnnkit.relu(x, backend="cudnn")
+    plans0, h0 = dict(conv._plans), handle.get(0).value
+    totals0, cache0 = descriptors.total_counts(), algo_cache.stats()
+
+    with pytest.raises(CudnnError) as ei:      # on the same plan (same geometry), mid-graph
+        dispatch.dispatch("fault_conv2d", *dispatch.PREPARE["conv2d"](x, w, **STRIDE2),
+                          backend="cudnn")
+    assert "algo fft" in str(ei.value)
+
+    with dnnkit.trace() as t1:
+        y1 = dnnkit.conv2d(x, w, **call).copy_to_host()
+        r1 = dnnkit.relu(x, backend="cudnn").copy_to_host()
+    assert t1.backends() == ["cudnn", "cudnn"] and t1[0].algo == t0[0].algo
+    assert np.array_equal(y1, y0) and reference.rel_error(y1, want) <= TOL
+    assert np.array_equal(r1, np.maximum(x, 0))
+    assert handle.get(0).value == h0
+    assert all(conv._plans.get(k) is p for k, p in plans0.items())   # the same plan objects
+    made = {k: v[0] - totals0.get(k, (0, 0))[0] for k, v in descriptors.total_counts().items()}
+    assert made.get("FilterDescriptor", 0) == made.get("ConvolutionDescriptor", 0) == 0
+    cache1 = algo_cache.stats()
+    assert cache1["hits"] == cache0["hits"] + 1 and cache1["misses"] == cache0["misses"]
