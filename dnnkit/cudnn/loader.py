@@ -22,8 +22,12 @@ import threading
 from .enums import STATUS_NAMES, STATUS_SUCCESS
 
 MAIN_NAME = "libcudnn.so.9"
+# Every cuDNN 9 release ships these beside libcudnn.so.9 (later ones add more, loaded only when
+# used): the heuristic and engine libraries are what picks and runs a kernel, so a folder
+# without them is as broken as one without the op libraries.
 SUBLIBRARIES = ("libcudnn_graph.so.9", "libcudnn_ops.so.9", "libcudnn_cnn.so.9",
-                "libcudnn_adv.so.9")
+                "libcudnn_adv.so.9", "libcudnn_heuristic.so.9",
+                "libcudnn_engines_precompiled.so.9", "libcudnn_engines_runtime_compiled.so.9")
 MIN_VERSION = 90000
 
 

@@ -198,21 +198,22 @@ def selfcheck_cases(Case):
             return RNNConfig(c.mode, c.input_size, c.hidden_size, c.num_layers,
                              c.bidirectional, c.input_mode, np.dtype(i[0].dtype).name)
 
-        def run_fwd(backend, stream, i):
+        # cfg_of is bound as a default: a plain closure would see the last mode's (the loop's)
+        def run_fwd(backend, stream, i, cfg_of=cfg_of):
             return _Outputs(rnn_forward(cfg_of(i), i[1], i[0], backend=backend,
                                         stream=stream)[:3])
 
-        def run_bwd(backend, stream, i):
+        def run_bwd(backend, stream, i, cfg_of=cfg_of):
             c = cfg_of(i)
             y, _, _, st = rnn_forward(c, i[1], i[0], training=True, backend=backend,
                                       stream=stream)
             return _Outputs(rnn_backward(c, i[1], i[0], y, i[2], state=st, backend=backend,
                                          stream=stream))
 
-        def ref_fwd(i):
+        def ref_fwd(i, cfg_of=cfg_of):
             return _concat(reference.rnn_forward(cfg_of(i), i[1], i[0])[:3])
 
-        def ref_bwd(i):
+        def ref_bwd(i, cfg_of=cfg_of):
             return _concat(reference.rnn_backward(cfg_of(i), i[1], i[0], i[2]))
 
         rows.append(Case("rnn_forward", f"{mode} 2x bidir", run_fwd, ref_fwd, make))

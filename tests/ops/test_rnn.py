@@ -421,3 +421,19 @@ def test_gpu_realistic_shape_with_split_k(rng, mode):
                                                   dy.astype(np.float64), lengths=lengths)
     for got, ref in ((dx, rdx), (dhx, rdhx), (dw, rdw)):
         assert _err(got.copy_to_host(), ref) <= 2e-5
+
+
+def test_selfcheck_cases_each_run_their_own_mode():
+    """Every RNN selfcheck case runs its own configuration (a late-bound closure once gave
+    every case the last mode's, and the other modes failed with a parameter-size error)."""
+    import numpy as np
+    from dnnkit import selfcheck
+    cases = [c for c in selfcheck.cases() if c.op == "rnn_forward"]
+    assert len(cases) >= 3
+    from numba import cuda
+    for c in cases:
+        inputs = c.make(np.random.default_rng(0), np.dtype(np.float64), False)
+        got = c.run("numba", None, [cuda.to_device(a) for a in inputs]).copy_to_host()
+        ref = c.ref(inputs)
+        assert got.shape == ref.shape and np.abs(got - ref).max() <= 1e-10 * np.abs(ref).max(), \
+            c.variant
