@@ -52,8 +52,8 @@ def test_folder_with_only_the_main_library(real, tmp_path):
     _partial_copy(real, tmp_path, ["libcudnn.so.9"])
     st = loader.status(str(tmp_path))
     assert not st.available and st.version is None  # no cuDNN call was made
-    assert st.reason.startswith("sub-library missing: libcudnn_graph.so.9, libcudnn_ops.so.9, "
-                                "libcudnn_cnn.so.9, libcudnn_adv.so.9 not beside")
+    assert st.reason.startswith("sub-library missing: " + ", ".join(loader.SUBLIBRARIES)
+                                + " not beside")
 
 
 def test_folder_missing_one_sub_library(real, tmp_path):
