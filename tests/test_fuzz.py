@@ -28,25 +28,25 @@ from dnnkit import memory
 from tests.conftest import backend_params
 from tests.fuzz import cases_conv, cases_elementwise, cases_norm, cases_seq, common
 
-# family -> (case builder, examples per backend here, ops it covers)
+# family -> (case builder, examples per op and backend here, the ops it covers)
 FAMILIES = {
-    "activation": (cases_elementwise.activation_case, 30,
+    "activation": (cases_elementwise.activation_case, 60,
                    ("activation", "activation_backward")),
-    "softmax": (cases_elementwise.softmax_case, 30,
+    "softmax": (cases_elementwise.softmax_case, 50,
                 ("softmax", "log_softmax", "softmax_backward")),
-    "dropout": (cases_elementwise.dropout_case, 25, ("dropout", "dropout_backward")),
-    "conv": (cases_conv.conv_case, 30,
+    "dropout": (cases_elementwise.dropout_case, 50, ("dropout", "dropout_backward")),
+    "conv": (cases_conv.conv_case, 40,
              ("conv2d", "conv3d", "conv2d_backward_data", "conv3d_backward_data",
               "conv2d_backward_filter", "conv3d_backward_filter", "conv_backward_bias")),
-    "pool": (cases_conv.pool_case, 30,
+    "pool": (cases_conv.pool_case, 50,
              ("pool2d", "pool3d", "pool2d_backward", "pool3d_backward")),
-    "batchnorm": (cases_norm.batchnorm_case, 25,
+    "batchnorm": (cases_norm.batchnorm_case, 40,
                   ("batch_norm_train", "batch_norm_inference", "batch_norm_backward")),
-    "spatial": (cases_norm.spatial_case, 30,
+    "spatial": (cases_norm.spatial_case, 50,
                 ("affine_grid", "affine_grid_backward", "grid_sample", "grid_sample_backward",
                  "spatial_transformer")),
-    "rnn": (cases_seq.rnn_case, 12, ("rnn_forward", "rnn_backward")),
-    "loss": (cases_seq.loss_case, 25, ("CrossEntropyLoss", "MSELoss")),
+    "rnn": (cases_seq.rnn_case, 25, ("rnn_forward", "rnn_backward")),
+    "loss": (cases_seq.loss_case, 50, ("CrossEntropyLoss", "MSELoss")),
 }
 
 
@@ -99,13 +99,14 @@ def test_every_public_op_is_fuzzed():
 
 
 def _fuzz_test(family):
-    build, n, _ = FAMILIES[family]
+    build, n, ops = FAMILIES[family]
 
+    @pytest.mark.parametrize("op", ops)
     @pytest.mark.parametrize("backend", backend_params())
     @common.fuzz_settings(n)
     @given(data=st.data())
-    def test(backend, data):
-        common.run(build(data, backend))
+    def test(backend, op, data):
+        common.run(build(data, backend, op))
     test.__name__ = f"test_fuzz_{family}"
     return test
 

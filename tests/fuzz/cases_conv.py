@@ -33,10 +33,13 @@ CONV_MISTAKES = COMMON + (
 CONV_OPS = ("fwd", "bwd_data", "bwd_filter", "bias")
 
 
-def conv_case(data, backend):
+def conv_case(data, backend, op):
     rng = seed_rng(data)
-    nd = data.draw(st.sampled_from([2, 3]), label="nd")
-    which = data.draw(st.sampled_from(CONV_OPS), label="direction")
+    nd = 3 if op.startswith("conv3d") else 2
+    which = ("bwd_data" if op.endswith("_data") else "bwd_filter" if op.endswith("_filter")
+             else "bias" if op == "conv_backward_bias" else "fwd")
+    if which == "bias":
+        nd = data.draw(st.sampled_from([2, 3]), label="nd")
     dtype = draw_dtype(data)
     groups = data.draw(st.integers(1, 2), label="groups")
     cg, kg = data.draw(st.integers(1, 2), label="C/g"), draw_size(data, 0, 2, "K/g")
@@ -61,8 +64,6 @@ def conv_case(data, backend):
     x64, w64 = x.astype(np.float64), w.astype(np.float64)
     y64 = R.conv_forward(x64, w64, None, *ref_args)
     dy = normal(rng, y64.shape, dtype)
-    op = {"fwd": f"conv{nd}d", "bwd_data": f"conv{nd}d_backward_data",
-          "bwd_filter": f"conv{nd}d_backward_filter", "bias": "conv_backward_bias"}[which]
     mistake = _mistake(data, CONV_MISTAKES if which != "bias" else COMMON + ("wrong rank",))
     bad, be = _common(data, mistake, rng, xs, backend)
     x_shape, w_shape = xs, ws
@@ -164,10 +165,9 @@ POOL_MISTAKES = COMMON + (
 POOL_BWD_MISTAKES = POOL_MISTAKES + ("y shape mismatch", "dy dtype mismatch")
 
 
-def pool_case(data, backend):
+def pool_case(data, backend, op):
     rng = seed_rng(data)
-    nd = data.draw(st.sampled_from([2, 3]), label="nd")
-    backward = data.draw(st.booleans(), label="backward")
+    nd, backward = int(op[4]), op.endswith("_backward")
     dtype = draw_dtype(data)
     mode = data.draw(st.sampled_from(P.MODES + ("average",)), label="mode")
     n, c = draw_size(data, 0, 2, "N"), draw_size(data, 0, 2, "C")
@@ -184,7 +184,6 @@ def pool_case(data, backend):
     nonfinite = not backward and data.draw(st.booleans(), label="nonfinite")
     if nonfinite:
         x = inject_nonfinite(rng, x, 0.15)
-    op = f"pool{nd}d" + ("_backward" if backward else "")
     mistake = _mistake(data, POOL_BWD_MISTAKES if backward else POOL_MISTAKES)
     bad, be = _common(data, mistake, rng, xs, backend)
     args = dict(window=window, stride=stride, padding=padding, mode=mode)

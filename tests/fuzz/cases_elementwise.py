@@ -41,9 +41,8 @@ ACT_MISTAKES = COMMON + ("unknown mode", "mode not a str", "coef not a number", 
 ACT_BWD_MISTAKES = ACT_MISTAKES + ("shape mismatch", "dtype mismatch")
 
 
-def activation_case(data, backend):
+def activation_case(data, backend, op):
     rng = seed_rng(data)
-    op = data.draw(st.sampled_from(["activation", "activation_backward"]), label="op")
     dtype = draw_dtype(data)
     shape = draw_dims(data, data.draw(st.integers(0, 4), label="rank"), 0, 5)
     mode = data.draw(st.sampled_from(A.MODES), label="mode")
@@ -119,9 +118,8 @@ def _sm_tol(dtype, algo):
     return REL_TOL[dtype] * (4 if algo == "log" else 1) * (2 if dtype == "float32" else 1)
 
 
-def softmax_case(data, backend):
+def softmax_case(data, backend, op):
     rng = seed_rng(data)
-    op = data.draw(st.sampled_from(["softmax", "log_softmax", "softmax_backward"]), label="op")
     dtype = draw_dtype(data)
     rank = data.draw(st.sampled_from([2, 4]), label="rank")
     shape = draw_dims(data, rank, 0, 4)
@@ -177,9 +175,8 @@ DROP_BWD_MISTAKES = COMMON + ("state not a DropoutState", "dy shape mismatch",
                               "dy dtype mismatch")
 
 
-def dropout_case(data, backend):
+def dropout_case(data, backend, op):
     rng = seed_rng(data)
-    op = data.draw(st.sampled_from(["dropout", "dropout_backward"]), label="op")
     dtype = draw_dtype(data)
     shape = draw_dims(data, data.draw(st.integers(1, 4), label="rank"), 0, 5)
     p = data.draw(st.sampled_from([0.0, 0.1, 0.5, 0.9, 0.999]), label="p")

@@ -2,6 +2,7 @@
 grid_sample(+backward), spatial_transformer."""
 
 import importlib
+import os
 
 import numpy as np
 from hypothesis import strategies as st
@@ -13,6 +14,7 @@ B = importlib.import_module("dnnkit.ops.batchnorm")
 from .cases_elementwise import COMMON, REL_TOL, _common, _mistake
 from .common import Presenter, compare, draw_dims, draw_size, draw_dtype, expect, normal, pick, seed_rng
 
+SIMULATOR = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
 PDT = {"float16": "float32", "float32": "float32", "float64": "float64"}
 
 def _train_ref(x, gamma, beta, mode, eps, momentum=0.1, rm=None, rv=None):
@@ -37,11 +39,9 @@ BN_TRAIN_MISTAKES = BN_MISTAKES + ("momentum > 1", "momentum < 0", "only running
 BN_BWD_MISTAKES = BN_MISTAKES + ("dy shape mismatch", "empty batch")
 
 
-def batchnorm_case(data, backend):
+def batchnorm_case(data, backend, op):
     from numba import cuda
     rng = seed_rng(data)
-    op = data.draw(st.sampled_from(["batch_norm_train", "batch_norm_inference",
-                                    "batch_norm_backward"]), label="op")
     dtype = draw_dtype(data)
     rank = data.draw(st.integers(2, 5), label="rank")
     mode = data.draw(st.sampled_from(B.MODES), label="mode")
@@ -60,6 +60,10 @@ def batchnorm_case(data, backend):
     eps = data.draw(st.sampled_from([1e-5, 1e-3, 0.1]), label="epsilon")
     momentum = data.draw(st.sampled_from([0.0, 0.1, 1.0]), label="momentum")
     running = op == "batch_norm_train" and data.draw(st.booleans(), label="running")
+    if SIMULATOR and shape[1] == 0:
+        # C = 0: the simulator's copy_to_device compares the strides of empty arrays (Numba's
+        # real one does not), so the Numba backend's copy of the running statistics fails
+        running = False
     mistake = _mistake(data, {"batch_norm_train": BN_TRAIN_MISTAKES,
                               "batch_norm_backward": BN_BWD_MISTAKES}.get(op, BN_MISTAKES))
     bad, be = _common(data, mistake, rng, shape, backend)
@@ -74,7 +78,7 @@ def batchnorm_case(data, backend):
     elif mistake == "epsilon not a number":
         kw["epsilon"] = pick(data, ["small", None, [1e-5]])
     elif mistake == "gamma shape":
-        g_call = np.ones((shape[1] + 1,) + tuple(ps[1:]), pdt)
+        g_call = np.ones((shape[1] + 1, 2), pdt)
     elif mistake == "gamma device dtype":
         g_call = cuda.to_device(gamma.astype("float64" if pdt == "float32" else "float32"))
     elif mistake in ("rank 1", "rank 6"):
@@ -158,10 +162,8 @@ ST_MISTAKES = COMMON + ("scale <= 0", "scale not a number", "theta N mismatch",
                         "theta shape", "dtype mismatch")
 
 
-def spatial_case(data, backend):
+def spatial_case(data, backend, op):
     rng = seed_rng(data)
-    op = data.draw(st.sampled_from(["affine_grid", "affine_grid_backward", "grid_sample",
-                                    "grid_sample_backward", "spatial_transformer"]), label="op")
     dtype = draw_dtype(data)
     n, c = draw_size(data, 0, 2, "N"), data.draw(st.integers(1, 2), label="C")
     h, w = draw_dims(data, 2, 1, 4, "H, W")

@@ -22,9 +22,9 @@ FWD_MISTAKES = COMMON + CTOR_MISTAKES + (
 BWD_MISTAKES = COMMON + ("state None", "dy shape", "dhy shape", "dy dtype")
 
 
-def rnn_case(data, backend):
+def rnn_case(data, backend, op):
     rng = seed_rng(data)
-    backward = data.draw(st.booleans(), label="backward")
+    backward = op == "rnn_backward"
     dtype = draw_dtype(data)
     mode = data.draw(st.sampled_from(MODES), label="mode")
     hsz = data.draw(st.integers(1, 3), label="hidden")
@@ -38,7 +38,6 @@ def rnn_case(data, backend):
     if data.draw(st.booleans(), label="varlen"):
         lengths = [data.draw(st.integers(1, t), label="length") for _ in range(n)]
     with_states = data.draw(st.booleans(), label="hx/cx")
-    op = "rnn_backward" if backward else "rnn_forward"
     mistake = _mistake(data, BWD_MISTAKES if backward else FWD_MISTAKES)
     bad, be = _common(data, mistake, rng, (t, n, isz), backend)
     ctor = dict(bidirectional=bidir, input_mode="skip" if skip else "linear",
@@ -172,10 +171,10 @@ def ce_ref(x, target, reduction, ignore):
     return loss, grad
 
 
-def loss_case(data, backend):
+def loss_case(data, backend, op):
     from numba import cuda
     rng = seed_rng(data)
-    which = data.draw(st.sampled_from(["CrossEntropyLoss", "MSELoss"]), label="loss")
+    which = op
     dtype = draw_dtype(data)
     reduction = data.draw(st.sampled_from(["mean", "sum"]), label="reduction")
     n = draw_size(data, 0, 3, "N")

@@ -95,7 +95,8 @@ class Presenter:
 
     def __call__(self, a, name):
         from numba import cuda
-        a = np.asarray(a)
+        if not isinstance(a, np.ndarray):   # a device array or a non-array: as it is
+            return a
         how = self.data.draw(st.sampled_from(LAYOUTS), label=f"{name} layout")
         if how == "host" or a.ndim == 0:
             return a
@@ -109,6 +110,7 @@ class Presenter:
             big = np.zeros(a.shape[:-1] + (2 * a.shape[-1],), a.dtype)
             big[..., ::2] = a
             return big[..., ::2]
+        a = np.ascontiguousarray(a)
         if how == "device":
             return cuda.to_device(a)
         if how == "device_offset":   # a contiguous view that does not start at its allocation
