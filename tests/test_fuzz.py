@@ -11,7 +11,8 @@ from dnnkit's allocator is filled with NaN first, so an element an op forgets to
 as a wrong result.
 
 Example counts are small here (the CUDA simulator runs one Python thread per CUDA thread);
-DNNKIT_FUZZ_EXAMPLES=k multiplies them (validation/fuzz_gpu.sh). The run's count is printed
+DNNKIT_FUZZ_EXAMPLES=k multiplies them. On a GPU: ``bash validation/fuzz_gpu.sh [k]`` (both
+backends, then a sample under compute-sanitizer memcheck). The run's count is printed
 in the terminal summary ("fuzz: N cases (V valid, I invalid) over K ops") and written to the
 file named by DNNKIT_FUZZ_REPORT, if set.
 """

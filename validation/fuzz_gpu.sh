@@ -5,14 +5,14 @@
 # Numba kernels and cuDNN calls the fuzzer drives; no leak check: the caching allocator keeps
 # blocks on purpose). About 3-5 minutes on an H100/H200.
 #
-#   bash validation/fuzz_gpu.sh [SCALE]      # SCALE multiplies the example counts (default 10)
+#   bash validation/fuzz_gpu.sh [SCALE]      # SCALE multiplies the example counts (default 5)
 #
 # Needs: dnnkit installed with its test extra (pytest, hypothesis) on a machine with a GPU;
 # compute-sanitizer on PATH or in /usr/local/cuda/bin (skipped, and said so, when absent).
 # Writes the case counts to $DNNKIT_FUZZ_REPORT (default: fuzz_report.txt in $OUT or /tmp).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-SCALE=${1:-${DNNKIT_FUZZ_EXAMPLES:-10}}
+SCALE=${1:-${DNNKIT_FUZZ_EXAMPLES:-5}}
 REPORT=${DNNKIT_FUZZ_REPORT:-${OUT:-/tmp}/fuzz_report.txt}
 : > "$REPORT"
 status=0
