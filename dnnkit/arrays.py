@@ -139,7 +139,9 @@ def device_input(op, name, x, stream, *, ndim=None):
         raise ValueError(f"{op}: {name} must be {' or '.join(f'{n}-D' for n in ndim)}; "
                          f"got shape {tuple(d.shape)}")
     if isinstance(d, np.ndarray):
-        return cuda.to_device(np.ascontiguousarray(d), stream=stream)
+        # np.ascontiguousarray makes a 0-d array 1-d: keep the caller's shape (found by the
+        # fuzzer, tests/test_fuzz.py: activation of a scalar returned shape (1,))
+        return cuda.to_device(np.ascontiguousarray(d).reshape(d.shape), stream=stream)
     if not d.is_c_contiguous():
         raise ValueError(f"{op}: {name} must be C-contiguous; got shape {tuple(d.shape)} with "
                          f"strides {tuple(d.strides)} (copy it first)")

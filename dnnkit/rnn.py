@@ -85,7 +85,10 @@ class RNN:
     def _time_major(self, a, stream):
         if a is None or not self.batch_first:
             return a
-        if isinstance(a, np.ndarray) or not hasattr(a, "__cuda_array_interface__"):
+        # a device array is tested as in every other check (is_device_array first): the
+        # simulator's arrays have no __cuda_array_interface__, and a non-contiguous device
+        # view was copied through the host instead of refused (found by tests/test_fuzz.py)
+        if not (arrays.is_device_array(a) or hasattr(a, "__cuda_array_interface__")):
             h = np.asarray(a)
             return np.ascontiguousarray(h.swapaxes(0, 1)) if h.ndim == 3 else h
         from .ops.rnn_numba import transpose01

@@ -114,6 +114,18 @@ def test_non_contiguous_device_input_is_rejected():
         dnnkit.activation(d)
 
 
+@pytest.mark.parametrize("backend", backend_params())
+def test_zero_dim_host_input_keeps_its_shape(backend):
+    """A 0-d host array came back 1-d: np.ascontiguousarray lifts 0-d arrays to (1,) (found
+    by the fuzzer, tests/test_fuzz.py)."""
+    y = dnnkit.activation(np.float32(-2.0), "relu", backend=backend)
+    assert y.shape == () and y.copy_to_host() == 0
+    x = np.array(0.5, np.float64)
+    assert dnnkit.activation(x, "tanh", backend=backend).shape == ()
+    dx = dnnkit.activation_backward(x, np.tanh(x), np.array(2.0), "tanh", backend=backend)
+    assert dx.shape == () and np.isclose(dx.copy_to_host(), 2 * (1 - np.tanh(0.5) ** 2))
+
+
 def test_device_input_is_used_without_copy_and_output_is_device():
     from numba import cuda
     from dnnkit import arrays

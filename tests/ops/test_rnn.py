@@ -361,6 +361,19 @@ def test_backward_argument_errors():
                             dcy=np.zeros((1, 2, 4), np.float32), state=_ForeignState())
 
 
+@pytest.mark.parametrize("batch_first", [False, True])
+def test_non_contiguous_device_x_is_refused_naming_the_op(batch_first):
+    """With batch_first, RNN took a device array for a host one on the simulator (its arrays
+    have no __cuda_array_interface__) and copied a non-contiguous view through the host
+    instead of refusing it as every other op does (found by tests/test_fuzz.py)."""
+    from numba import cuda
+    rnn = dnnkit.RNN("gru", 2, 2, batch_first=batch_first)
+    w = rnn.init_params()
+    x = cuda.to_device(np.ones((2, 3, 4), np.float32))[:, :, ::2]
+    with pytest.raises(ValueError, match=r"(RNN|rnn_forward): x must be C-contiguous"):
+        rnn.forward(w, x)
+
+
 def test_backward_with_a_state_from_another_backend_raises():
     cfg = R.make_config("gru", 2, 2)
     w, x = np.zeros(param_size(cfg), np.float32), np.zeros((1, 1, 2), np.float32)

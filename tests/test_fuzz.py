@@ -1,0 +1,116 @@
+"""Property-based fuzzer over every public op (issue 9, "Bad input").
+
+Each example is either a valid call, which must match the float64 reference within the op's
+tolerance (NaN and Inf propagating as IEEE says where the op is elementwise), or a mistake
+from the family's catalogue (bad dtype, non-array, non-contiguous device view, mismatched
+shapes, negative padding, stride 0, window larger than the input, groups not dividing C, p
+outside [0, 1), unknown modes, ...), which must raise ValueError or TypeError naming the op.
+Anything else fails. Inputs come as host arrays, non-contiguous host views, device arrays,
+offset device views and non-contiguous device views; sizes include zero. Every output buffer
+from dnnkit's allocator is filled with NaN first, so an element an op forgets to write shows up
+as a wrong result.
+
+Example counts are small here (the CUDA simulator runs one Python thread per CUDA thread);
+DNNKIT_FUZZ_EXAMPLES=k multiplies them. On a GPU: ``bash validation/fuzz_gpu.sh [k]`` (both
+backends, then a sample under compute-sanitizer memcheck). The run's count is printed
+in the terminal summary ("fuzz: N cases (V valid, I invalid) over K ops") and written to the
+file named by DNNKIT_FUZZ_REPORT, if set.
+"""
+
+import os
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import dnnkit
+from dnnkit import memory
+from tests.conftest import backend_params
+from tests.fuzz import cases_conv, cases_elementwise, cases_norm, cases_seq, common
+
+# family -> (case builder, examples per op and backend here, the ops it covers)
+FAMILIES = {
+    "activation": (cases_elementwise.activation_case, 60,
+                   ("activation", "activation_backward")),
+    "softmax": (cases_elementwise.softmax_case, 50,
+                ("softmax", "log_softmax", "softmax_backward")),
+    "dropout": (cases_elementwise.dropout_case, 50, ("dropout", "dropout_backward")),
+    "conv": (cases_conv.conv_case, 40,
+             ("conv2d", "conv3d", "conv2d_backward_data", "conv3d_backward_data",
+              "conv2d_backward_filter", "conv3d_backward_filter", "conv_backward_bias")),
+    "pool": (cases_conv.pool_case, 50,
+             ("pool2d", "pool3d", "pool2d_backward", "pool3d_backward")),
+    "batchnorm": (cases_norm.batchnorm_case, 40,
+                  ("batch_norm_train", "batch_norm_inference", "batch_norm_backward")),
+    "spatial": (cases_norm.spatial_case, 50,
+                ("affine_grid", "affine_grid_backward", "grid_sample", "grid_sample_backward",
+                 "spatial_transformer")),
+    "rnn": (cases_seq.rnn_case, 25, ("rnn_forward", "rnn_backward")),
+    "loss": (cases_seq.loss_case, 50, ("CrossEntropyLoss", "MSELoss")),
+}
+
+
+class _Summary:
+    def pytest_terminal_summary(self, terminalreporter):
+        head, rows = common.summary()
+        terminalreporter.write_line(head)
+        for r in rows:
+            terminalreporter.write_line(r)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _fuzz_report(request):
+    """The case count: printed (pytest -s), in the terminal summary and in
+    $DNNKIT_FUZZ_REPORT."""
+    plugin = _Summary()
+    request.config.pluginmanager.register(plugin, "dnnkit-fuzz-summary")
+    yield
+    head, rows = common.summary()
+    print("\n" + head)
+    path = os.environ.get("DNNKIT_FUZZ_REPORT")
+    if path:
+        with open(path, "a") as f:
+            f.write("\n".join([head] + rows) + "\n")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _poisoned_outputs():
+    """Fill every array from dnnkit's allocator with NaN (integers: their maximum), so that an
+    output element the op does not write cannot pass for a right answer."""
+    real = memory.device_array
+
+    def poisoned(shape, dtype, stream):
+        a = real(shape, dtype, stream)
+        if a.size:
+            dt = np.dtype(dtype)
+            fill = np.nan if dt.kind == "f" else np.iinfo(dt).max
+            a.copy_to_device(np.full(a.shape, fill, dt), stream=stream if not isinstance(
+                stream, int) else 0)
+        return a
+    memory.device_array = poisoned
+    yield
+    memory.device_array = real
+
+
+def test_every_public_op_is_fuzzed():
+    covered = {op for _, _, ops in FAMILIES.values() for op in ops}
+    public = set(dnnkit.ops.__all__) - {"DropoutState", "relu", "sigmoid", "tanh"}
+    assert public <= covered, f"not fuzzed: {sorted(public - covered)}"
+
+
+def _fuzz_test(family):
+    build, n, ops = FAMILIES[family]
+
+    @pytest.mark.parametrize("op", ops)
+    @pytest.mark.parametrize("backend", backend_params())
+    @common.fuzz_settings(n)
+    @given(data=st.data())
+    def test(backend, op, data):
+        common.run(build(data, backend, op))
+    test.__name__ = f"test_fuzz_{family}"
+    return test
+
+
+for _family in FAMILIES:
+    globals()[f"test_fuzz_{_family}"] = _fuzz_test(_family)
