@@ -113,6 +113,16 @@ def stream_pointer(stream):
     return int(v or 0)
 
 
+def host_contiguous(h):
+    """A C-contiguous copy (or h itself) of a host array with h's shape and canonical strides.
+    np.ascontiguousarray makes a 0-d array 1-d, and returns an empty view (e.g. reversed)
+    unchanged, with strides Numba's copy to the device rejects on a real GPU ("incompatible
+    shape"; the simulator does not check): both found by the fuzzer (tests/test_fuzz.py)."""
+    if h.size == 0:
+        return np.empty(h.shape, h.dtype)
+    return np.ascontiguousarray(h).reshape(h.shape)
+
+
 def device_input(op, name, x, stream, *, ndim=None):
     """Validate one floating-point input of ``op`` and return it as a Numba device array."""
     cuda = _cuda()
@@ -139,9 +149,7 @@ def device_input(op, name, x, stream, *, ndim=None):
         raise ValueError(f"{op}: {name} must be {' or '.join(f'{n}-D' for n in ndim)}; "
                          f"got shape {tuple(d.shape)}")
     if isinstance(d, np.ndarray):
-        # np.ascontiguousarray makes a 0-d array 1-d: keep the caller's shape (found by the
-        # fuzzer, tests/test_fuzz.py: activation of a scalar returned shape (1,))
-        return cuda.to_device(np.ascontiguousarray(d).reshape(d.shape), stream=stream)
+        return cuda.to_device(host_contiguous(d), stream=stream)
     if not d.is_c_contiguous():
         raise ValueError(f"{op}: {name} must be C-contiguous; got shape {tuple(d.shape)} with "
                          f"strides {tuple(d.strides)} (copy it first)")

@@ -118,7 +118,8 @@ class Presenter:
             return cuda.to_device(big)[1:]
         big = np.zeros(a.shape[:-1] + (2 * a.shape[-1],), a.dtype)
         big[..., ::2] = a
-        v = cuda.to_device(big)[..., ::2]
+        # real Numba device arrays take no Ellipsis: spell every leading axis out
+        v = cuda.to_device(big)[(slice(None),) * (a.ndim - 1) + (slice(None, None, 2),)]
         if not v.is_c_contiguous():
             self.bad.append(f"{name} is a non-contiguous device view")
         return v

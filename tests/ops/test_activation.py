@@ -174,3 +174,16 @@ def test_kernels_cover_every_element_with_a_small_grid(rng, n):
     ref_y = np.tanh(x.astype(np.float64))
     np.testing.assert_allclose(y.copy_to_host(), ref_y, rtol=1e-6, atol=1e-7)
     np.testing.assert_allclose(dx.copy_to_host(), dy * (1 - ref_y ** 2), rtol=1e-5, atol=1e-6)
+
+
+def test_empty_strided_host_view_is_copied_with_canonical_strides():
+    """An empty reversed host view passes np.ascontiguousarray unchanged (it counts as
+    contiguous) with a stride Numba's host-to-device copy rejects on a real GPU; the input
+    path makes empty arrays afresh (found by the fuzzer on an H100)."""
+    from dnnkit import arrays
+    view = np.ones(0, np.float32)[::-1]
+    assert view.strides == (0,)                      # what Numba's copy rejects
+    h = arrays.host_contiguous(view)
+    assert h.shape == (0,) and h.strides == (4,)
+    assert arrays.host_contiguous(np.float32(3.0).reshape(())).shape == ()
+    assert dnnkit.relu(np.ones((3, 0), np.float32)[:, ::-1]).shape == (3, 0)
