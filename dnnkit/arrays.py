@@ -114,13 +114,20 @@ def stream_pointer(stream):
 
 
 def host_contiguous(h):
-    """A C-contiguous copy (or h itself) of a host array with h's shape and canonical strides.
-    np.ascontiguousarray makes a 0-d array 1-d, and returns an empty view (e.g. reversed)
-    unchanged, with strides Numba's copy to the device rejects on a real GPU ("incompatible
-    shape"; the simulator does not check): both found by the fuzzer (tests/test_fuzz.py)."""
+    """h, or a C-ordered copy of it, with h's shape and the canonical C strides. NumPy calls an
+    array C-contiguous whatever the strides of its length-1 axes (a reversed 1-element view
+    has stride -itemsize), and Numba's copy to a real GPU then fails ("incompatible shape";
+    the simulator does not check); np.ascontiguousarray returns such views unchanged and makes
+    a 0-d array 1-d. Both were found by the fuzzer (tests/test_fuzz.py)."""
     if h.size == 0:
         return np.empty(h.shape, h.dtype)
-    return np.ascontiguousarray(h).reshape(h.shape)
+    expect, step = [], h.itemsize
+    for n in reversed(h.shape):
+        expect.append(step)
+        step *= n
+    if h.strides == tuple(reversed(expect)):
+        return h
+    return np.array(h, dtype=h.dtype, order="C", copy=True)
 
 
 def device_input(op, name, x, stream, *, ndim=None):

@@ -176,14 +176,18 @@ def test_kernels_cover_every_element_with_a_small_grid(rng, n):
     np.testing.assert_allclose(dx.copy_to_host(), dy * (1 - ref_y ** 2), rtol=1e-5, atol=1e-6)
 
 
-def test_empty_strided_host_view_is_copied_with_canonical_strides():
-    """An empty reversed host view passes np.ascontiguousarray unchanged (it counts as
-    contiguous) with a stride Numba's host-to-device copy rejects on a real GPU; the input
-    path makes empty arrays afresh (found by the fuzzer on an H100)."""
+def test_host_views_reach_the_device_with_canonical_strides():
+    """A reversed 1-element view (stride -4) counts as C-contiguous in NumPy and passed
+    through unchanged; Numba's copy to the device rejected it on an H100 (found by the
+    fuzzer). host_contiguous gives canonical strides, keeps 0-d shapes, copies only then."""
     from dnnkit import arrays
-    view = np.ones(0, np.float32)[::-1]
-    assert view.strides == (0,)                      # what Numba's copy rejects
+    view = np.ones(1, np.float32)[::-1]
+    assert view.strides == (-4,) and view.flags.c_contiguous
     h = arrays.host_contiguous(view)
-    assert h.shape == (0,) and h.strides == (4,)
+    assert h.shape == (1,) and h.strides == (4,)
+    odd = np.ones((3, 4), np.float32)[::-3, :]           # shape (1, 4), strides (-48, 4)
+    assert arrays.host_contiguous(odd).strides == (16, 4)
     assert arrays.host_contiguous(np.float32(3.0).reshape(())).shape == ()
-    assert dnnkit.relu(np.ones((3, 0), np.float32)[:, ::-1]).shape == (3, 0)
+    plain = np.ones((2, 3), np.float32)
+    assert arrays.host_contiguous(plain) is plain
+    np.testing.assert_array_equal(dnnkit.relu(view).copy_to_host(), [1.0])
