@@ -23,46 +23,55 @@ def float_name(dtype):
         return None
 
 
-_available = False
+_available = None             # numba.cuda once a device (or the simulator) answered
 
 
 def _cuda():
     global _available
+    if _available is not None:
+        return _available
     from numba import cuda
-    if _available:
+    if cuda.is_available():            # a device does not go away: ask until the first yes
+        _available = cuda
         return cuda
-    _available = cuda.is_available()   # a device does not go away: ask until the first yes
-    if not _available:
-        raise NumbaUnavailableError(
-            "no CUDA GPU or driver found for the Numba kernels; on a machine without a GPU set "
-            "NUMBA_ENABLE_CUDASIM=1 before importing numba to use its (slow) CUDA simulator")
-    return cuda
+    raise NumbaUnavailableError(
+        "no CUDA GPU or driver found for the Numba kernels; on a machine without a GPU set "
+        "NUMBA_ENABLE_CUDASIM=1 before importing numba to use its (slow) CUDA simulator")
 
 
 _ctx_devices = {}          # CUcontext handle -> device ordinal
+_driver = None             # cuda.bindings.driver, imported on first use
+
+
+_simulator = None
 
 
 def simulator():
     """Numba's CUDA simulator in use? (Read lazily: numba's configuration must not be loaded
-    before the tests' conftest chooses the simulator.)"""
-    from numba import config
-    return bool(config.ENABLE_CUDASIM)
+    before the tests' conftest chooses the simulator; it is fixed once numba is imported.)"""
+    global _simulator
+    if _simulator is None:
+        from numba import config
+        _simulator = bool(config.ENABLE_CUDASIM)
+    return _simulator
 
 
 def device_id():
     """The current device's ordinal, cheaply: one driver call (cuCtxGetCurrent) and a dict
     lookup, instead of Numba's context machinery (~10 us). The first call in a thread with no
     current context goes through Numba, which creates or activates it."""
+    global _driver
     cuda = _cuda()
     if simulator():
         return 0
-    from cuda.bindings import driver
-    err, ctx = driver.cuCtxGetCurrent()
+    if _driver is None:
+        from cuda.bindings import driver as _driver
+    err, ctx = _driver.cuCtxGetCurrent()
     key = int(ctx) if err == 0 else 0
     dev = _ctx_devices.get(key) if key else None
     if dev is None:
         dev = getattr(cuda.get_current_device(), "id", 0)
-        err, ctx = driver.cuCtxGetCurrent()
+        err, ctx = _driver.cuCtxGetCurrent()
         if err == 0 and int(ctx):
             _ctx_devices[int(ctx)] = dev
     return dev
@@ -233,5 +242,10 @@ def grid_1d(n, threads=256, max_blocks=4096):
 
 def cuda_empty(shape, dtype, stream):
     """An uninitialised device array (from dnnkit.memory's caching allocator)."""
-    from .memory import device_array
-    return device_array(shape, dtype, stream)
+    global _device_array
+    if _device_array is None:       # dnnkit.memory imports this module: bind on first use
+        from .memory import device_array as _device_array
+    return _device_array(shape, dtype, stream)
+
+
+_device_array = None

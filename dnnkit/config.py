@@ -81,6 +81,7 @@ def register_flag(name, default, parse, doc):
     """Add a flag (later op families add their own, e.g. ``dnn.conv.algo_fwd``)."""
     FLAGS[name] = Flag(name, default, parse, doc)
     _state.loaded = False
+    _state.merged = None
 
 
 class _State:
@@ -91,6 +92,20 @@ class _State:
         self.rc = {}
         self.loaded = False
         self.local = threading.local()   # .stack: list of dicts from change_flags
+        # name -> value of every flag outside change_flags blocks (python > env > rc >
+        # default), rebuilt after any change: get() runs several times per op call, and one
+        # dict lookup is what it can afford
+        self.merged = None
+
+    def merge(self):
+        with self.lock:
+            if not self.loaded:
+                reload()
+            m = {name: f.default for name, f in FLAGS.items()}
+            for layer in (self.rc, self.env, self.python):
+                m.update(layer)
+            self.merged = m
+            return m
 
 
 _state = _State()
@@ -148,26 +163,29 @@ def reload():
     with _state.lock:
         _state.env, _state.rc = _read_env(), _read_rc()
         _state.loaded = True
+        _state.merged = None
 
 
 def reset():
     """Forget every Python assignment (not ``change_flags`` blocks) and re-read env and rc."""
     with _state.lock:
         _state.python.clear()
+        _state.merged = None
     reload()
 
 
 def get(name):
-    flag = _flag(name)
-    for layer in reversed(getattr(_state.local, "stack", ())):
-        if name in layer:
-            return layer[name]
-    if not _state.loaded:
-        reload()
-    for layer in (_state.python, _state.env, _state.rc):
-        if name in layer:
-            return layer[name]
-    return flag.default
+    stack = getattr(_state.local, "stack", None)
+    if stack:
+        for layer in reversed(stack):
+            if name in layer:
+                return layer[name]
+    merged = _state.merged or _state.merge()
+    try:
+        return merged[name]
+    except KeyError:
+        _flag(name)               # raises UnknownFlagError naming the known flags
+        return _state.merge()[name]   # registered after the last merge
 
 
 def source(name):
@@ -187,6 +205,7 @@ def set(name, value):  # noqa: A001 - mirrors get()
     parsed = _flag(name).parse(name, value)
     with _state.lock:
         _state.python[name] = parsed
+        _state.merged = None
 
 
 @contextlib.contextmanager

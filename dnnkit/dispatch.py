@@ -19,6 +19,7 @@ import numpy as np
 
 from . import config
 from . import profile as profiling
+from .cudnn import loader
 from .errors import CrosscheckError, CudnnError, CudnnUnavailableError
 
 log = logging.getLogger("dnnkit")
@@ -147,48 +148,48 @@ _announced = set()
 
 
 def _policy(op, backend):
-    if not (backend is None or isinstance(backend, str)) or backend not in _POLICY_OF_BACKEND:
-        raise ValueError(f"{op}: backend must be None, 'auto', 'cudnn' or 'numba'; got {backend!r}")
-    pol = _POLICY_OF_BACKEND[backend]
-    if pol is None:
+    if backend is None:
         return config.get("dnn.enabled"), "dnn.enabled"
-    return pol, f"backend={backend!r}"
+    if not isinstance(backend, str) or backend not in _POLICY_OF_BACKEND:
+        raise ValueError(f"{op}: backend must be None, 'auto', 'cudnn' or 'numba'; got {backend!r}")
+    return _POLICY_OF_BACKEND[backend], f"backend={backend!r}"
 
 
 def cudnn_status():
     """The loader's CudnnStatus (loads and probes cuDNN on first use)."""
-    from .cudnn import loader
     return loader.status()
 
 
 def _cudnn_reason(op, args, kw):
-    """None when cuDNN can run this call, else why not."""
-    impl = REGISTRY.get(op, {}).get("cudnn")
+    """(None, False) when cuDNN can run this call, else (why not, whether the reason is the
+    library's own state rather than these arguments)."""
+    impl = REGISTRY[op].get("cudnn")
     if impl is None:
-        return "dnnkit has no cuDNN implementation of this op"
+        return "dnnkit has no cuDNN implementation of this op", False
     # The arguments first: that needs no library, and it is the more specific answer.
     reason = impl.supports(*args, **kw) if impl.supports else None
-    if reason is None:
-        st = cudnn_status()
-        reason = None if st.available else st.describe()
-    return reason
+    if reason is not None:
+        return reason, False
+    st = cudnn_status()
+    return (None, False) if st.available else (st.describe(), True)
 
 
 def _choose(op, args, kw, backend):
-    """(backend, reason, policy) for a call; raises CudnnUnavailableError under forced."""
+    """(backend, reason, policy, whether the reason is the library's state) for a call; raises
+    CudnnUnavailableError under forced."""
     if op not in REGISTRY:
         raise ValueError(f"unknown op {op!r}; registered: {', '.join(sorted(REGISTRY))}")
     policy, origin = _policy(op, backend)
     if policy == "disabled":
-        return "numba", f"{origin}={policy}" if origin == "dnn.enabled" else origin, policy
-    reason = _cudnn_reason(op, args, kw)
+        return "numba", f"{origin}={policy}" if origin == "dnn.enabled" else origin, policy, False
+    reason, from_library = _cudnn_reason(op, args, kw)
     if reason is None:
-        return "cudnn", "cuDNN available and supports the arguments", policy
+        return "cudnn", "cuDNN available and supports the arguments", policy, False
     if policy == "forced":
         what = "dnn.enabled=forced" if origin == "dnn.enabled" else origin
         raise CudnnUnavailableError(
             f"{op}: cuDNN is required ({what}) but cannot be used: {reason}", op=op, reason=reason)
-    return "numba", reason, policy
+    return "numba", reason, policy, from_library
 
 
 def select_backend(op, *args, backend=None, explain=False, **kw):
@@ -198,27 +199,25 @@ def select_backend(op, *args, backend=None, explain=False, **kw):
     Raises what the call would raise (bad arguments, or CudnnUnavailableError when forced)."""
     if op not in PREPARE:
         raise ValueError(f"unknown op {op!r}; ops: {', '.join(sorted(PREPARE))}")
-    chosen, reason, _ = _choose(op, PREPARE[op](*args, **kw), {}, backend)
+    chosen, reason, _, _ = _choose(op, PREPARE[op](*args, **kw), {}, backend)
     return (chosen, reason) if explain else chosen
 
 
-def _log_decision(op, chosen, reason):
-    level = logging.INFO if config.get("dnn.verbose") else logging.DEBUG
-    from .cudnn import loader
-    st = loader.loaded_status()
-    if chosen == "numba" and st is not None and reason == st.describe() \
-            and reason not in _announced:
+def _log_decision(op, chosen, reason, from_library=False):
+    if from_library and reason not in _announced:
         _announced.add(reason)   # say why cuDNN is not used once, at INFO
         log.info("cuDNN not used (%s); ops run on the Numba kernels", reason)
-    log.log(level, "%s: %s backend (%s)", op, chosen, reason)
+    if log.isEnabledFor(logging.DEBUG) or config.get("dnn.verbose"):
+        level = logging.INFO if config.get("dnn.verbose") else logging.DEBUG
+        log.log(level, "%s: %s backend (%s)", op, chosen, reason)
 
 
 # ---------------------------------------------------------------- running
 
 def dispatch(op, *args, backend=None, **kw):
     """Run ``op`` on the backend the policy picks; returns what the implementation returns."""
-    chosen, reason, policy = _choose(op, args, kw, backend)
-    _log_decision(op, chosen, reason)
+    chosen, reason, policy, from_library = _choose(op, args, kw, backend)
+    _log_decision(op, chosen, reason, from_library)
     _local.algo = None
     prof = profiling.active()
     token = prof.begin(args) if prof is not None else None
@@ -233,7 +232,8 @@ def dispatch(op, *args, backend=None, **kw):
         out = REGISTRY[op]["numba"].fn(*args, **kw)
     if prof is not None:
         prof.end(token, op, chosen)
-    _record(op, chosen, _local.algo, args, reason)
+    if getattr(_local, "traces", None):
+        _record(op, chosen, _local.algo, args, reason)
     if config.get("dnn.crosscheck") and OPS[op].crosscheck:
         _crosscheck(op, chosen, out, args, kw)
     return out
@@ -242,7 +242,7 @@ def dispatch(op, *args, backend=None, **kw):
 def _other_backend_ok(op, other, args, kw):
     if other == "numba":
         return True
-    return _cudnn_reason(op, args, kw) is None
+    return _cudnn_reason(op, args, kw)[0] is None
 
 
 def _crosscheck(op, chosen, out, args, kw):

@@ -11,6 +11,7 @@ tap (t, r, s) as (T-1-t, R-1-r, S-1-s).
 """
 
 import dataclasses
+import functools
 
 
 @dataclasses.dataclass(frozen=True)
@@ -24,12 +25,22 @@ class ConvGeom:
     groups: int
     flip: bool
 
-    @property
+    # A geometry is a cache key on every call of a convolution and its derived shapes are read
+    # many times per call: both are computed once per object (kept in its __dict__, outside
+    # the fields that equality compares).
+    def __hash__(self):
+        h = self.__dict__.get("_hash")
+        if h is None:
+            h = hash(dataclasses.astuple(self))
+            object.__setattr__(self, "_hash", h)
+        return h
+
+    @functools.cached_property
     def out_spatial(self):
         return tuple((i + 2 * p - d * (k - 1) - 1) // s + 1 for i, k, s, p, d in zip(
             self.x_shape[2:], self.w_shape[2:], self.stride, self.padding, self.dilation))
 
-    @property
+    @functools.cached_property
     def y_shape(self):
         return (self.x_shape[0], self.w_shape[0]) + self.out_spatial
 

@@ -26,6 +26,7 @@ import struct
 import threading
 import warnings
 
+from .arrays import device_id, simulator, stream_pointer
 from .errors import DnnkitError
 
 _QUIET_BELOW = 128
@@ -83,7 +84,6 @@ def at(a, offset):
 
 def launch(kernel, grid, block, stream, args, shared=0):
     """``kernel[grid, block, stream, shared](*args)`` without Numba's small-grid warning."""
-    from .arrays import simulator, stream_pointer
     sp = stream_pointer(stream)
     if not simulator():
         fast = _fast.get((id(kernel), _types(args)))
@@ -114,6 +114,7 @@ def launch(kernel, grid, block, stream, args, shared=0):
 # ---------------------------------------------------------------- the fast path
 
 _fast = {}        # (id(kernel), argument type key) -> _Launcher
+_PLAIN = frozenset((int, float, bool))
 
 
 def _types(args):
@@ -127,7 +128,8 @@ def _types(args):
         if t is At:
             out.append(id(a.base._numba_type_))
         elif t is tuple:
-            out.append(_types(a))
+            ts = tuple(map(type, a))     # a geometry tuple of plain numbers: the common case
+            out.append(ts if _PLAIN.issuperset(ts) else _types(a))
         elif t is int or t is float or t is bool:
             out.append(t)
         else:
@@ -215,6 +217,8 @@ class _Launcher:
         exec(src, scope)               # noqa: S102 (source built here from Numba types only)
         self._pack = scope["pack"]
         self.ctypes = ctypes
+        from cuda.bindings import driver
+        self.cu_launch = driver.cuLaunchKernel
         self.buffers = {}      # thread id -> (buffer, pointer array)
         self.functions = {}    # device id -> kernel handle (int)
 
@@ -230,7 +234,6 @@ class _Launcher:
         return b
 
     def _function(self):
-        from .arrays import device_id
         dev = device_id()
         f = self.functions.get(dev)
         if f is None:
@@ -245,12 +248,11 @@ class _Launcher:
         return params
 
     def __call__(self, grid, block, stream_ptr, args, shared):
-        from cuda.bindings import driver
         params = self.pack(args)
         gx, gy, gz = _dim3(grid)
         bx, by, bz = _dim3(block)
-        (err,) = driver.cuLaunchKernel(self._function(), gx, gy, gz, bx, by, bz, shared,
-                                       stream_ptr, params, 0)
+        (err,) = self.cu_launch(self._function(), gx, gy, gz, bx, by, bz, shared, stream_ptr,
+                                params, 0)
         if int(err) != 0:
             raise DnnkitError(f"cuLaunchKernel of {self.overload.entry_name} failed with {err} "
                               f"(grid {grid}, block {block}, {shared} bytes shared)")

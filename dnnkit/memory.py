@@ -22,6 +22,7 @@ import threading
 import numpy as np
 
 from . import config
+from .arrays import device_id, simulator, stream_pointer
 
 _SMALL, _SMALL_ROUND, _LARGE_ROUND = 1 << 20, 512, 2 << 20
 
@@ -85,32 +86,63 @@ def _raw_alloc(ctx, size):
         return ctx.memalloc(size)
 
 
-def device_array(shape, dtype, stream):
-    """An uninitialised C-contiguous device array from the cache, for work on ``stream`` (a
-    Numba stream, or a raw cudaStream_t int)."""
-    from numba import cuda
+_templates = {}            # (shape, dtype) -> (nbytes, the attributes of such an array)
+_MemoryPointer = _DeviceNDArray = None    # Numba's classes, bound by the first _template()
+
+
+def _template(shape, dtype):
+    """(nbytes, attribute dict) of a C-contiguous DeviceNDArray of ``shape`` and ``dtype``,
+    built once through Numba's constructor (which computes the layout in pure Python: ~5 us a
+    call). New arrays of that shape copy the dict and get their own memory and stream."""
+    global _MemoryPointer, _DeviceNDArray
     from numba.cuda.cudadrv import devicearray, driver
-    from .arrays import device_id, simulator, stream_pointer
+    _MemoryPointer, _DeviceNDArray = driver.MemoryPointer, devicearray.DeviceNDArray
     dtype = np.dtype(dtype)
-    shape = tuple(int(s) for s in shape)
     strides, n = [], dtype.itemsize          # C-contiguous strides, innermost first
     for s in reversed(shape):
         strides.append(n)
         n *= s
-    nbytes = n
-    if nbytes == 0 or not shape or simulator() or config.get("dnn.allocator") != "caching":
+    attrs = None
+    if n and shape:
+        probe = devicearray.DeviceNDArray(
+            shape, tuple(reversed(strides)), dtype, stream=0,
+            gpu_data=driver.MemoryPointer(None, driver.binding.CUdeviceptr(0), n))
+        attrs = dict(probe.__dict__)
+        del attrs["gpu_data"], attrs["stream"]
+    if len(_templates) > 4096:
+        _templates.clear()
+    t = _templates[(shape, dtype)] = (n, attrs)
+    return t
+
+
+def device_array(shape, dtype, stream):
+    """An uninitialised C-contiguous device array from the cache, for work on ``stream`` (a
+    Numba stream, or a raw cudaStream_t int)."""
+    if type(shape) is not tuple:
+        shape = tuple(int(s) for s in shape)
+    nbytes, attrs = (None, None) if simulator() else \
+        _templates.get((shape, dtype)) or _template(shape, dtype)
+    if attrs is None or config.get("dnn.allocator") != "caching":
+        from numba import cuda
         return cuda.device_array(shape, dtype=dtype,
                                  stream=0 if isinstance(stream, int) else stream)
     if isinstance(stream, int):
         key, stream = (device_id(), stream, rounded(nbytes)), 0
     else:
         key = (device_id(), stream_pointer(stream), rounded(nbytes))
-    raw = _pool.take(key) or _raw_alloc(cuda.current_context(), key[2])
+    raw = _pool.take(key) or _raw_alloc(_context(), key[2])
     # A view that owns nothing: when the array dies, the block goes back to the pool.
-    mem = driver.MemoryPointer(raw.context, raw.device_pointer, key[2],
-                               finalizer=_Return(key, raw))
-    return devicearray.DeviceNDArray(shape, tuple(reversed(strides)), dtype, stream=stream,
-                                     gpu_data=mem)
+    mem = _MemoryPointer(raw.context, raw.device_pointer, key[2], finalizer=_Return(key, raw))
+    arr = object.__new__(_DeviceNDArray)
+    d = arr.__dict__
+    d.update(attrs)
+    d["gpu_data"], d["stream"] = mem, stream
+    return arr
+
+
+def _context():
+    from numba import cuda
+    return cuda.current_context()
 
 
 class _Return:
@@ -132,16 +164,15 @@ class scratch:
     __slots__ = ("key", "raw")
 
     def __init__(self, nbytes, stream_ptr):
-        from numba import cuda
-        from .arrays import device_id, simulator
         self.key = self.raw = None
         if not nbytes:
             return
         if simulator() or config.get("dnn.allocator") != "caching":
+            from numba import cuda
             self.raw = cuda.device_array(int(nbytes), dtype=np.uint8)
             return
         self.key = (device_id(), int(stream_ptr), rounded(int(nbytes)))
-        self.raw = _pool.take(self.key) or _raw_alloc(cuda.current_context(), self.key[2])
+        self.raw = _pool.take(self.key) or _raw_alloc(_context(), self.key[2])
 
     def __enter__(self):
         if self.raw is None:

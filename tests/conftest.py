@@ -54,6 +54,21 @@ def _clean_flags(monkeypatch):
     clean()
 
 
+@pytest.fixture
+def no_shared_descriptors(monkeypatch):
+    """For tests that fake cuDNN's calls: the shared descriptor caches start empty, and the
+    fake descriptors made during the test are dropped (their finalizers run while the fakes
+    are still in place) before the test's monkeypatches are undone, so no later test is
+    handed one."""
+    import gc
+    from dnnkit.cudnn import descriptors
+    descriptors.clear_cached()
+    gc.collect()
+    yield
+    descriptors.clear_cached()
+    gc.collect()
+
+
 @pytest.fixture(scope="session")
 def real():
     """The real cuDNN wheel's status (found, versioned; usable only where there is a GPU)."""

@@ -205,7 +205,7 @@ class FakeCudnn:
             args[5]._obj.value = self.reserve
         elif name == "cudnnGetRNNWeightParams":
             m, mdims, b, bdims = self.params[(args[2], args[5])]
-            base = args[4].value
+            base = args[4] if isinstance(args[4], int) else args[4].value
             args[7]._obj.value = base + m if m is not None else None
             args[9]._obj.value = base + b if b is not None else None
             self.dims[args[6].ptr.value], self.dims[args[8].ptr.value] = mdims, bdims

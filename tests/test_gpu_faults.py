@@ -20,7 +20,7 @@ import pytest
 
 import dnnkit
 from dnnkit import arrays, config, dispatch, memory, reference
-from dnnkit.cudnn import algo_cache, conv, descriptors, handle
+from dnnkit.cudnn import algo_cache, conv, conv_graph, descriptors, handle
 from dnnkit.dispatch import note_algo
 from dnnkit.errors import CudnnError
 
@@ -85,12 +85,17 @@ def test_workspace_limit_zero_runs_a_zero_workspace_algorithm(case, rng):
     want = ref(x.astype(np.float64), w.astype(np.float64), dy.astype(np.float64))
     sizes = _workspace_sizes(direction, op, *args(x, w, dy), **kw)
     algo_cache.clear()
+    conv_graph.clear()
     for algo in algos:
         with config.change_flags({"dnn.conv.workspace_limit": 0}), dnnkit.trace() as t:
             got = call(x, w, dy, algo).copy_to_host()
         assert t.backends() == ["cudnn"]
         chosen = t[0].algo
-        assert sizes[chosen] == 0, f"{op} algo={algo} ran {chosen} ({sizes[chosen]} bytes)"
+        if chosen.startswith("engine"):        # a runtime choice, run through the graph API
+            ws = {p.workspace for p, _ in conv_graph._fast.values() if p.name == chosen}
+            assert ws == {0}, f"{op} algo={algo} ran {chosen} ({ws} bytes)"
+        else:
+            assert sizes[chosen] == 0, f"{op} algo={algo} ran {chosen} ({sizes[chosen]} bytes)"
         named = conv.FWD_ALGOS if direction is conv.FWD else (
             conv.BWD_DATA_ALGOS if direction is conv.BWD_DATA else conv.BWD_FILTER_ALGOS)
         if algo in named:
@@ -190,6 +195,7 @@ def test_a_cudnn_error_mid_graph_leaves_handle_plans_and_cache_usable(fault_op, 
         y0 = dnnkit.conv2d(x, w, **call).copy_to_host()
         dnnkit.relu(x, backend="cudnn")
     plans0, h0 = dict(conv._plans), handle.get(0).value
+    graph_plans0 = dict(conv_graph._fast)
     totals0, cache0 = descriptors.total_counts(), algo_cache.stats()
 
     with pytest.raises(CudnnError) as ei:      # on the same plan (same geometry), mid-graph
@@ -205,6 +211,7 @@ def test_a_cudnn_error_mid_graph_leaves_handle_plans_and_cache_usable(fault_op, 
     assert np.array_equal(r1, np.maximum(x, 0))
     assert handle.get(0).value == h0
     assert all(conv._plans.get(k) is p for k, p in plans0.items())   # the same plan objects
+    assert graph_plans0 and all(conv_graph._fast.get(k) == p for k, p in graph_plans0.items())
     made = {k: v[0] - totals0.get(k, (0, 0))[0] for k, v in descriptors.total_counts().items()}
     assert made.get("FilterDescriptor", 0) == made.get("ConvolutionDescriptor", 0) == 0
     cache1 = algo_cache.stats()

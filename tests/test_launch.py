@@ -62,7 +62,6 @@ def test_packed_parameters(monkeypatch):
     t = _types()
     argtypes = (t.Array(t.float32, 1, "C"), t.Array(t.float64, 2, "C"),
                 t.Tuple((t.int64, t.int32)), t.float32, t.float64, t.Array(t.float32, 1, "C"))
-    launcher = L._Launcher(FakeOverload, argtypes)
     a = FakeArray((10,), "float32", 0x1000)
     b = FakeArray((3, 4), "float64", 0x2000)
     base = FakeArray((100,), "float32", 0x3000)
@@ -70,6 +69,7 @@ def test_packed_parameters(monkeypatch):
     from cuda.bindings import driver
     monkeypatch.setattr(driver, "cuLaunchKernel", lambda *c: (calls.append(c), (0,))[1],
                         raising=False)
+    launcher = L._Launcher(FakeOverload, argtypes)     # binds cuLaunchKernel when made
     launcher((5, 2), 64, 0x5EA, (a, b, (7, -3), np.float32(1.5), 2.25, L.At(base, 30)), 96)
     (c,) = calls
     assert c[:9] == (0xF00, 5, 2, 1, 64, 1, 1, 96, 0x5EA) and c[10] == 0

@@ -70,6 +70,11 @@ def steps():
         ("conv 1x8x8x8 cudnn (whole call)",
          lambda: dnnkit.conv2d(xc, wc, padding=1, backend="cudnn")),
     ]
+    rnn = dnnkit.RNN("lstm", 512, 512)
+    wr = rnn.init_params(seed=1)
+    xr = cuda.to_device(rng.standard_normal((50, 64, 512)).astype(np.float32))
+    out.append(("lstm 512 N=64 T=50 numba fwd (whole call)",
+                lambda: rnn.forward(wr, xr, backend="numba")))
     try:
         import torch
         t = torch.as_tensor(x, device="cuda")
@@ -88,13 +93,14 @@ def main():
     from numba import cuda
     rows = []
     for label, fn in steps():
-        rows.append((label, per_call_us(fn)))
+        long = "lstm" in label            # milliseconds a call: fewer repetitions
+        rows.append((label, per_call_us(fn, *((100, 5) if long else ()))))
         cuda.synchronize()
         if args.profile and "whole call" in label:
             os.makedirs(args.profile, exist_ok=True)
             pr = cProfile.Profile()
             pr.enable()
-            for _ in range(2000):
+            for _ in range(50 if long else 2000):
                 fn()
             cuda.synchronize()
             pr.disable()
@@ -102,7 +108,7 @@ def main():
             st = pstats.Stats(pr, stream=buf)
             st.sort_stats("tottime").print_stats(30)
             st.sort_stats("cumulative").print_stats(45)
-            name = label.split(" (")[0].replace(" ", "_")
+            name = label.split(" (")[0].replace(" ", "_").replace("=", "")
             with open(os.path.join(args.profile, f"prof_{name}.txt"), "w") as f:
                 f.write(buf.getvalue())
     print(f"{'step':<36} {'host us/call':>12}")

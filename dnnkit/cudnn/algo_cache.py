@@ -18,6 +18,7 @@ at once may both choose, and the last ``put`` wins.
 
 import json
 import os
+import re
 import threading
 
 import numpy as np
@@ -98,10 +99,16 @@ def make_key(direction, choice, *, device, cudnn_version, nd, shapes, strides, p
     return _canonical(fields)
 
 
+# a graph-API engine configuration (conv_graph): engine index and knob choices
+ENGINE_NAME = re.compile(r"engine\d+(_k\d+=-?\d+)*")
+
+
 def _check_name(direction, name):
-    if name not in ALGO_NAMES[direction]:
+    if name not in ALGO_NAMES[direction] and not (isinstance(name, str)
+                                                  and ENGINE_NAME.fullmatch(name)):
         raise ValueError(f"{name!r} is not a cuDNN {direction} algorithm "
-                         f"({', '.join(ALGO_NAMES[direction])})")
+                         f"({', '.join(ALGO_NAMES[direction])}) nor a graph-API engine "
+                         "configuration (engine<index>_k<knob>=<value>...)")
 
 
 def get(key):
@@ -110,6 +117,12 @@ def get(key):
         name = _once.get(key)
         _counts["hits" if name is not None else "misses"] += 1
         return name
+
+
+def hit():
+    """Count a hit answered by a faster cache in front of this one (conv_graph's plans)."""
+    with _lock:
+        _counts["hits"] += 1
 
 
 def put(key, name):

@@ -215,7 +215,9 @@ def library():
 
 def function(name):
     lib = library()
-    table = _bound.setdefault(id(lib), {})
+    table = _bound.get(id(lib))
+    if table is None:
+        table = _bound.setdefault(id(lib), {})
     fn = table.get(name)
     if fn is None:
         fn = getattr(lib, name)
@@ -230,11 +232,17 @@ def status_name(status):
 
 
 def check(name, status, context=""):
-    """Raise CudnnError unless ``status`` is CUDNN_STATUS_SUCCESS."""
+    """Raise CudnnError unless ``status`` is CUDNN_STATUS_SUCCESS. ``context`` is a string
+    or a function returning one (called only on failure: formatting shapes into a message on
+    every successful call costs more than the call itself)."""
     if status != STATUS_SUCCESS:
+        if callable(context):
+            context = context()
         raise CudnnError(name, status, status_name(status), context)
 
 
 def call(name, *args, context=""):
     """Call cuDNN function ``name`` and check its status."""
-    check(name, function(name)(*args), context)
+    status = function(name)(*args)
+    if status != STATUS_SUCCESS:
+        check(name, status, context)

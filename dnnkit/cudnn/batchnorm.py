@@ -20,12 +20,11 @@ same convention as PyTorch's momentum). The arrays handed to cuDNN here are fres
 the op (ops/batchnorm.py), which writes them back to the user's arrays.
 """
 
-import ctypes
 from ctypes import c_double, c_int, c_void_p
 
 from . import api, handle
 from .calls import _ptr
-from .descriptors import TensorDescriptor, _Descriptor, scalars
+from .descriptors import _Cache, _Descriptor, scalar_refs, tensor
 
 _p = c_void_p
 
@@ -92,45 +91,50 @@ def _dims(x):
     return tuple(x.shape) + (1,) * (4 - x.ndim)
 
 
-def _ctx(op, x, mode, eps):
-    return f"{op}: x {tuple(x.shape)} {x.dtype}, mode {mode}, epsilon {eps}"
+def _ctx(op, x, mode, eps, more=""):
+    return lambda: f"{op}: x {tuple(x.shape)} {x.dtype}, mode {mode}, epsilon {eps}{more}"
 
 
 def _null(a):
-    return c_void_p(None) if a is None else _ptr(a)
+    return None if a is None else _ptr(a)
+
+
+_params = _Cache(lambda dims, dtype, mode: BNParamDescriptor(tensor(dims, dtype), mode))
+
+
+def _descs(x, mode):
+    """(x's descriptor, the derived parameter descriptor), both shared from the caches."""
+    dims = _dims(x)
+    return tensor(dims, x.dtype), _params.get(dims, x.dtype, mode)
 
 
 def forward_training(x, y, gamma, beta, mean, invstd, run_mean, run_var, mode, eps, momentum,
                      stream):
     """y, saved mean and saved 1/sqrt(var + eps); run_mean/run_var (both or neither) updated in
     place."""
-    h = handle.get(stream)
-    alpha, beta_ = scalars(x.dtype)
-    with TensorDescriptor(_dims(x), x.dtype) as xd, BNParamDescriptor(xd, mode) as pd:
-        api.call("cudnnBatchNormalizationForwardTraining", h, BN_MODE[mode],
-                 ctypes.byref(alpha), ctypes.byref(beta_), xd, _ptr(x), xd, _ptr(y), pd,
-                 _ptr(gamma), _ptr(beta), c_double(momentum), _null(run_mean), _null(run_var),
-                 c_double(eps), _ptr(mean), _ptr(invstd),
-                 context=_ctx("batch_norm_train", x, mode, eps) + f", momentum {momentum}")
+    alpha, beta_ = scalar_refs(x.dtype)
+    xd, pd = _descs(x, mode)
+    api.call("cudnnBatchNormalizationForwardTraining", handle.get(stream), BN_MODE[mode],
+             alpha, beta_, xd, _ptr(x), xd, _ptr(y), pd,
+             _ptr(gamma), _ptr(beta), c_double(momentum), _null(run_mean), _null(run_var),
+             c_double(eps), _ptr(mean), _ptr(invstd),
+             context=_ctx("batch_norm_train", x, mode, eps, f", momentum {momentum}"))
 
 
 def forward_inference(x, y, gamma, beta, mean, var, mode, eps, stream):
-    h = handle.get(stream)
-    alpha, beta_ = scalars(x.dtype)
-    with TensorDescriptor(_dims(x), x.dtype) as xd, BNParamDescriptor(xd, mode) as pd:
-        api.call("cudnnBatchNormalizationForwardInference", h, BN_MODE[mode],
-                 ctypes.byref(alpha), ctypes.byref(beta_), xd, _ptr(x), xd, _ptr(y), pd,
-                 _ptr(gamma), _ptr(beta), _ptr(mean), _ptr(var), c_double(eps),
-                 context=_ctx("batch_norm_inference", x, mode, eps))
+    alpha, beta_ = scalar_refs(x.dtype)
+    xd, pd = _descs(x, mode)
+    api.call("cudnnBatchNormalizationForwardInference", handle.get(stream), BN_MODE[mode],
+             alpha, beta_, xd, _ptr(x), xd, _ptr(y), pd,
+             _ptr(gamma), _ptr(beta), _ptr(mean), _ptr(var), c_double(eps),
+             context=_ctx("batch_norm_inference", x, mode, eps))
 
 
 def backward(x, dy, dx, gamma, dgamma, dbeta, mean, invstd, mode, eps, stream):
     """dx, dgamma, dbeta (all overwritten: beta factors 0) from the saved statistics."""
-    h = handle.get(stream)
-    alpha, beta_ = scalars(x.dtype)
-    with TensorDescriptor(_dims(x), x.dtype) as xd, BNParamDescriptor(xd, mode) as pd:
-        api.call("cudnnBatchNormalizationBackward", h, BN_MODE[mode],
-                 ctypes.byref(alpha), ctypes.byref(beta_), ctypes.byref(alpha),
-                 ctypes.byref(beta_), xd, _ptr(x), xd, _ptr(dy), xd, _ptr(dx), pd, _ptr(gamma),
-                 _ptr(dgamma), _ptr(dbeta), c_double(eps), _ptr(mean), _ptr(invstd),
-                 context=_ctx("batch_norm_backward", x, mode, eps))
+    alpha, beta_ = scalar_refs(x.dtype)
+    xd, pd = _descs(x, mode)
+    api.call("cudnnBatchNormalizationBackward", handle.get(stream), BN_MODE[mode],
+             alpha, beta_, alpha, beta_, xd, _ptr(x), xd, _ptr(dy), xd, _ptr(dx), pd,
+             _ptr(gamma), _ptr(dgamma), _ptr(dbeta), c_double(eps), _ptr(mean), _ptr(invstd),
+             context=_ctx("batch_norm_backward", x, mode, eps))

@@ -4,65 +4,69 @@ Inputs are device arrays exposing ``__cuda_array_interface__`` (already validate
 ``stream`` is the raw ``cudaStream_t`` value (0 = the legacy default stream).
 """
 
-import ctypes
 
-from . import api, handle
-from .descriptors import ActivationDescriptor, TensorDescriptor, scalars
+from . import api, descriptors, handle
+from .descriptors import scalar_refs
 from .enums import ACTIVATION, SOFTMAX_ALGO, SOFTMAX_MODE
 
 
 def _ptr(a):
-    # Numba arrays: read the pointer directly (their __cuda_array_interface__ also converts
-    # the array's stream, which warns under cuda-bindings 13); others through the interface.
-    p = getattr(a, "device_ctypes_pointer", None)
-    if p is not None:
-        return ctypes.c_void_p(p.value)
-    return ctypes.c_void_p(a.__cuda_array_interface__["data"][0] or None)
+    """The device address of an array, as an int (ctypes passes it as void*). A Numba array's
+    is read once and kept on the array (it cannot change); others through the interface."""
+    d = getattr(a, "__dict__", None)
+    if d is not None:
+        p = d.get("_dnnkit_ptr")
+        if p is not None:
+            return p
+    c = getattr(a, "device_ctypes_pointer", None)
+    if c is None:
+        return a.__cuda_array_interface__["data"][0] or None
+    p = c.value or None
+    if d is not None:
+        d["_dnnkit_ptr"] = p
+    return p
 
 
-def _ctx(op, **arrays):
-    return f"{op}: " + ", ".join(f"{k} {tuple(v.shape)} {v.dtype}" for k, v in arrays.items())
+def _ctx(op, detail, **arrays):
+    """A function that describes the call (only formatted when cuDNN reports an error)."""
+    return lambda: f"{op}: " + ", ".join(f"{k} {tuple(v.shape)} {v.dtype}"
+                                         for k, v in arrays.items()) + detail()
 
 
 def _activation_desc(mode, coef):
     if mode == "swish":
-        return ActivationDescriptor(ACTIVATION[mode], 0.0, swish_beta=coef)
-    return ActivationDescriptor(ACTIVATION[mode], coef)
+        return descriptors.activation(ACTIVATION[mode], 0.0, coef)
+    return descriptors.activation(ACTIVATION[mode], coef)
 
 
 def activation_forward(x, y, mode, coef, stream):
     """y = f(x) elementwise; the tensor is described as (1, 1, 1, size)."""
-    h = handle.get(stream)
-    alpha, beta = scalars(x.dtype)
-    with _activation_desc(mode, coef) as ad, TensorDescriptor((1, 1, 1, x.size), x.dtype) as td:
-        api.call("cudnnActivationForward", h, ad, ctypes.byref(alpha), td, _ptr(x),
-                 ctypes.byref(beta), td, _ptr(y),
-                 context=_ctx("activation", x=x) + f", mode {mode}, coef {coef}")
+    alpha, beta = scalar_refs(x.dtype)
+    td = descriptors.tensor((1, 1, 1, x.size), x.dtype)
+    api.call("cudnnActivationForward", handle.get(stream), _activation_desc(mode, coef), alpha,
+             td, _ptr(x), beta, td, _ptr(y), context=_ctx("activation", lambda: f", mode {mode}, coef {coef}", x=x))
 
 
 def activation_backward(x, y, dy, dx, mode, coef, stream):
-    h = handle.get(stream)
-    alpha, beta = scalars(x.dtype)
-    with _activation_desc(mode, coef) as ad, TensorDescriptor((1, 1, 1, x.size), x.dtype) as td:
-        api.call("cudnnActivationBackward", h, ad, ctypes.byref(alpha), td, _ptr(y), td, _ptr(dy),
-                 td, _ptr(x), ctypes.byref(beta), td, _ptr(dx),
-                 context=_ctx("activation_backward", x=x) + f", mode {mode}, coef {coef}")
+    alpha, beta = scalar_refs(x.dtype)
+    td = descriptors.tensor((1, 1, 1, x.size), x.dtype)
+    api.call("cudnnActivationBackward", handle.get(stream), _activation_desc(mode, coef), alpha,
+             td, _ptr(y), td, _ptr(dy), td, _ptr(x), beta, td, _ptr(dx),
+             context=_ctx("activation_backward", lambda: f", mode {mode}, coef {coef}", x=x))
 
 
 def softmax_forward(x, y, dims, mode, algo, stream):
     """``dims`` is the 4-D (N, C, H, W) view of x that cuDNN's softmax reduces over."""
-    h = handle.get(stream)
-    alpha, beta = scalars(x.dtype)
-    with TensorDescriptor(dims, x.dtype) as td:
-        api.call("cudnnSoftmaxForward", h, SOFTMAX_ALGO[algo], SOFTMAX_MODE[mode],
-                 ctypes.byref(alpha), td, _ptr(x), ctypes.byref(beta), td, _ptr(y),
-                 context=_ctx("softmax", x=x) + f", algo {algo}, mode {mode}")
+    alpha, beta = scalar_refs(x.dtype)
+    td = descriptors.tensor(dims, x.dtype)
+    api.call("cudnnSoftmaxForward", handle.get(stream), SOFTMAX_ALGO[algo], SOFTMAX_MODE[mode],
+             alpha, td, _ptr(x), beta, td, _ptr(y),
+             context=_ctx("softmax", lambda: f", algo {algo}, mode {mode}", x=x))
 
 
 def softmax_backward(y, dy, dx, dims, mode, algo, stream):
-    h = handle.get(stream)
-    alpha, beta = scalars(y.dtype)
-    with TensorDescriptor(dims, y.dtype) as td:
-        api.call("cudnnSoftmaxBackward", h, SOFTMAX_ALGO[algo], SOFTMAX_MODE[mode],
-                 ctypes.byref(alpha), td, _ptr(y), td, _ptr(dy), ctypes.byref(beta), td, _ptr(dx),
-                 context=_ctx("softmax_backward", y=y) + f", algo {algo}, mode {mode}")
+    alpha, beta = scalar_refs(y.dtype)
+    td = descriptors.tensor(dims, y.dtype)
+    api.call("cudnnSoftmaxBackward", handle.get(stream), SOFTMAX_ALGO[algo], SOFTMAX_MODE[mode],
+             alpha, td, _ptr(y), td, _ptr(dy), beta, td, _ptr(dx),
+             context=_ctx("softmax_backward", lambda: f", algo {algo}, mode {mode}", y=y))

@@ -37,15 +37,17 @@ import dataclasses
 import logging
 import math
 import threading
+import types
 
 import numpy as np
 
 from ..arrays import float_name
 from ..errors import CudnnError, DnnkitError
-from . import algo_cache, api, handle, loader
+from . import algo_cache, api, conv_graph, handle, loader
+from .workspace import alloc as _alloc, held as _held, is_oom as _is_oom  # noqa: F401
 from .calls import _ptr
 from .descriptors import (INT_MAX, ConvolutionDescriptor, FilterDescriptor, TensorDescriptor,
-                          scalars)
+                          scalar_refs, tensor)
 from .enums import (CONV_BWD_DATA_ALGO, CONV_BWD_FILTER_ALGO, CONV_FWD_ALGO, CONVOLUTION,
                     CROSS_CORRELATION, DATA_TYPES, DETERMINISTIC, MATH_DEFAULT, MATH_FMA,
                     MATH_NAMES, MATH_TENSOR_OP, STATUS_SUCCESS)
@@ -293,41 +295,6 @@ def _check_arrays(d, arrays, geom):
 # --- workspace ---------------------------------------------------------------------------
 
 
-def _is_oom(e):
-    """Out of device memory? (Numba's CudaAPIError carries CUDA_ERROR_OUT_OF_MEMORY = 2;
-    an external memory manager may raise MemoryError or name the CUDA error.)"""
-    if isinstance(e, MemoryError):
-        return True
-    code = getattr(e, "code", None)
-    if type(e).__name__ == "CudaAPIError" and code is not None:
-        try:
-            return int(code) == 2
-        except (TypeError, ValueError):
-            return str(code).endswith("OUT_OF_MEMORY")
-    text = str(e).lower()
-    return "out of memory" in text or "out_of_memory" in text
-
-
-def _alloc(nbytes, stream):
-    """A ``dnnkit.memory.scratch`` of ``nbytes`` (None for 0) for work on ``stream``, or None
-    when the device is out of memory. From the per-stream cache: the next call on the stream
-    gets the same block back, so a steady loop allocates no workspace."""
-    if not nbytes:
-        return None
-    from .. import memory
-    try:
-        return memory.scratch(int(nbytes), stream)
-    except Exception as e:  # noqa: BLE001 - anything but out-of-memory is re-raised
-        if not _is_oom(e):
-            raise
-        return None
-
-
-def _held(ws):
-    """The scratch as a context (its pointer when entered), or a null context for none."""
-    return contextlib.nullcontext() if ws is None else ws
-
-
 def _ws_size(c, algo):
     size = c.plan.ws.get(algo)
     if size is None:
@@ -448,7 +415,7 @@ def _choose(c, algo, arrays, geom, compute_dtype, math_t, deterministic, limit):
         return c.d.default(True) if deterministic and enum in c.d.nondeterministic else enum
     key = _cache_key(c, arrays, geom, compute_dtype, math_t, deterministic, limit, algo)
     name = algo_cache.lookup(algo, c.d.name, key)
-    if name is not None:
+    if name in c.d.algos:         # (not a graph-API engine stored under the same key)
         return c.d.algos[name]
     perfs = _time(c, limit) if algo.startswith("time") else None
     enum = pick(c.d, _guess(c) if perfs is None else perfs, deterministic, limit)
@@ -462,14 +429,36 @@ def _choose(c, algo, arrays, geom, compute_dtype, math_t, deterministic, limit):
 
 def _execute(c, algo, deterministic, limit):
     algo, ws, nbytes = _workspace(c, algo, deterministic, limit)
-    alpha, beta = scalars(c.dtype)
+    alpha, beta = scalar_refs(c.dtype)
     a, b, o = c.ptrs
     with _held(ws) as wp:
-        api.call(c.fn("cudnnConvolution{}"), c.h, ctypes.byref(alpha), c.descs[0], a,
-                 c.descs[1], b, c.conv, algo, ctypes.c_void_p(wp), nbytes,
-                 ctypes.byref(beta), c.descs[2], o,
-                 context=f"{c.ctx}, algo {c.d.algo_name(algo)}, workspace {nbytes}")
+        api.call(c.fn("cudnnConvolution{}"), c.h, alpha, c.descs[0], a,
+                 c.descs[1], b, c.conv, algo, wp, nbytes, beta, c.descs[2], o,
+                 context=lambda: f"{c.ctx}, algo {c.d.algo_name(algo)}, workspace {nbytes}")
     return algo
+
+
+def _graph_convolve(d, arrays, geom, dtype, compute_dtype, math_t, allow_tf32, deterministic,
+                    limit, stream, choice):
+    """A runtime choice through the graph API (conv_graph); None when it has no plan for
+    this convolution (the legacy path then runs it)."""
+    dt, ct, det = float_name(dtype), str(compute_dtype), bool(deterministic)
+    # tensor cores: always for float16 data (the legacy path's TENSOR_OP math), for float32
+    # only when TF32 is allowed
+    allow_tc = dt == "float16" or (dt == "float32" and bool(allow_tf32))
+    raw = (d.name, choice, geom, dt, ct, allow_tc, det, algo_cache._limit_bucket(limit))
+    try:
+        return conv_graph.convolve(
+            d.name, tuple(_ptr(a) for a in arrays), raw,
+            lambda: _cache_key(types.SimpleNamespace(d=d, dtype=np.dtype(dt)),  # what it reads
+                               arrays, geom, compute_dtype, math_t, det, limit, choice),
+            lambda: (descriptor_dims(geom), dt, ct, geom.flip, allow_tc, det),
+            limit, stream, choice)
+    except CudnnError as e:
+        if not e.not_supported:
+            raise
+        log.debug("cuDNN graph %s: %s; using the legacy API", d.name, e)
+        return None
 
 
 def _convolve(d, arrays, geom, algo, compute_dtype, allow_tf32, deterministic, workspace_limit,
@@ -483,6 +472,11 @@ def _convolve(d, arrays, geom, algo, compute_dtype, allow_tf32, deterministic, w
         raise ValueError(f"cuDNN {d.name} convolution cannot run: {why}")
     _check_arrays(d, arrays, geom)
     math_t = math_type(dtype, compute_dtype, allow_tf32)
+    if algo in CHOICES:
+        name = _graph_convolve(d, arrays, geom, dtype, compute_dtype, math_t, allow_tf32,
+                               deterministic, workspace_limit, stream, algo)
+        if name is not None:
+            return name
     c = _open(d, arrays, geom, dtype, compute_dtype, math_t, stream)
     enum = _choose(c, algo, arrays, geom, compute_dtype, math_t, deterministic,
                    workspace_limit)
@@ -521,22 +515,19 @@ def backward_filter(x, dy, dw, geom, *, algo, compute_dtype, allow_tf32, determi
 
 def add_bias(y, bias, geom, stream):
     """y += bias (K,), broadcast over N and the spatial dims (cudnnAddTensor)."""
-    h = handle.get(stream)
-    one = scalars(y.dtype)[0]  # C = alpha * A + beta * C with alpha = beta = 1
+    one = scalar_refs(y.dtype)[0]  # C = alpha * A + beta * C with alpha = beta = 1
     dims = descriptor_dims(geom)
-    with TensorDescriptor(dims.bias, y.dtype) as bd, TensorDescriptor(dims.y, y.dtype) as yd:
-        api.call("cudnnAddTensor", h, ctypes.byref(one), bd, _ptr(bias), ctypes.byref(one), yd,
-                 _ptr(y), context=f"bias {dims.bias} onto y {dims.y} {np.dtype(y.dtype).name}")
+    api.call("cudnnAddTensor", handle.get(stream), one, tensor(dims.bias, y.dtype), _ptr(bias),
+             one, tensor(dims.y, y.dtype), _ptr(y),
+             context=lambda: f"bias {dims.bias} onto y {dims.y} {np.dtype(y.dtype).name}")
 
 
 def backward_bias(dy, db, stream):
     """db (K,) = dy (4-D or 5-D) summed over N and the spatial dims
     (cudnnConvolutionBackwardBias)."""
-    h = handle.get(stream)
-    alpha, beta = scalars(dy.dtype)
+    alpha, beta = scalar_refs(dy.dtype)
     y_dims = tuple(dy.shape)
     b_dims = (1, y_dims[1]) + (1,) * (len(y_dims) - 2)
-    with TensorDescriptor(b_dims, dy.dtype) as bd, TensorDescriptor(y_dims, dy.dtype) as yd:
-        api.call("cudnnConvolutionBackwardBias", h, ctypes.byref(alpha), yd, _ptr(dy),
-                 ctypes.byref(beta), bd, _ptr(db),
-                 context=f"dy {y_dims} into db {b_dims} {np.dtype(dy.dtype).name}")
+    api.call("cudnnConvolutionBackwardBias", handle.get(stream), alpha,
+             tensor(y_dims, dy.dtype), _ptr(dy), beta, tensor(b_dims, dy.dtype), _ptr(db),
+             context=lambda: f"dy {y_dims} into db {b_dims} {np.dtype(dy.dtype).name}")

@@ -90,8 +90,12 @@ class TensorDescriptor(_Descriptor):
 
     def __init__(self, shape, dtype, min_rank=4):
         super().__init__()
-        dims = list(shape) + [1] * (min_rank - len(shape))
-        strides = [int(np.prod(dims[i + 1:], dtype=np.int64)) for i in range(len(dims))]
+        dims = [int(d) for d in shape] + [1] * (min_rank - len(shape))
+        strides, step = [], 1
+        for d in reversed(dims):           # packed: each stride the product of the dims after
+            strides.append(step)
+            step *= d
+        strides.reverse()
         if max(dims + strides) > INT_MAX:
             self.close()
             raise ValueError(f"tensor {tuple(shape)} exceeds cuDNN's 32-bit dimension limit")
@@ -175,3 +179,67 @@ def scalars(dtype):
     """(alpha=1, beta=0) host scalars: double for double data, float otherwise (cuDNN's rule)."""
     t = ctypes.c_double if np.dtype(dtype) == np.float64 else ctypes.c_float
     return t(1.0), t(0.0)
+
+
+_SCALAR_REFS = {}
+
+
+def scalar_refs(dtype):
+    """``(byref(alpha=1), byref(beta=0))`` made once per dtype: cuDNN only reads them, so
+    every call and thread can pass the same two."""
+    refs = _SCALAR_REFS.get(dtype)
+    if refs is None:
+        alpha, beta = scalars(dtype)
+        refs = _SCALAR_REFS[dtype] = (ctypes.byref(alpha), ctypes.byref(beta))
+    return refs
+
+
+_CACHES = []      # every _Cache, so clear_cached() reaches the op families' caches too
+
+
+class _Cache:
+    """Descriptors by their arguments, made once and shared by every call and thread (cuDNN
+    only reads a descriptor once it is set; creating, setting and destroying one costs tens of
+    microseconds of host time, more than a small op's own call). Bounded: when full it is
+    emptied, and each dropped descriptor is destroyed by its finalizer once the last call
+    still holding it lets go (never under a running call)."""
+
+    def __init__(self, make, size=1024):
+        self.make, self.size, self.items = make, size, {}
+        self.lock = threading.Lock()
+        _CACHES.append(self)
+
+    def get(self, *key):
+        d = self.items.get(key)
+        if d is None:
+            made = self.make(*key)
+            with self.lock:
+                if len(self.items) >= self.size:
+                    self.items.clear()
+                d = self.items.setdefault(key, made)
+        return d
+
+    def clear(self):
+        with self.lock:
+            self.items = {}
+
+
+_tensors = _Cache(lambda shape, dtype, min_rank: TensorDescriptor(shape, dtype, min_rank))
+_activations = _Cache(lambda mode_id, coef, beta: ActivationDescriptor(mode_id, coef, beta))
+
+
+def tensor(shape, dtype, min_rank=4):
+    """The shared (cached) packed tensor descriptor of ``shape``; callers must not close it."""
+    return _tensors.get(tuple(shape), dtype, min_rank)
+
+
+def activation(mode_id, coef, swish_beta=None):
+    """The shared (cached) activation descriptor; callers must not close it."""
+    return _activations.get(mode_id, coef, swish_beta)
+
+
+def clear_cached():
+    """Drop every shared descriptor, of every family (each is destroyed once no call holds
+    it): leak tests, and tests that fake cuDNN's calls."""
+    for c in _CACHES:
+        c.clear()

@@ -30,7 +30,7 @@ import numpy as np
 
 from . import api, handle
 from .calls import _ptr
-from .descriptors import TensorDescriptor, _Descriptor
+from .descriptors import _Descriptor, tensor
 
 _p = c_void_p
 _CACHE_MAX = 8
@@ -139,7 +139,7 @@ class Saved:
 
 
 def _ctx(op, a, p, seed):
-    return f"{op}: x {tuple(a.shape)} {a.dtype}, p {p}, seed {seed}"
+    return lambda: f"{op}: x {tuple(a.shape)} {a.dtype}, p {p}, seed {seed}"
 
 
 def forward(x, y, p, seed, stream):
@@ -147,16 +147,16 @@ def forward(x, y, p, seed, stream):
     s = _Stream(stream)
     h = handle.get(s.handle_value)
     e = _entry(h, p, seed)
-    with TensorDescriptor((1, 1, 1, x.size), x.dtype) as xd:
-        n = c_size_t()
-        api.call("cudnnDropoutGetReserveSpaceSize", xd, ctypes.byref(n))
-        reserve = _bytes(n.value)
-        with e.lock:
-            work = e.working(s)
-            api.call("cudnnRestoreDropoutDescriptor", e.desc, h, c_float(p), _ptr(work),
-                     c_size_t(e.size), c_ulonglong(seed), context=_ctx("dropout", x, p, seed))
-            api.call("cudnnDropoutForward", h, e.desc, xd, _ptr(x), xd, _ptr(y), _ptr(reserve),
-                     c_size_t(n.value), context=_ctx("dropout", x, p, seed))
+    xd = tensor((1, 1, 1, x.size), x.dtype)
+    n = c_size_t()
+    api.call("cudnnDropoutGetReserveSpaceSize", xd, ctypes.byref(n))
+    reserve = _bytes(n.value)
+    with e.lock:
+        work = e.working(s)
+        api.call("cudnnRestoreDropoutDescriptor", e.desc, h, c_float(p), _ptr(work),
+                 c_size_t(e.size), c_ulonglong(seed), context=_ctx("dropout", x, p, seed))
+        api.call("cudnnDropoutForward", h, e.desc, xd, _ptr(x), xd, _ptr(y), _ptr(reserve),
+                 c_size_t(n.value), context=_ctx("dropout", x, p, seed))
     return Saved(e, reserve, n.value)
 
 
@@ -164,7 +164,8 @@ def backward(dy, dx, saved, stream):
     s = _Stream(stream)
     h = handle.get(s.handle_value)
     e = saved.entry
-    with TensorDescriptor((1, 1, 1, dy.size), dy.dtype) as dd, e.lock:
+    dd = tensor((1, 1, 1, dy.size), dy.dtype)
+    with e.lock:
         api.call("cudnnDropoutBackward", h, e.desc, dd, _ptr(dy), dd, _ptr(dx),
                  _ptr(saved.reserve), c_size_t(saved.nbytes),
                  context=_ctx("dropout_backward", dy, e.p, e.seed))

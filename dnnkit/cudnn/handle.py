@@ -33,10 +33,7 @@ class _PerThread:
         fin.atexit = False  # at interpreter exit the CUDA context may already be gone
 
 
-def device_id():
-    """The current device's ordinal."""
-    from ..arrays import device_id as current
-    return current()
+from ..arrays import device_id  # noqa: E402 - the current device's ordinal (re-exported)
 
 
 def get(stream_ptr=0):

@@ -19,6 +19,7 @@ import re
 import struct
 import threading
 
+from .. import config
 from .enums import STATUS_NAMES, STATUS_SUCCESS
 
 MAIN_NAME = "libcudnn.so.9"
@@ -235,8 +236,10 @@ def _device_state():
 def status(library_path=None):
     """The CudnnStatus for ``library_path`` (default: the ``dnn.library_path`` flag); cached."""
     if library_path is None:
-        from .. import config
         library_path = config.get("dnn.library_path")
+    st = _cache.get(library_path)     # every cuDNN call asks: no lock once probed
+    if st is not None:
+        return st
     with _lock:
         st = _cache.get(library_path)
         if st is None:
@@ -247,7 +250,6 @@ def status(library_path=None):
 
 def loaded_status():
     """The status if cuDNN was already probed for the current flag value, else None (no load)."""
-    from .. import config
     return _cache.get(config.get("dnn.library_path"))
 
 

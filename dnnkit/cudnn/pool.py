@@ -17,7 +17,7 @@ import numpy as np
 
 from . import api, handle
 from .calls import _ptr
-from .descriptors import TensorDescriptor, _Descriptor, _int_array
+from .descriptors import _Cache, _Descriptor, _int_array, tensor
 from .enums import PROPAGATE_NAN
 
 _p = c_void_p
@@ -80,32 +80,39 @@ class PoolingDescriptor(_Descriptor):
             raise
 
 
+_descs = _Cache(lambda mode_id, window, padding, stride:
+                PoolingDescriptor(mode_id, window, padding, stride))
+_refs = {}
+
+
 def _setup(x, y, window, padding, stride, mode):
-    """(alpha, beta, context): host scalars, double for double data and float otherwise (cuDNN's
-    rule); alpha is 1, or the window size for ``sum``."""
-    t = ctypes.c_double if np.dtype(x.dtype) == np.float64 else ctypes.c_float
-    alpha = float(math.prod(window)) if mode == "sum" else 1.0
-    ctx = (f"x {tuple(x.shape)} {x.dtype}, y {tuple(y.shape)}, mode {mode}, window "
-           f"{tuple(window)}, padding {tuple(padding)}, stride {tuple(stride)}")
-    return t(alpha), t(0.0), ctx
+    """(pooling descriptor, alpha, beta, context) from the caches: host scalars are double for
+    double data and float otherwise (cuDNN's rule); alpha is 1, or the window size for
+    ``sum``. The context is a function, formatted only when cuDNN reports an error."""
+    pd = _descs.get(MODES[mode], tuple(window), tuple(padding), tuple(stride))
+    key = (x.dtype, mode == "sum" and tuple(window))
+    refs = _refs.get(key)
+    if refs is None:
+        t = ctypes.c_double if np.dtype(x.dtype) == np.float64 else ctypes.c_float
+        alpha = float(math.prod(window)) if mode == "sum" else 1.0
+        refs = _refs[key] = (ctypes.byref(t(alpha)), ctypes.byref(t(0.0)))
+    ctx = lambda: (f"x {tuple(x.shape)} {x.dtype}, y {tuple(y.shape)}, mode {mode}, "  # noqa: E731
+                   f"window {tuple(window)}, padding {tuple(padding)}, stride {tuple(stride)}")
+    return pd, refs[0], refs[1], ctx
 
 
 def forward(x, y, window, padding, stride, mode, stream):
     """y = pool(x); x (N, C, [D,] H, W) and y C-contiguous device arrays; ``stream`` the raw
     cudaStream_t."""
-    h = handle.get(stream)
-    alpha, beta, ctx = _setup(x, y, window, padding, stride, mode)
-    with PoolingDescriptor(MODES[mode], window, padding, stride) as pd, \
-            TensorDescriptor(x.shape, x.dtype) as xd, TensorDescriptor(y.shape, y.dtype) as yd:
-        api.call("cudnnPoolingForward", h, pd, ctypes.byref(alpha), xd, _ptr(x),
-                 ctypes.byref(beta), yd, _ptr(y), context="pool forward: " + ctx)
+    pd, alpha, beta, ctx = _setup(x, y, window, padding, stride, mode)
+    api.call("cudnnPoolingForward", handle.get(stream), pd, alpha, tensor(x.shape, x.dtype),
+             _ptr(x), beta, tensor(y.shape, y.dtype), _ptr(y),
+             context=lambda: "pool forward: " + ctx())
 
 
 def backward(x, y, dy, dx, window, padding, stride, mode, stream):
     """dx from x, y = pool(x) and dy (cuDNN's argument order: y, dy, x, then dx)."""
-    h = handle.get(stream)
-    alpha, beta, ctx = _setup(x, y, window, padding, stride, mode)
-    with PoolingDescriptor(MODES[mode], window, padding, stride) as pd, \
-            TensorDescriptor(x.shape, x.dtype) as xd, TensorDescriptor(y.shape, y.dtype) as yd:
-        api.call("cudnnPoolingBackward", h, pd, ctypes.byref(alpha), yd, _ptr(y), yd, _ptr(dy),
-                 xd, _ptr(x), ctypes.byref(beta), xd, _ptr(dx), context="pool backward: " + ctx)
+    pd, alpha, beta, ctx = _setup(x, y, window, padding, stride, mode)
+    xd, yd = tensor(x.shape, x.dtype), tensor(y.shape, y.dtype)
+    api.call("cudnnPoolingBackward", handle.get(stream), pd, alpha, yd, _ptr(y), yd, _ptr(dy),
+             xd, _ptr(x), beta, xd, _ptr(dx), context=lambda: "pool backward: " + ctx())

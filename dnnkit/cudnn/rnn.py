@@ -319,7 +319,7 @@ def _nbytes(a):
 def _zero(a, stream_ptr):
     """Fill device array ``a`` with zero bytes, ordered on the stream."""
     from cuda.bindings import driver
-    (err,) = driver.cuMemsetD8Async(_ptr(a).value, 0, _nbytes(a), stream_ptr)
+    (err,) = driver.cuMemsetD8Async((_ptr(a) or 0), 0, _nbytes(a), stream_ptr)
     if int(err) != 0:
         raise DnnkitError(f"cuMemsetD8Async failed with {err} zeroing {_nbytes(a)} bytes")
 
@@ -330,7 +330,7 @@ def _copy(dst_ptr, src, nbytes, stream_ptr):
     if not nbytes:
         return
     from cuda.bindings import driver
-    (err,) = driver.cuMemcpyDtoDAsync(dst_ptr, _ptr(src).value, nbytes, stream_ptr)
+    (err,) = driver.cuMemcpyDtoDAsync(dst_ptr, (_ptr(src) or 0), nbytes, stream_ptr)
     if int(err) != 0:
         raise DnnkitError(f"cuMemcpyDtoDAsync failed with {err} copying {nbytes} bytes")
 
@@ -438,7 +438,7 @@ def weight_params(cfg, w, stream_ptr=0):
     h = handle.get(stream_ptr)
     n = net(cfg, h)
     _check_weights(n, w)
-    base, item = _ptr(w).value, np.dtype(w.dtype).itemsize
+    base, item = (_ptr(w) or 0), np.dtype(w.dtype).itemsize
     out = []
     for pl in range(cfg.num_layers * cfg.directions):
         for lin in range(2 * cfg.gates):

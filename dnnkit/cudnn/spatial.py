@@ -14,14 +14,13 @@ here: outputs are overwritten. The coordinate convention is checked on the GPU b
 tests/test_gpu_spatial.py against kernels/spatial.py's.
 """
 
-import ctypes
 from ctypes import POINTER, c_int, c_void_p
 
 import numpy as np
 
 from . import api, handle
 from .calls import _ptr
-from .descriptors import TensorDescriptor, _Descriptor, _int_array
+from .descriptors import _Cache, _Descriptor, _int_array, scalar_refs, tensor
 from .enums import DATA_TYPES
 
 _p = c_void_p
@@ -84,45 +83,46 @@ class SpatialTransformerDescriptor(_Descriptor):
             raise
 
 
-def _scalars(dtype):
-    t = ctypes.c_double if np.dtype(dtype) == np.float64 else ctypes.c_float
-    return t(1.0), t(0.0)
+_sts = _Cache(lambda dims, dtype: SpatialTransformerDescriptor(dims, dtype))
+
+
+def _st(dims, dtype):
+    """The shared (cached) spatial transformer descriptor of output ``dims``."""
+    return _sts.get(tuple(dims), dtype)
 
 
 def grid_forward(theta, grid, stream):
     """grid (N, H', W', 2) from theta (N, 2, 3)."""
     n, oh, ow, _ = grid.shape
-    with SpatialTransformerDescriptor((n, 1, oh, ow), grid.dtype) as st:
-        api.call("cudnnSpatialTfGridGeneratorForward", handle.get(stream), st, _ptr(theta),
-                 _ptr(grid), context=f"grid forward: grid {tuple(grid.shape)} {grid.dtype}")
+    api.call("cudnnSpatialTfGridGeneratorForward", handle.get(stream),
+             _st((n, 1, oh, ow), grid.dtype), _ptr(theta), _ptr(grid),
+             context=lambda: f"grid forward: grid {tuple(grid.shape)} {grid.dtype}")
 
 
 def grid_backward(dgrid, dtheta, stream):
     """dtheta (N, 2, 3) from dgrid (N, H', W', 2)."""
     n, oh, ow, _ = dgrid.shape
-    with SpatialTransformerDescriptor((n, 1, oh, ow), dgrid.dtype) as st:
-        api.call("cudnnSpatialTfGridGeneratorBackward", handle.get(stream), st, _ptr(dgrid),
-                 _ptr(dtheta), context=f"grid backward: dgrid {tuple(dgrid.shape)}")
+    api.call("cudnnSpatialTfGridGeneratorBackward", handle.get(stream),
+             _st((n, 1, oh, ow), dgrid.dtype), _ptr(dgrid), _ptr(dtheta),
+             context=lambda: f"grid backward: dgrid {tuple(dgrid.shape)}")
 
 
 def sampler_forward(img, grid, y, stream):
     """y (N, C, H', W') = bilinear samples of img (N, C, H, W) at grid."""
-    alpha, beta = _scalars(img.dtype)
-    ctx = f"sampler forward: img {tuple(img.shape)}, y {tuple(y.shape)} {img.dtype}"
-    with SpatialTransformerDescriptor(y.shape, y.dtype) as st, \
-            TensorDescriptor(img.shape, img.dtype) as xd, TensorDescriptor(y.shape, y.dtype) as yd:
-        api.call("cudnnSpatialTfSamplerForward", handle.get(stream), st, ctypes.byref(alpha),
-                 xd, _ptr(img), _ptr(grid), ctypes.byref(beta), yd, _ptr(y), context=ctx)
+    alpha, beta = scalar_refs(img.dtype)
+    api.call("cudnnSpatialTfSamplerForward", handle.get(stream), _st(y.shape, y.dtype), alpha,
+             tensor(img.shape, img.dtype), _ptr(img), _ptr(grid), beta,
+             tensor(y.shape, y.dtype), _ptr(y),
+             context=lambda: f"sampler forward: img {tuple(img.shape)}, y {tuple(y.shape)} "
+                             f"{img.dtype}")
 
 
 def sampler_backward(img, grid, dy, dimg, dgrid, stream):
     """dimg and dgrid from img, grid and dy (alpha 1, beta 0 for both)."""
-    alpha, beta = _scalars(img.dtype)
-    alpha_g, beta_g = _scalars(img.dtype)
-    ctx = f"sampler backward: img {tuple(img.shape)}, dy {tuple(dy.shape)} {img.dtype}"
-    with SpatialTransformerDescriptor(dy.shape, dy.dtype) as st, \
-            TensorDescriptor(img.shape, img.dtype) as xd, \
-            TensorDescriptor(dy.shape, dy.dtype) as yd:
-        api.call("cudnnSpatialTfSamplerBackward", handle.get(stream), st, ctypes.byref(alpha),
-                 xd, _ptr(img), ctypes.byref(beta), xd, _ptr(dimg), ctypes.byref(alpha_g),
-                 yd, _ptr(dy), _ptr(grid), ctypes.byref(beta_g), _ptr(dgrid), context=ctx)
+    alpha, beta = scalar_refs(img.dtype)
+    xd = tensor(img.shape, img.dtype)
+    api.call("cudnnSpatialTfSamplerBackward", handle.get(stream), _st(dy.shape, dy.dtype), alpha,
+             xd, _ptr(img), beta, xd, _ptr(dimg), alpha, tensor(dy.shape, dy.dtype), _ptr(dy),
+             _ptr(grid), beta, _ptr(dgrid),
+             context=lambda: f"sampler backward: img {tuple(img.shape)}, dy {tuple(dy.shape)} "
+                             f"{img.dtype}")

@@ -18,6 +18,7 @@ it has no stand-alone identity, so identity always runs on Numba.
 import numpy as np
 
 from .. import arrays
+from ..cudnn import calls
 from ..dispatch import public_op, register
 from ..launch import launch
 
@@ -120,7 +121,6 @@ def _cudnn_supports(x, *rest):
 
 @register("activation", "cudnn", supports=_cudnn_supports)
 def _activation_cudnn(x, mode, coef, stream):
-    from ..cudnn import calls
     y = arrays.empty_like(x, stream)
     if x.size:
         calls.activation_forward(x, y, mode, coef, arrays.stream_pointer(stream))
@@ -129,7 +129,6 @@ def _activation_cudnn(x, mode, coef, stream):
 
 @register("activation_backward", "cudnn", supports=_cudnn_supports)
 def _activation_backward_cudnn(x, y, dy, mode, coef, stream):
-    from ..cudnn import calls
     dx = arrays.empty_like(x, stream)
     if x.size:
         calls.activation_backward(x, y, dy, dx, mode, coef, arrays.stream_pointer(stream))

@@ -17,6 +17,7 @@ Flags: ``dnn.conv.algo_fwd|algo_bwd_data|algo_bwd_filter`` (cuDNN algorithm or r
 """
 
 from .. import arrays
+from ..cudnn import conv as cconv
 from ..dispatch import note_algo, public_op, register
 from . import conv_args as A
 
@@ -91,21 +92,21 @@ def _five(a, shape5):
 # ---------------------------------------------------------------- Numba
 
 def _numba_forward(x, w, bias, geom, opts, stream):
-    from . import conv_numba
+    from . import conv_numba   # imports numba: on first use
     y = conv_numba.forward(_five(x, geom.x_shape), _five(w, geom.w_shape), bias, geom, stream)
     note_algo("im2col+gemm")
     return y.reshape(*geom.user_shape(geom.y_shape))
 
 
 def _numba_backward_data(dy, w, geom, opts, stream):
-    from . import conv_numba
+    from . import conv_numba   # imports numba: on first use
     dx = conv_numba.backward_data(_five(dy, geom.y_shape), _five(w, geom.w_shape), geom, stream)
     note_algo("gemm+col2im")
     return dx.reshape(*geom.user_shape(geom.x_shape))
 
 
 def _numba_backward_filter(x, dy, geom, opts, stream):
-    from . import conv_numba
+    from . import conv_numba   # imports numba: on first use
     dw = conv_numba.backward_filter(_five(x, geom.x_shape), _five(dy, geom.y_shape), geom,
                                     stream)
     note_algo("im2col+gemm")
@@ -113,7 +114,7 @@ def _numba_backward_filter(x, dy, geom, opts, stream):
 
 
 def _numba_backward_bias(dy, stream):
-    from . import conv_numba
+    from . import conv_numba   # imports numba: on first use
     return conv_numba.backward_bias(dy, stream)
 
 
@@ -121,7 +122,6 @@ def _numba_backward_bias(dy, stream):
 
 def _cudnn_supports(*args):
     geom, opts = args[-3], args[-2]
-    from ..cudnn import conv as cconv
     return cconv.supports(geom, opts["dtype"], opts["compute_dtype"], allow_empty=True)
 
 
@@ -137,7 +137,6 @@ def _cudnn_kw(opts, direction, stream):
 
 
 def _cudnn_forward(x, w, bias, geom, opts, stream):
-    from ..cudnn import conv as cconv
     y = arrays.cuda_empty(geom.user_shape(geom.y_shape), x.dtype, stream)
     if y.size:
         note_algo(cconv.forward(x, w, y, geom, **_cudnn_kw(opts, "fwd", stream)))
@@ -147,7 +146,6 @@ def _cudnn_forward(x, w, bias, geom, opts, stream):
 
 
 def _cudnn_backward_data(dy, w, geom, opts, stream):
-    from ..cudnn import conv as cconv
     dx = arrays.cuda_empty(geom.user_shape(geom.x_shape), dy.dtype, stream)
     if dx.size and _empty(geom):          # no filters: the gradient is zero (cuDNN rejects it)
         from . import conv_numba
@@ -158,7 +156,6 @@ def _cudnn_backward_data(dy, w, geom, opts, stream):
 
 
 def _cudnn_backward_filter(x, dy, geom, opts, stream):
-    from ..cudnn import conv as cconv
     dw = arrays.cuda_empty(geom.user_shape(geom.w_shape), x.dtype, stream)
     if dw.size and _empty(geom):          # an empty batch: the sum over images is zero
         from . import conv_numba
@@ -176,7 +173,6 @@ def _cudnn_bias_supports(dy, stream):
 
 
 def _cudnn_backward_bias(dy, stream):
-    from ..cudnn import conv as cconv
     db = arrays.cuda_empty((dy.shape[1],), dy.dtype, stream)
     if db.size and not dy.size:            # an empty batch or image: the sum is zero
         from . import conv_numba

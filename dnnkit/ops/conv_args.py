@@ -4,6 +4,8 @@ Every bad argument raises ValueError/TypeError naming the op and the value, befo
 backend runs. The checked arguments become (arrays, ConvGeom, opts, stream) for the backends.
 """
 
+import time
+
 import numpy as np
 
 from .. import arrays, config
@@ -50,11 +52,15 @@ def _bool(flag, value):
     return config._parse_bool(flag, value)
 
 
-config.register_flag("dnn.conv.algo_fwd", "small", _enum_flag("fwd", ALGOS["fwd"]),
+# Default: cuDNN's heuristics through the graph API, remembered per shape (PyTorch's and
+# cudnn.torch's default). Theano defaulted to named legacy algorithms ("small", "none"), which
+# cuDNN 9 runs through its legacy API at 60-90 us of host time per call.
+config.register_flag("dnn.conv.algo_fwd", "guess_once", _enum_flag("fwd", ALGOS["fwd"]),
                      "cuDNN forward algorithm or runtime choice")
-config.register_flag("dnn.conv.algo_bwd_data", "none", _enum_flag("bwd_data", ALGOS["bwd_data"]),
+config.register_flag("dnn.conv.algo_bwd_data", "guess_once",
+                     _enum_flag("bwd_data", ALGOS["bwd_data"]),
                      "cuDNN backward-data algorithm or runtime choice")
-config.register_flag("dnn.conv.algo_bwd_filter", "none",
+config.register_flag("dnn.conv.algo_bwd_filter", "guess_once",
                      _enum_flag("bwd_filter", ALGOS["bwd_filter"]),
                      "cuDNN backward-filter algorithm or runtime choice")
 config.register_flag("dnn.conv.workspace_limit", "auto", _workspace,
@@ -113,14 +119,12 @@ def workspace_limit(opts):
     re-read at most once a second (the query costs more than a cached convolution call)."""
     if opts["workspace"] != "auto":
         return opts["workspace"]
-    import time
-    from numba import cuda
-    ctx = cuda.current_context()
     now = time.monotonic()
-    dev = getattr(ctx.device, "id", 0)
+    dev = arrays.device_id()
     hit = _auto.get(dev)
     if hit is None or now - hit[0] > AUTO_REFRESH_S:
-        free, _total = ctx.get_memory_info()
+        from numba import cuda
+        free, _total = cuda.current_context().get_memory_info()
         hit = _auto[dev] = (now, int(min(WORKSPACE_CAP, free * WORKSPACE_SHARE)))
     return hit[1]
 

@@ -12,6 +12,7 @@ cuDNN: cudnnSoftmaxForward/Backward on the 4-D (N, C, H, W) descriptor ((N, C, 1
 """
 
 from .. import arrays
+from ..cudnn import calls
 from ..dispatch import note_algo, public_op, register
 from ..launch import launch, pow2_at_most
 
@@ -116,7 +117,6 @@ def _cudnn_supports(x, *rest):
 
 @register("softmax", "cudnn", supports=_cudnn_supports)
 def _softmax_cudnn(x, algo, mode, stream):
-    from ..cudnn import calls
     note_algo(algo)
     y = arrays.empty_like(x, stream)
     if x.size:
@@ -127,7 +127,6 @@ def _softmax_cudnn(x, algo, mode, stream):
 
 @register("softmax_backward", "cudnn", supports=_cudnn_supports)
 def _softmax_backward_cudnn(y, dy, algo, mode, stream):
-    from ..cudnn import calls
     note_algo(algo)
     dx = arrays.empty_like(y, stream)
     if y.size:

@@ -152,8 +152,9 @@ def test_bad_arguments_name_op_and_values(call, exc, words):
 
 
 def test_conv_flags_validate_and_resolve():
-    assert config.get("dnn.conv.algo_fwd") == "small"
-    assert config.get("dnn.conv.algo_bwd_data") == "none"
+    assert config.get("dnn.conv.algo_fwd") == "guess_once"
+    assert config.get("dnn.conv.algo_bwd_data") == "guess_once"
+    assert config.get("dnn.conv.algo_bwd_filter") == "guess_once"
     assert config.get("dnn.conv.workspace_limit") == "auto"
     config.set("dnn.conv.algo_fwd", "time_once")
     config.set("dnn.conv.workspace_limit", "1048576")

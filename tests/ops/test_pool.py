@@ -278,7 +278,10 @@ class _FakeArray:
         self.device_ctypes_pointer = types.SimpleNamespace(value=addr)
 
 
-def _record(monkeypatch):
+@pytest.fixture
+def recorded(monkeypatch, no_shared_descriptors):
+    """cuDNN's calls recorded instead of made; the shared descriptor caches start and end
+    empty (their fake descriptors must not outlive the test)."""
     import importlib
     from dnnkit.cudnn import api, handle
     importlib.import_module("dnnkit.cudnn.pool")   # registers the prototypes
@@ -300,21 +303,21 @@ def _ints(arr, n):
                                                 ("average_inc_pad", 1, 1.0),
                                                 ("average_exc_pad", 2, 1.0), ("sum", 1, 6.0)])
 @pytest.mark.parametrize("dtype", ["float32", "float64", "float16"])
-def test_cudnn_calls_in_order_with_the_right_arguments(monkeypatch, mode, mode_id, alpha, dtype):
+def test_cudnn_calls_in_order_with_the_right_arguments(recorded, mode, mode_id, alpha, dtype):
     from dnnkit.cudnn import pool as cpool
-    calls = _record(monkeypatch)
+    calls = recorded
     x, y = _FakeArray((2, 3, 7, 6), dtype, 0x1000), _FakeArray((2, 3, 4, 3), dtype, 0x2000)
     dy, dx = _FakeArray((2, 3, 4, 3), dtype, 0x3000), _FakeArray((2, 3, 7, 6), dtype, 0x4000)
     cpool.forward(x, y, (3, 2), (1, 0), (2, 2), mode, 0)
     cpool.backward(x, y, dy, dx, (3, 2), (1, 0), (2, 2), mode, 0)
+    cpool.forward(x, y, (3, 2), (1, 0), (2, 2), mode, 0)
     names = [c[0] for c in calls]
-    per_call = ["cudnnCreatePoolingDescriptor", "cudnnSetPoolingNdDescriptor",
-                "cudnnCreateTensorDescriptor", "cudnnSetTensorNdDescriptor",
-                "cudnnCreateTensorDescriptor", "cudnnSetTensorNdDescriptor"]
-    destroy = ["cudnnDestroyTensorDescriptor", "cudnnDestroyTensorDescriptor",
-               "cudnnDestroyPoolingDescriptor"]
-    assert names == per_call + ["cudnnPoolingForward"] + destroy + \
-        per_call + ["cudnnPoolingBackward"] + destroy
+    # descriptors are made on first use and shared by later calls (none destroyed per call)
+    made = ["cudnnCreatePoolingDescriptor", "cudnnSetPoolingNdDescriptor",
+            "cudnnCreateTensorDescriptor", "cudnnSetTensorNdDescriptor",
+            "cudnnCreateTensorDescriptor", "cudnnSetTensorNdDescriptor"]
+    assert names == made + ["cudnnPoolingForward", "cudnnPoolingBackward",
+                            "cudnnPoolingForward"]
     _, (_, mid, nan, nd, win, pad, st) = calls[1]
     assert (mid, nan, nd) == (mode_id, 1, 2)          # CUDNN_PROPAGATE_NAN = 1
     assert (_ints(win, 2), _ints(pad, 2), _ints(st, 2)) == ([3, 2], [1, 0], [2, 2])
@@ -322,15 +325,16 @@ def test_cudnn_calls_in_order_with_the_right_arguments(monkeypatch, mode, mode_i
     assert (n, _ints(dims, 4), _ints(strides, 4)) == (4, [2, 3, 7, 6], [126, 42, 6, 1])
     assert dt == {"float32": 0, "float64": 1, "float16": 2}[dtype]
     fwd = calls[6][1]
-    assert fwd[0] == "HANDLE" and [a.value for a in (fwd[4], fwd[7])] == [0x1000, 0x2000]
+    assert fwd[0] == "HANDLE" and (fwd[4], fwd[7]) == (0x1000, 0x2000)
     ctype = ctypes.c_double if dtype == "float64" else ctypes.c_float
     for ref, want in ((fwd[2], alpha), (fwd[5], 0.0)):     # byref(alpha), byref(beta)
         assert type(ref._obj) is ctype and ref._obj.value == want
-    bwd = calls[16][1]
+    bwd = calls[7][1]
     # y, dy, x, beta, dx: (yDesc, y, dyDesc, dy, xDesc, x, beta, dxDesc, dx)
-    assert [bwd[i].value for i in (4, 6, 8, 11)] == [0x2000, 0x3000, 0x1000, 0x4000]
+    assert [bwd[i] for i in (4, 6, 8, 11)] == [0x2000, 0x3000, 0x1000, 0x4000]
     assert bwd[3] is bwd[5] and bwd[7] is bwd[10] and bwd[3] is not bwd[7]
     assert type(bwd[2]._obj) is ctype and (bwd[2]._obj.value, bwd[9]._obj.value) == (alpha, 0)
+    assert calls[8][1][1] is fwd[1] and calls[8][1][3] is fwd[3]    # the same descriptors
 
 
 def _headers(real):
