@@ -1,5 +1,15 @@
 """Every kernel compiles to PTX for sm_90 in every dtype (the simulator would hide type errors),
-and float32 kernels contain no float64 arithmetic (a stray Python literal promotes to double)."""
+float32 kernels contain no float64 arithmetic (a stray Python literal promotes to double), and
+no kernel multiplies integers in 32 bits (an index product that wraps past 2**31 elements).
+
+Why the last check holds today: Numba types threadIdx/blockIdx/blockDim/gridDim as int32 but
+promotes every integer operation to int64 (its integer typing widens to intp), and the kernels'
+integer arguments are int64, so index products compile to ``mul.wide.s32`` or 64-bit
+``mul.lo.s64``. The only 32-bit multiplies in the PTX are LLVM's division bypass: a 64-bit
+division whose operands both fit in 32 bits (tested at run time) is done as ``div.u32``, and
+its remainder as ``mul.lo.s32`` of that quotient right after it, which cannot wrap. A kernel
+that multiplies in 32 bits on purpose (a value proven below 2**31, e.g. within a plane) is
+listed in its module's ``INDEX32`` tuple."""
 
 import json
 import os
@@ -23,7 +33,11 @@ for dt in DTYPES:
         bounds = getattr(kern.py_func, "launch_bounds", None)
         ptx, _ = cuda.compile_ptx(kern.py_func, sigs[name], cc=(9, 0), launch_bounds=bounds)
         f64 = len(re.findall(r"\.f64\b", ptx))
-        out[f"{name}/{dt}"] = {"ok": ".target sm_90" in ptx, "f64": f64}
+        lines = [l.strip() for l in ptx.splitlines() if l.strip()]
+        mul32 = sum(1 for i, l in enumerate(lines)
+                    if re.match(r"(mul|mad)\.lo\.[su]32\b", l)
+                    and not re.match(r"div\.[su]32\b", lines[i - 1]))
+        out[f"{name}/{dt}"] = {"ok": ".target sm_90" in ptx, "f64": f64, "mul32": mul32}
 print(json.dumps(out))
 """
 
@@ -38,8 +52,11 @@ def test_every_kernel_compiles_for_sm90():
     names = list(K.all_kernels())
     assert sorted(set(k.split("/")[0] for k in result)) == sorted(names)
     assert len(names) >= 4
+    index32 = {n for m in K._modules for n in getattr(m, "INDEX32", ())}
     for key, v in result.items():
         assert v != "no signature", key
         assert v["ok"], key
+        if key.split("/")[0] not in index32:
+            assert v["mul32"] == 0, f"{key}: {v['mul32']} 32-bit integer multiplies"
         if not key.endswith("float64"):
             assert v["f64"] == 0, f"{key}: {v['f64']} float64 instructions in a float32 kernel"

@@ -96,7 +96,7 @@ class TensorDescriptor(_Descriptor):
             strides.append(step)
             step *= d
         strides.reverse()
-        if max(dims + strides) > INT_MAX:
+        if max(dims + strides + [step]) > INT_MAX:       # step: the element count
             self.close()
             raise ValueError(f"tensor {tuple(shape)} exceeds cuDNN's 32-bit dimension limit")
         n = len(dims)

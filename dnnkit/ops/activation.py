@@ -12,7 +12,8 @@ Backward: dx = dy * f'(x). Where the slope is a choice, both backends take cuDNN
 x == 0; clipped_relu 0 at x == 0 and 1 at x == coef (PyTorch's hardtanh takes 0 there); elu 1
 at x == 0. NaN propagates forward (CUDNN_PROPAGATE_NAN); backward, a NaN dy always propagates,
 and a NaN x gives slope 0 for relu/clipped_relu, NaN otherwise. cuDNN: cudnnActivationForward/Backward;
-it has no stand-alone identity, so identity always runs on Numba.
+it has no stand-alone identity, so identity always runs on Numba. Arrays over cuDNN's 32-bit
+tensor limit run as flat pieces (ops/split.py).
 """
 
 import numpy as np
@@ -21,6 +22,7 @@ from .. import arrays
 from ..cudnn import calls
 from ..dispatch import public_op, register
 from ..launch import launch
+from . import split
 
 MODES = ("relu", "clipped_relu", "tanh", "sigmoid", "elu", "swish", "identity")
 _MODE_ID = {m: i for i, m in enumerate(MODES)}   # matches kernels/activation.py
@@ -111,11 +113,10 @@ def _activation_backward_numba(x, y, dy, mode, coef, stream):
 # ---------------------------------------------------------------- cuDNN
 
 def _cudnn_supports(x, *rest):
+    """Any size: arrays over cuDNN's 32-bit limit run as flat pieces (ops/split.py)."""
     mode = rest[-3]   # (x, mode, coef, stream) or (x, y, dy, mode, coef, stream)
     if mode == "identity":
         return "cuDNN has no stand-alone identity activation (only inside fused convolutions)"
-    if x.size >= 2**31:
-        return f"{x.size} elements exceed cuDNN's 32-bit tensor size"
     return None
 
 
@@ -123,7 +124,8 @@ def _cudnn_supports(x, *rest):
 def _activation_cudnn(x, mode, coef, stream):
     y = arrays.empty_like(x, stream)
     if x.size:
-        calls.activation_forward(x, y, mode, coef, arrays.stream_pointer(stream))
+        for xp, yp in split.flat(x, y):
+            calls.activation_forward(xp, yp, mode, coef, arrays.stream_pointer(stream))
     return y
 
 
@@ -131,5 +133,7 @@ def _activation_cudnn(x, mode, coef, stream):
 def _activation_backward_cudnn(x, y, dy, mode, coef, stream):
     dx = arrays.empty_like(x, stream)
     if x.size:
-        calls.activation_backward(x, y, dy, dx, mode, coef, arrays.stream_pointer(stream))
+        for xp, yp, dyp, dxp in split.flat(x, y, dy, dx):
+            calls.activation_backward(xp, yp, dyp, dxp, mode, coef,
+                                      arrays.stream_pointer(stream))
     return dx

@@ -10,16 +10,21 @@ tuple, or Theano's border modes ``"valid"`` (0), ``"full"`` ((k-1)*d) and ``"hal
 ``(I + 2p - d(k-1) - 1) // s + 1``.
 
 Backends: Numba (im2col + tiled GEMM, col2im gather for the data gradient; ops/conv_numba.py)
-and cuDNN (cudnnConvolutionForward/BackwardData/BackwardFilter/BackwardBias; cudnn/conv.py).
+and cuDNN (cudnnConvolutionForward/BackwardData/BackwardFilter/BackwardBias; cudnn/conv.py;
+batches over its 32-bit tensor limit run as pieces of the batch, ops/split.py).
 Flags: ``dnn.conv.algo_fwd|algo_bwd_data|algo_bwd_filter`` (cuDNN algorithm or runtime choice;
 ``algo=`` overrides per call), ``dnn.conv.workspace_limit``, ``dnn.conv.precision``
 (``precision=`` overrides), ``dnn.conv.allow_tf32``, ``dnn.deterministic``.
 """
 
+import dataclasses
+import math
+
 from .. import arrays
 from ..cudnn import conv as cconv
 from ..dispatch import note_algo, public_op, register
 from . import conv_args as A
+from . import split
 
 
 @public_op("conv2d")
@@ -120,9 +125,50 @@ def _numba_backward_bias(dy, stream):
 
 # ---------------------------------------------------------------- cuDNN
 
+def _image(geom):
+    """Elements of the larger of one image of x and of y: the item cuDNN's calls are split
+    between (ops/split.py)."""
+    return max(math.prod(geom.x_shape[1:]), math.prod(geom.y_shape[1:]))
+
+
+def _piece(geom, n):
+    """The geometry of a piece of ``n`` images."""
+    return geom if n == geom.x_shape[0] else \
+        dataclasses.replace(geom, x_shape=(n,) + tuple(geom.x_shape[1:]))
+
+
+def _pieces(geom, *batched):
+    """(views of the batched arrays, their geometry) per piece of the batch."""
+    for views in split.batch(_image(geom), *batched):
+        yield views, _piece(geom, views[0].shape[0])
+
+
 def _cudnn_supports(*args):
+    """Batches over cuDNN's 32-bit tensor limit run as pieces of the batch (each piece with
+    its own algorithm choice and workspace); an image or a filter set over it cannot run."""
     geom, opts = args[-3], args[-2]
-    return cconv.supports(geom, opts["dtype"], opts["compute_dtype"], allow_empty=True)
+    key = (geom, opts["dtype"], opts["compute_dtype"], split.LIMIT)
+    why = _supported.get(key, False)
+    if why is False:                      # (None is a valid answer: supported)
+        why = _supported[key] = _cudnn_why(geom, opts)
+        if len(_supported) > 4096:
+            _supported.clear()
+    return why
+
+
+_supported = {}     # _cudnn_supports' answers: it runs on every call
+
+
+def _cudnn_why(geom, opts):
+    us = geom.user_shape
+    why = split.too_big(_image(geom), lambda: f"one image of x {us(geom.x_shape)} or of y "
+                        f"{us(geom.y_shape)}") or \
+        split.too_big(math.prod(geom.w_shape), lambda: f"w {us(geom.w_shape)}")
+    if why:
+        return why
+    start, stop = split.bounds(geom.x_shape[0], _image(geom))[0]       # the largest piece
+    return cconv.supports(_piece(geom, stop - start), opts["dtype"], opts["compute_dtype"],
+                          allow_empty=True)
 
 
 def _empty(geom):
@@ -139,9 +185,11 @@ def _cudnn_kw(opts, direction, stream):
 def _cudnn_forward(x, w, bias, geom, opts, stream):
     y = arrays.cuda_empty(geom.user_shape(geom.y_shape), x.dtype, stream)
     if y.size:
-        note_algo(cconv.forward(x, w, y, geom, **_cudnn_kw(opts, "fwd", stream)))
-        if bias is not None:
-            cconv.add_bias(y, bias, geom, arrays.stream_pointer(stream))
+        kw = _cudnn_kw(opts, "fwd", stream)
+        for (xp, yp), g in _pieces(geom, x, y):
+            note_algo(cconv.forward(xp, w, yp, g, **kw))
+            if bias is not None:
+                cconv.add_bias(yp, bias, g, arrays.stream_pointer(stream))
     return y
 
 
@@ -151,34 +199,44 @@ def _cudnn_backward_data(dy, w, geom, opts, stream):
         from . import conv_numba
         return conv_numba._zeros(dx, stream)
     if dx.size:
-        note_algo(cconv.backward_data(dy, w, dx, geom, **_cudnn_kw(opts, "bwd_data", stream)))
+        kw = _cudnn_kw(opts, "bwd_data", stream)
+        for (dyp, dxp), g in _pieces(geom, dy, dx):
+            note_algo(cconv.backward_data(dyp, w, dxp, g, **kw))
     return dx
 
 
 def _cudnn_backward_filter(x, dy, geom, opts, stream):
+    """Pieces of the batch add their partial filter gradients (ops/split.py ``summed``)."""
     dw = arrays.cuda_empty(geom.user_shape(geom.w_shape), x.dtype, stream)
     if dw.size and _empty(geom):          # an empty batch: the sum over images is zero
         from . import conv_numba
         return conv_numba._zeros(dw, stream)
     if dw.size:
-        note_algo(cconv.backward_filter(x, dy, dw, geom,
-                                        **_cudnn_kw(opts, "bwd_filter", stream)))
+        kw = _cudnn_kw(opts, "bwd_filter", stream)
+
+        def run(piece, dest):
+            (xp, dyp), g = piece
+            note_algo(cconv.backward_filter(xp, dyp, dest, g, **kw))
+        split.summed(dw, _pieces(geom, x, dy), run, stream)
     return dw
 
 
 def _cudnn_bias_supports(dy, stream):
-    if dy.ndim not in (4, 5) or max(dy.shape) >= 2**31:
-        return f"cudnnConvolutionBackwardBias takes 4-D or 5-D tensors below 2**31; got {dy.shape}"
-    return None
+    if dy.ndim not in (4, 5):
+        return f"cudnnConvolutionBackwardBias takes 4-D or 5-D tensors; got {dy.shape}"
+    return split.too_big(math.prod(dy.shape[1:]), lambda: f"one image of dy {tuple(dy.shape)}")
 
 
 def _cudnn_backward_bias(dy, stream):
+    """Pieces of the batch add their partial sums (ops/split.py ``summed``)."""
     db = arrays.cuda_empty((dy.shape[1],), dy.dtype, stream)
     if db.size and not dy.size:            # an empty batch or image: the sum is zero
         from . import conv_numba
         return conv_numba._zeros(db, stream)
     if db.size:
-        cconv.backward_bias(dy, db, arrays.stream_pointer(stream))
+        sp = arrays.stream_pointer(stream)
+        split.summed(db, split.batch(math.prod(dy.shape[1:]), dy),
+                     lambda piece, dest: cconv.backward_bias(piece[0], dest, sp), stream)
     return db
 
 

@@ -14,7 +14,8 @@ CUDNN_POOLING_MAX, whose choice among tied maxima is not specified. ``sum`` runs
 average_inc_pad with alpha = window size (dnnkit/cudnn/pool.py).
 
 Backends: Numba (kernels/pool.py: one thread per output forward, a gather backward, no
-atomics) and cuDNN (cudnnPoolingForward/Backward, Nd descriptors).
+atomics) and cuDNN (cudnnPoolingForward/Backward, Nd descriptors; batches over its 32-bit
+tensor limit run as pieces of the batch, ops/split.py).
 """
 
 import dataclasses
@@ -25,6 +26,7 @@ import numpy as np
 from .. import arrays, config
 from ..dispatch import note_algo, public_op, register
 from ..launch import launch
+from . import split
 from .args import int_tuple
 
 MODES = ("max", "max_deterministic", "average_inc_pad", "average_exc_pad", "sum")
@@ -207,13 +209,18 @@ def _backward_numba(x, y, dy, geom, mode, stream):
 
 # ---------------------------------------------------------------- cuDNN
 
+def _image(geom):
+    """Elements of the larger of one image of x and of y: the item cuDNN's calls are split
+    between (ops/split.py)."""
+    return geom.x_shape[1] * max(math.prod(geom.x_shape[2:]), math.prod(geom.y_shape[2:]))
+
+
 def _cudnn_supports(x, *rest):
+    """Batches over cuDNN's 32-bit tensor limit run as pieces of the batch; an image over it
+    cannot run."""
     geom = rest[-3]   # (x, geom, mode, stream) or (x, y, dy, geom, mode, stream)
-    biggest = max(x.size, math.prod(geom.y_shape), *x.shape)
-    if biggest >= 2**31:
-        return (f"x {tuple(x.shape)} or y {geom.y_shape} exceeds cuDNN's 32-bit tensor size "
-                "(2**31 - 1 elements)")
-    return None
+    return split.too_big(_image(geom),
+                         lambda: f"one image of x {tuple(x.shape)} or of y {geom.y_shape}")
 
 
 def _cudnn_mode(mode):
@@ -231,8 +238,10 @@ def _forward_cudnn(x, geom, mode, stream):
     from ..cudnn import pool as cpool
     y = arrays.cuda_empty(geom.y_shape, x.dtype, stream)
     if y.size:
-        cpool.forward(x, y, geom.window, geom.padding, geom.stride, _cudnn_mode(mode),
-                      arrays.stream_pointer(stream))
+        mode = _cudnn_mode(mode)
+        for xp, yp in split.batch(_image(geom), x, y):
+            cpool.forward(xp, yp, geom.window, geom.padding, geom.stride, mode,
+                          arrays.stream_pointer(stream))
     return y
 
 
@@ -242,8 +251,10 @@ def _backward_cudnn(x, y, dy, geom, mode, stream):
     from ..cudnn import pool as cpool
     dx = arrays.empty_like(x, stream)
     if y.size:
-        cpool.backward(x, y, dy, dx, geom.window, geom.padding, geom.stride,
-                       _cudnn_mode(mode), arrays.stream_pointer(stream))
+        mode = _cudnn_mode(mode)
+        for xp, yp, dyp, dxp in split.batch(_image(geom), x, y, dy, dx):
+            cpool.backward(xp, yp, dyp, dxp, geom.window, geom.padding, geom.stride, mode,
+                           arrays.stream_pointer(stream))
     return dx
 
 

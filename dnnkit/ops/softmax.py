@@ -8,13 +8,15 @@ position; ``instance`` over all of C*H*W of each sample. Inputs are (N, C) or NC
     softmax:      y = exp(x - m) / sum exp(x - m)        dx = y * (dy - sum(dy * y))
     log-softmax:  y = x - m - log(sum exp(x - m))        dx = dy - exp(y) * sum(dy)
 
-cuDNN: cudnnSoftmaxForward/Backward on the 4-D (N, C, H, W) descriptor ((N, C, 1, 1) for 2-D).
+cuDNN: cudnnSoftmaxForward/Backward on the 4-D (N, C, H, W) descriptor ((N, C, 1, 1) for 2-D);
+batches over its 32-bit tensor limit run as pieces of the batch (ops/split.py).
 """
 
 from .. import arrays
 from ..cudnn import calls
 from ..dispatch import note_algo, public_op, register
 from ..launch import launch, pow2_at_most
+from . import split
 
 ALGOS = ("fast", "accurate", "log")
 _ALGO_ID = {"fast": 0, "accurate": 1, "log": 2}   # matches kernels/softmax.py
@@ -109,10 +111,18 @@ def _dims4(shape, mode):
     return dims, ("instance" if dims[2] * dims[3] == 1 else mode)
 
 
+def _row(shape):
+    """Elements of one sample (C*H*W): the item cuDNN's calls are split between."""
+    per = 1
+    for d in shape[1:]:
+        per *= d
+    return per
+
+
 def _cudnn_supports(x, *rest):
-    if any(d >= 2**31 for d in x.shape) or x.size >= 2**31:
-        return f"shape {tuple(x.shape)} exceeds cuDNN's 32-bit tensor size"
-    return None
+    """Samples are never split (instance mode reduces over a whole one); batches over cuDNN's
+    32-bit limit run as pieces of the batch (ops/split.py)."""
+    return split.too_big(_row(x.shape), lambda: f"one sample of x {tuple(x.shape)}")
 
 
 @register("softmax", "cudnn", supports=_cudnn_supports)
@@ -120,8 +130,9 @@ def _softmax_cudnn(x, algo, mode, stream):
     note_algo(algo)
     y = arrays.empty_like(x, stream)
     if x.size:
-        calls.softmax_forward(x, y, *_dims4(x.shape, mode), algo=algo,
-                              stream=arrays.stream_pointer(stream))
+        for xp, yp in split.batch(_row(x.shape), x, y):
+            calls.softmax_forward(xp, yp, *_dims4(xp.shape, mode), algo=algo,
+                                  stream=arrays.stream_pointer(stream))
     return y
 
 
@@ -130,6 +141,7 @@ def _softmax_backward_cudnn(y, dy, algo, mode, stream):
     note_algo(algo)
     dx = arrays.empty_like(y, stream)
     if y.size:
-        calls.softmax_backward(y, dy, dx, *_dims4(y.shape, mode), algo=algo,
-                               stream=arrays.stream_pointer(stream))
+        for yp, dyp, dxp in split.batch(_row(y.shape), y, dy, dx):
+            calls.softmax_backward(yp, dyp, dxp, *_dims4(yp.shape, mode), algo=algo,
+                                   stream=arrays.stream_pointer(stream))
     return dx

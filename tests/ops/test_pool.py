@@ -246,12 +246,15 @@ def test_bad_arguments_name_op_and_values(call, exc, words):
 
 # ---------------------------------------------------------------- dispatch and cuDNN layer
 
-def test_cudnn_supports_every_mode_but_not_huge_tensors():
+def test_cudnn_supports_every_mode_and_big_batches_but_not_huge_images():
     g = P.make_geom("t", 2, (2, 3, 8, 8), 3, 2, 1)
     small = types.SimpleNamespace(size=2 * 3 * 64, shape=(2, 3, 8, 8))
     for mode in MODES:
         assert P._cudnn_supports(small, g, mode, None) is None
-    big = types.SimpleNamespace(size=2**31, shape=(2**21, 2**10, 1, 1))
+    batch = types.SimpleNamespace(size=2**31, shape=(2**21, 2**10, 1, 1))   # split (split.py)
+    assert P._cudnn_supports(batch, P.make_geom("t", 2, batch.shape, 1, 1, 0), "max", None) \
+        is None
+    big = types.SimpleNamespace(size=2**31, shape=(1, 2**11, 2**10, 2**10))
     gb = P.make_geom("t", 2, big.shape, 1, 1, 0)
     assert "32-bit" in P._cudnn_supports(big, big, big, gb, "max", None)
 
