@@ -186,9 +186,20 @@ class scratch:
         self.key = self.raw = None
 
 
+_on_empty = []     # functions called by empty_cache() (caches keyed by device addresses)
+
+
+def on_empty_cache(fn):
+    """Call ``fn()`` whenever the cache is emptied (e.g. conv_graph drops the variant packs
+    it keeps by device address: those addresses are no longer handed out)."""
+    _on_empty.append(fn)
+
+
 def empty_cache():
     """Release every cached block (arrays in use are unaffected)."""
     _pool.clear()
+    for fn in _on_empty:
+        fn()
 
 
 def stats():

@@ -228,9 +228,10 @@ def test_many_calls_leak_nothing(family, backend):
         # descriptors are made once per shape and mode and shared (descriptors._Cache)
         assert not made.get("ActivationDescriptor") and not made.get("TensorDescriptor"), made
     if backend == "cudnn" and family == "conv":
-        # the runtime choices (the default) run through graph-API plans made once: each call
-        # makes and destroys one variant pack, the counter saw every one of them
-        assert made.get("BackendVariantPack", 0) >= 6 * N_GPU, made
+        # the runtime choices (the default) run through graph-API plans made once, with
+        # variant packs kept by device address: the allocator hands the same blocks back, so
+        # the loop made a few packs (at least one: the graph path ran) and no plan
+        assert 0 < made.get("BackendVariantPack", 0) <= 100, made
         assert not made.get("BackendExecutionPlan"), made
 
 

@@ -447,9 +447,10 @@ def _graph_convolve(d, arrays, geom, dtype, compute_dtype, math_t, allow_tf32, d
     # only when TF32 is allowed
     allow_tc = dt == "float16" or (dt == "float32" and bool(allow_tf32))
     raw = (d.name, choice, geom, dt, ct, allow_tc, det, algo_cache._limit_bucket(limit))
+    a, b, o = arrays
     try:
         return conv_graph.convolve(
-            d.name, tuple(_ptr(a) for a in arrays), raw,
+            d.name, (_ptr(a), _ptr(b), _ptr(o)), raw,
             lambda: _cache_key(types.SimpleNamespace(d=d, dtype=np.dtype(dt)),  # what it reads
                                arrays, geom, compute_dtype, math_t, det, limit, choice),
             lambda: (descriptor_dims(geom), dt, ct, geom.flip, allow_tc, det),
@@ -461,17 +462,34 @@ def _graph_convolve(d, arrays, geom, dtype, compute_dtype, math_t, allow_tf32, d
         return None
 
 
-def _convolve(d, arrays, geom, algo, compute_dtype, allow_tf32, deterministic, workspace_limit,
-              stream):
+_valid = {}      # _convolve's checked arguments -> (dtype, math type): the checks run once
+
+
+def _checked(d, arrays, geom, algo, compute_dtype, allow_tf32):
+    """(dtype, math type) once the arguments are checked; raises ValueError otherwise."""
+    a, b, o = arrays
+    key = (d.name, algo, geom, compute_dtype, allow_tf32, a.shape, b.shape, o.shape, a.dtype,
+           b.dtype, o.dtype)
+    hit = _valid.get(key)
+    if hit is not None:
+        return hit
     if algo not in d.named and algo not in CHOICES:
         raise ValueError(f"cuDNN {d.name} algo must be one of "
                          f"{', '.join(list(d.named) + list(CHOICES))}; got {algo!r}")
-    dtype = np.dtype(arrays[0].dtype)
+    dtype = np.dtype(a.dtype)
     why = supports(geom, dtype, compute_dtype)
     if why:
         raise ValueError(f"cuDNN {d.name} convolution cannot run: {why}")
     _check_arrays(d, arrays, geom)
-    math_t = math_type(dtype, compute_dtype, allow_tf32)
+    if len(_valid) > 4096:
+        _valid.clear()
+    hit = _valid[key] = (dtype, math_type(dtype, compute_dtype, allow_tf32))
+    return hit
+
+
+def _convolve(d, arrays, geom, algo, compute_dtype, allow_tf32, deterministic, workspace_limit,
+              stream):
+    dtype, math_t = _checked(d, arrays, geom, algo, compute_dtype, allow_tf32)
     if algo in CHOICES:
         name = _graph_convolve(d, arrays, geom, dtype, compute_dtype, math_t, allow_tf32,
                                deterministic, workspace_limit, stream, algo)

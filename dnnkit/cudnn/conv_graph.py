@@ -16,6 +16,7 @@ direction's (a, b, o) argument order, as in conv.py.
 import logging
 import threading
 
+from .. import memory
 from ..errors import CudnnError
 from . import algo_cache, graph, handle, workspace
 from .enums import CONVOLUTION, CROSS_CORRELATION, DATA_TYPES
@@ -104,6 +105,19 @@ def clear():
     with _lock:
         _graphs.clear()
         _fast.clear()
+
+
+def drop_variant_packs():
+    """Forget the variant packs every plan keeps by device address (called when the caching
+    allocator is emptied: those addresses will not come back)."""
+    with _lock:
+        graphs = list(_graphs.values())
+    for g in graphs:
+        for p in list(g.plans.values()):
+            p.drop_packs()
+
+
+memory.on_empty_cache(drop_variant_packs)
 
 
 def _graph(h, direction, dims, dtype, compute_dtype, flip, align, allow_tc, det):

@@ -229,7 +229,10 @@ def engine_configs(graph, modes=("A", "FALLBACK")):
 
 class Plan:
     """A finalized execution plan with its workspace size and the unique ids of its tensors
-    in variant-pack order."""
+    in variant-pack order. Plans belong to one handle, so to one thread: ``execute`` needs no
+    lock."""
+
+    PACKS_MAX = 16
 
     def __init__(self, handle, config, uids):
         self.config, self.name = config, config.name
@@ -245,33 +248,41 @@ class Plan:
         self.plan = p
         self.uids = (c_int64 * len(uids))(*uids)
         self.n = len(uids)
+        # variant packs by (pointers, workspace): a training loop's arrays come back at the
+        # same addresses from the caching allocator, so most calls reuse a finalized pack
+        # (six cuDNN calls saved per call)
+        self.packs = {}
 
     def close(self):
         self.plan.close()
+        self.drop_packs()
+
+    def drop_packs(self):
+        # each pack is destroyed by its finalizer once no call holds it (another thread's
+        # empty_cache() may run while this plan's thread is inside execute())
+        self.packs = {}
+
+    def _pack(self, key):
+        vp = Backend("VARIANT_PACK_DESCRIPTOR")
+        ptrs = (c_void_p * self.n)(*key[:-1])
+        ws = c_void_p(key[-1])
+        for attr, t, n, arr in ((_VP_UIDS, _T_INT64, self.n, self.uids),
+                                (_VP_PTRS, _T_VOID_PTR, self.n, ptrs),
+                                (_VP_WS, _T_VOID_PTR, 1, ctypes.byref(ws))):
+            vp._checked("cudnnBackendSetAttribute", vp.ptr, attr, t, n, arr,
+                        context="VARIANT_PACK_DESCRIPTOR: set")
+        vp.finalize()
+        if len(self.packs) >= self.PACKS_MAX:
+            self.drop_packs()
+        self.packs[key] = vp
+        return vp
 
     def execute(self, handle, pointers, workspace, context=""):
-        """Run the plan on ``pointers`` (ints, in uid order) with a ``workspace`` pointer:
-        one variant pack, made and destroyed here (6 cuDNN calls of host time only)."""
-        f = api.function
-        vp = c_void_p()
-        api.check("cudnnBackendCreateDescriptor",
-                  f("cudnnBackendCreateDescriptor")(BACKEND_DESCRIPTOR["VARIANT_PACK_DESCRIPTOR"],
-                                                    ctypes.byref(vp)), context)
-        count("BackendVariantPack", created=1)
-        try:
-            set_attr = f("cudnnBackendSetAttribute")
-            ptrs = (c_void_p * self.n)(*pointers)
-            ws = c_void_p(workspace)
-            for attr, t, n, arr in ((_VP_UIDS, _T_INT64, self.n, self.uids),
-                                    (_VP_PTRS, _T_VOID_PTR, self.n, ptrs),
-                                    (_VP_WS, _T_VOID_PTR, 1, ctypes.byref(ws))):
-                api.check("cudnnBackendSetAttribute", set_attr(vp, attr, t, n, arr), context)
-            api.check("cudnnBackendFinalize", f("cudnnBackendFinalize")(vp), context)
-            api.check("cudnnBackendExecute", f("cudnnBackendExecute")(handle, self.plan.ptr, vp),
-                      context)
-        finally:
-            f("cudnnBackendDestroyDescriptor")(vp)
-            count("BackendVariantPack", destroyed=1)
+        """Run the plan on ``pointers`` (ints, in uid order) with a ``workspace`` pointer."""
+        key = (*pointers, workspace)
+        vp = self.packs.get(key) or self._pack(key)
+        api.check("cudnnBackendExecute",
+                  api.function("cudnnBackendExecute")(handle, self.plan.ptr, vp.ptr), context)
 
 
 _VP_UIDS, _VP_PTRS, _VP_WS = (ATTR["VARIANT_PACK_UNIQUE_IDS"], ATTR["VARIANT_PACK_DATA_POINTERS"],
@@ -282,8 +293,7 @@ _T_INT64, _T_VOID_PTR = ATTR_TYPE["INT64"], ATTR_TYPE["VOID_PTR"]
 def alignment(pointers):
     """The largest power of two up to 16 dividing every pointer (a tensor's byte alignment
     is part of its descriptor, so of the plan's key)."""
-    a = 16
+    bits = 16
     for p in pointers:
-        while a > 1 and (p or 0) % a:
-            a //= 2
-    return a
+        bits |= p or 0
+    return min(16, bits & -bits)      # the lowest set bit of all of them
