@@ -139,6 +139,45 @@ def host_contiguous(h):
     return np.array(h, dtype=h.dtype, order="C", copy=True)
 
 
+def device_of(a):
+    """The ordinal of the device holding Numba device array ``a``; None when unknown (the
+    simulator's arrays). Kept on the array: it cannot change."""
+    d = getattr(a, "__dict__", None)
+    dev = d.get("_dnnkit_device") if d is not None else None
+    if dev is None:
+        try:
+            dev = a.gpu_data.context.device.id
+        except AttributeError:
+            return None
+        if d is not None:
+            d["_dnnkit_device"] = dev
+    return dev
+
+
+def _pointer_device(ptr):
+    """The ordinal of the device that owns device address ``ptr`` (cuPointerGetAttribute);
+    None when the driver cannot tell."""
+    global _driver
+    if _driver is None:
+        from cuda.bindings import driver as _driver
+    attr = _driver.CUpointer_attribute.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL
+    err, dev = _driver.cuPointerGetAttribute(attr, ptr)
+    return int(dev) if int(err) == 0 else None
+
+
+def _foreign(cuda, x):
+    """A Numba view of a foreign device array (PyTorch, CuPy). Numba ties it to the current
+    context whatever device holds the memory: the true device is asked of the driver and
+    kept for the dispatcher's device check."""
+    d = cuda.as_cuda_array(x)
+    ptr = x.__cuda_array_interface__["data"][0]
+    if ptr:
+        dev = _pointer_device(ptr)
+        if dev is not None:
+            d._dnnkit_device = dev
+    return d
+
+
 def device_input(op, name, x, stream, *, ndim=None):
     """Validate one floating-point input of ``op`` and return it as a Numba device array."""
     cuda = _cuda()
@@ -148,7 +187,7 @@ def device_input(op, name, x, stream, *, ndim=None):
         if not hasattr(cuda, "as_cuda_array"):  # the simulator cannot wrap foreign memory
             raise TypeError(f"{op}: {name} is a foreign device array, which the CUDA "
                             "simulator cannot read")
-        d = cuda.as_cuda_array(x)
+        d = _foreign(cuda, x)
     else:
         try:
             h = np.asarray(x)

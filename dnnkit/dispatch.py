@@ -214,8 +214,58 @@ def _log_decision(op, chosen, reason, from_library=False):
 
 # ---------------------------------------------------------------- running
 
+_array_types = {}    # type -> is it a Numba device array type (asked once per type)
+
+
+def _is_device_array(t):
+    known = _array_types.get(t)
+    if known is None:
+        known = _array_types[t] = any(c.__name__ == "DeviceNDArrayBase" for c in t.__mro__)
+    return known
+
+
+def call_device(op, args):
+    """The device that holds the call's device arrays: None when there are none (or on the
+    simulator, whose arrays have no device). Arrays on two devices are an error."""
+    from .arrays import device_of
+    dev, first = None, None
+    for i, a in enumerate(args):
+        if _is_device_array(type(a)):
+            d = device_of(a)
+            if d is None:
+                continue
+            if dev is None:
+                dev, first = d, i
+            elif d != dev:
+                raise ValueError(
+                    f"{op}: its arrays are on different devices (argument {first} on device "
+                    f"{dev}, argument {i} on device {d}); host inputs are copied to the "
+                    f"current device: pass device arrays of one device, or make that device "
+                    f"current (with numba.cuda.gpus[{d}]: ...)")
+    return dev
+
+
+@contextlib.contextmanager
+def _on_device(dev):
+    """Make ``dev`` current for the call (its context, its cuDNN handle, its kernels)."""
+    from numba import cuda
+    with cuda.gpus[dev]:
+        yield
+
+
 def dispatch(op, *args, backend=None, **kw):
-    """Run ``op`` on the backend the policy picks; returns what the implementation returns."""
+    """Run ``op`` on the backend the policy picks, on the device that holds its arrays;
+    returns what the implementation returns."""
+    dev = call_device(op, args)
+    if dev is not None:
+        from .arrays import device_id
+        if dev != device_id():
+            with _on_device(dev):
+                return _dispatch(op, args, backend, kw)
+    return _dispatch(op, args, backend, kw)
+
+
+def _dispatch(op, args, backend, kw):
     chosen, reason, policy, from_library = _choose(op, args, kw, backend)
     _log_decision(op, chosen, reason, from_library)
     _local.algo = None

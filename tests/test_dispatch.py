@@ -1,5 +1,6 @@
 """Which path runs under each policy; runtime fallback; cross-checking; tracing; logging."""
 
+import contextlib
 import logging
 
 import numpy as np
@@ -238,3 +239,47 @@ def test_launch_configurations_do_not_leak_between_block_shapes(rng):
         for x in (a, b):
             y = dnnkit.softmax(x).copy_to_host()
             assert dnnkit.reference.rel_error(y, dnnkit.reference.softmax(x)) < 1e-6
+
+
+# ------------------------------------------------ several devices (issue 9)
+
+class DeviceNDArrayBase:      # stands for Numba's base class (recognised by name)
+    pass
+
+
+class FakeDeviceArray(DeviceNDArrayBase):
+    def __init__(self, dev):
+        import types
+        self.gpu_data = types.SimpleNamespace(
+            context=types.SimpleNamespace(device=types.SimpleNamespace(id=dev)))
+
+
+def test_call_device_is_the_device_of_the_arrays():
+    a0, b0, c1 = FakeDeviceArray(0), FakeDeviceArray(0), FakeDeviceArray(1)
+    assert dispatch.call_device("op", (a0, "relu", 0.0, b0)) == 0
+    assert dispatch.call_device("op", (c1, 3, None)) == 1
+    assert dispatch.call_device("op", ("no arrays", 1.0)) is None
+    with pytest.raises(ValueError) as ei:
+        dispatch.call_device("conv2d", (a0, c1))
+    msg = str(ei.value)
+    assert "conv2d" in msg and "argument 0 on device 0" in msg and "argument 1 on device 1" \
+        in msg and "numba.cuda.gpus[1]" in msg
+
+
+def test_a_call_on_another_device_runs_inside_that_device(monkeypatch):
+    seen = []
+
+    @contextlib.contextmanager
+    def on_device(dev):
+        seen.append(("enter", dev))
+        yield
+        seen.append(("exit", dev))
+    monkeypatch.setattr(dispatch, "_on_device", on_device)
+    monkeypatch.setattr(dispatch, "_dispatch", lambda op, args, b, kw: seen.append(op) or 7)
+    import dnnkit.arrays
+    monkeypatch.setattr(dnnkit.arrays, "device_id", lambda: 0)
+    assert dispatch.dispatch("relu", FakeDeviceArray(1)) == 7
+    assert seen == [("enter", 1), "relu", ("exit", 1)]
+    seen.clear()
+    assert dispatch.dispatch("relu", FakeDeviceArray(0)) == 7
+    assert seen == ["relu"]            # already current: no switch
