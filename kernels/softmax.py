@@ -152,9 +152,9 @@ def _lane(tile, n, c, s):
 def _jit(K):
     """``cuda.jit`` with launch bounds MAX_THREADS threads and MIN_BLOCKS[K] blocks per SM
     (at most 65536 / (256 * blocks) registers). Unbounded, ptxas takes 127-196 registers for
-    K = 16-32 (2 blocks of 256 per SM, 16 KB of loads in flight each); bounded (sm_90,
-    float32): K = 4 56 registers, K = 8 80, K = 16 64 and K = 32 128, with at most 24 bytes
-    of spills. The simulator's jit takes no launch bounds."""
+    K = 16-32 (2 blocks of 256 per SM). Bounded (sm_90, float32, fwd / bwd): K = 4 62 / 56
+    registers, K = 8 80 / 80, K = 16 64 / 64 and K = 32 128 / 128, no spills in the forward
+    and 16-20 bytes in the backward of K = 16 and 32. The simulator's jit takes no bounds."""
     def wrap(kernel):
         kernel.launch_bounds = (MAX_THREADS, MIN_BLOCKS[K] if K in MIN_BLOCKS else 4)
         if config.ENABLE_CUDASIM:
