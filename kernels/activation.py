@@ -4,12 +4,13 @@ Modes (integers shared with dnnkit.ops.activation): 0 relu, 1 clipped_relu (coef
 2 tanh, 3 sigmoid, 4 elu (coef = alpha), 5 swish (coef = beta), 6 identity.
 NaN propagates through every mode (as cuDNN with CUDNN_PROPAGATE_NAN): comparisons are written
 so that a NaN input falls through to ``v``. Memory traffic: forward reads x, writes y;
-backward reads x, y, dy and writes dx.
+backward reads dy and only the inputs the mode's slope needs (x, y or both; see _reads) and
+writes dx: relu's backward is three streams, not four.
 """
 
 import math
 
-from numba import cuda, float32
+from numba import cuda, float32, uint64
 
 RELU, CLIPPED_RELU, TANH, SIGMOID, ELU, SWISH, IDENTITY = range(7)
 
@@ -69,51 +70,78 @@ def _derivative(v, w, mode, coef, zero):
     return one
 
 
-# Four elements per thread per trip, all four loads issued before the first store: with one
-# load in flight per thread an SM holds ~8 KB of requests, too few to cover HBM latency (the
-# one-element loop ran at 64% of the copy rate on an H100); the tail takes one per trip.
+# Four elements per thread per trip, all loads issued before the first value is used: with
+# one element's loads in flight per thread an SM holds ~8 KB of requests, too few to cover
+# HBM latency (the one-element loop ran at 64% of the copy rate on an H100); the tail takes
+# one per trip. The loads must come before any mode branch: a branch (the mode switch in
+# _forward/_derivative) ends the stretch of code within which the compiler overlaps them.
+# (The backward used to load each element's x, y, dy just before its own slope, so only one
+# element was in flight: 60% of copy on an H100 where the forward reached 80%.)
+# Indices are int64 (cuda.grid is), cast to uint64 for indexing: Numba adds a negative-index
+# fix-up to every signed index.
 UNROLL = 4
+
+
+@cuda.jit(device=True, inline=True)
+def _load4(a, i, step, use, zero):
+    """a[i], a[i + step], a[i + 2*step], a[i + 3*step] in the accumulation type, four loads
+    in flight; four zeros, loading nothing, when ``use`` is False (uniform over the grid)."""
+    if use:
+        return (a[uint64(i)] + zero, a[uint64(i + step)] + zero,
+                a[uint64(i + 2 * step)] + zero, a[uint64(i + 3 * step)] + zero)
+    return zero, zero, zero, zero
 
 
 @cuda.jit(cache=True)
 def activation_fwd_kernel(x, y, mode, coef, acc):
     """y[i] = f(x[i]) on flat arrays. Thread mapping: grid-stride loop, consecutive threads on
-    consecutive elements (coalesced), UNROLL elements a grid-stride apart per trip."""
+    consecutive elements (coalesced), UNROLL elements a grid-stride apart per trip.
+    Traffic: reads x, writes y."""
     zero = acc[0]
     i, step, n = cuda.grid(1), cuda.gridsize(1), x.size
     while i + 3 * step < n:
-        a, b, c, d = x[i], x[i + step], x[i + 2 * step], x[i + 3 * step]
-        y[i] = _forward(a + zero, mode, coef, zero)
-        y[i + step] = _forward(b + zero, mode, coef, zero)
-        y[i + 2 * step] = _forward(c + zero, mode, coef, zero)
-        y[i + 3 * step] = _forward(d + zero, mode, coef, zero)
+        a, b, c, d = _load4(x, i, step, True, zero)
+        y[uint64(i)] = _forward(a, mode, coef, zero)
+        y[uint64(i + step)] = _forward(b, mode, coef, zero)
+        y[uint64(i + 2 * step)] = _forward(c, mode, coef, zero)
+        y[uint64(i + 3 * step)] = _forward(d, mode, coef, zero)
         i += UNROLL * step
     while i < n:
-        y[i] = _forward(x[i] + zero, mode, coef, zero)
+        y[uint64(i)] = _forward(x[uint64(i)] + zero, mode, coef, zero)
         i += step
 
 
 @cuda.jit(device=True, inline=True)
-def _grad(x, y, dy, i, mode, coef, zero):
-    return (dy[i] + zero) * _derivative(x[i] + zero, y[i] + zero, mode, coef, zero)
+def _reads(mode):
+    """(x, y): which inputs the slope of ``mode`` reads (_derivative): x for relu,
+    clipped_relu, elu and swish; y for tanh, sigmoid, elu and swish; identity neither."""
+    return (mode != TANH and mode != SIGMOID and mode != IDENTITY,
+            mode != RELU and mode != CLIPPED_RELU and mode != IDENTITY)
 
 
 @cuda.jit(cache=True)
 def activation_bwd_kernel(x, y, dy, dx, mode, coef, acc):
     """dx[i] = dy[i] * f'(x[i]) (f' from x and y, see _derivative); same thread mapping as the
-    forward kernel (the four gradients are computed before any is stored). A NaN in dy always
-    propagates."""
+    forward kernel, all loads of a trip issued before the first slope. A NaN in dy always
+    propagates. Traffic: reads dy and only what the mode's slope needs (_reads: relu and
+    clipped_relu x, tanh and sigmoid y, elu and swish both, identity neither), writes dx."""
     zero = acc[0]
-    i, step, n = cuda.grid(1), cuda.gridsize(1), x.size
+    rx, ry = _reads(mode)
+    i, step, n = cuda.grid(1), cuda.gridsize(1), dx.size
     while i + 3 * step < n:
-        a = _grad(x, y, dy, i, mode, coef, zero)
-        b = _grad(x, y, dy, i + step, mode, coef, zero)
-        c = _grad(x, y, dy, i + 2 * step, mode, coef, zero)
-        d = _grad(x, y, dy, i + 3 * step, mode, coef, zero)
-        dx[i], dx[i + step], dx[i + 2 * step], dx[i + 3 * step] = a, b, c, d
+        g0, g1, g2, g3 = _load4(dy, i, step, True, zero)
+        v0, v1, v2, v3 = _load4(x, i, step, rx, zero)
+        w0, w1, w2, w3 = _load4(y, i, step, ry, zero)
+        dx[uint64(i)] = g0 * _derivative(v0, w0, mode, coef, zero)
+        dx[uint64(i + step)] = g1 * _derivative(v1, w1, mode, coef, zero)
+        dx[uint64(i + 2 * step)] = g2 * _derivative(v2, w2, mode, coef, zero)
+        dx[uint64(i + 3 * step)] = g3 * _derivative(v3, w3, mode, coef, zero)
         i += UNROLL * step
     while i < n:
-        dx[i] = _grad(x, y, dy, i, mode, coef, zero)
+        j = uint64(i)
+        v = x[j] + zero if rx else zero
+        w = y[j] + zero if ry else zero
+        dx[j] = (dy[j] + zero) * _derivative(v, w, mode, coef, zero)
         i += step
 
 

@@ -1,42 +1,82 @@
 """Softmax over one axis, forward and backward.
 
 Every input is viewed as (N, C, S) flat in memory: the reduction runs over C at stride S, for
-each of the N*S (n, s) rows. Channel mode on NCHW is (N, C, H*W); instance mode and 2-D input
-are (N, C*H*W, 1).
+each of the N*S rows r = n*S + s (row r starts at n*C*S + s). Channel mode on NCHW is
+(N, C, H*W); instance mode and 2-D input are (N, C*H*W, 1).
 
-Thread mapping: a block is (bx, by) threads; threadIdx.x walks bx consecutive s positions (so a
-warp reads consecutive addresses when S > 1) and the by threads of a column stride over C,
-combining partial results through a shared-memory tree. With S == 1 the launcher uses bx = 1
-and by = 256: one block per row. Blocks walk (n, s-tile) pairs in a grid-stride loop.
+    forward (algo 0 fast, 1 accurate, 2 log), M = max_c x (accurate, log) or 0 (fast):
+        y = exp(x - M) / sum_c exp(x - M)          or  y = x - M - log(sum_c exp(x - M))
+    backward, from y and dy:
+        softmax: dx = y * (dy - sum_c dy * y)      log: dx = dy - exp(y) * sum_c dy
 
-Forward (algo 0 fast, 1 accurate, 2 log), with m = max_c x (accurate/log) or 0 (fast):
-    y = exp(x - m) / sum_c exp(x - m)          or  y = x - m - log(sum_c exp(x - m))
-Backward, from y and dy:
-    softmax: dx = y * (dy - sum_c dy * y)      log: dx = dy - exp(y) * sum_c dy
-Memory traffic: forward reads x three times (max, sum, write; two for fast) and writes y once;
-backward reads y and dy twice and writes dx once.
+Thread mapping: a block is (bx, by) threads. Lane tx owns row tile*bx + tx of the block's row
+tile (blocks walk tiles in a grid-stride loop): with S > 1 consecutive lanes own consecutive s
+positions (a tile may straddle two samples n), so a warp reads runs of consecutive
+addresses; with S == 1 the launcher uses bx = 1, one row per block, and consecutive ty read
+consecutive addresses. The by threads of a row take its
+elements c = ty + j*by, j = 0, 1, ...: K of them at a time ("a chunk": K loads issued before
+any is used, so each thread keeps K requests in flight), into registers.
+
+Two variants per K (``softmax_kernels(K, cached)``, compile-time constants):
+- cached: the launcher guarantees C <= K*by, so one chunk holds the whole row; it stays in
+  registers from the statistics to the output. Forward: M = the block's max of the values,
+  then e = exp(v - M) kept in place of v (log keeps v), t = sum e, the block's total, and
+  y = e * (1 / total) (log: v - M - log total): one exp per element. Traffic: forward reads x once
+  and writes y; backward reads y and dy once and writes dx (the minimum).
+- streaming (any C): the statistics walk the row chunk by chunk, then the output pass reads it
+  again. Forward reads x twice; backward reads dy (and y, except log) then y and dy again.
+
+The streaming forward's statistics are online (one read of x gives both maximum and sum): a
+thread keeps its running maximum m and t = sum exp(v - m~) over the values v it has seen,
+where m~ = m, or 0 while m = -inf (every value so far -inf, or none; then t = 0). A chunk of
+maximum cm gives m' = max(m, cm) and t' = t * exp(m - m'~) + sum_chunk exp(v - m'~): one exp
+per element and one per chunk, and m'~ is never -inf, so no -inf - -inf NaN appears while
+some value is finite. The block then reduces the row's M = max m and total = sum of
+t * exp(m - M) over its threads; the output pass computes exp(x - M) / total again.
+Both variants keep the special values of the old three-pass kernel (and of dnnkit.reference):
+a NaN anywhere makes the row NaN (the max lets NaN win); M = +inf makes the total NaN (the
+term exp(inf - inf)); an all -inf row is NaN (exp(-inf - -inf)); -inf elements of other rows
+give 0 (log: -inf). Fast has no maximum: M = 0.
+
+Block reduction (``_reduce``): through dynamic shared memory (Numba's simulator has no warp
+shuffles), two levels: each thread stores its value, G = 2^ceil(log2(by)/2) threads per
+column fold by/G values each (rows g, g + G, ...: consecutive threads read consecutive
+words), then every thread folds the G results. Two barriers, whatever by. The scratch has two
+halves used in turn, so a reduction never overwrites values the previous one is still reading
+(no trailing barrier); the launcher sizes it 2*bx*by elements (a static array would do on the
+GPU, but the simulator allocates static shared arrays racily).
 
 ``acc`` is a one-element array holding 0 in the accumulation type (float32 for float16 and
-float32 data, float64 for float64): it types both the arithmetic (``x[i] + zero``) and the
-shared-memory scratch (``dtype=acc.dtype``), so one kernel serves every dtype. The scratch is
-dynamic shared memory of bx*by elements (the launcher passes its size); a static array would do
-on the GPU, but Numba's simulator allocates static shared arrays racily (two threads of a block
-can each create their own), which breaks the reduction there.
+float32 data, float64 for float64): it types the arithmetic (``x[i] + zero``), the registers
+and the scratch (``dtype=acc.dtype``), so one kernel serves every dtype. Row offsets and
+indices are int64 (the arguments are).
 """
 
+import functools
 import math
 
-from numba import cuda, float32
+from numba import cuda, float32, int64, uint32, uint64
+from numba.core import config
 
 FAST, ACCURATE, LOG = 0, 1, 2
 MAX_THREADS = 256
 _MAX, _SUM = 0, 1
+CACHED_K = (4, 16, 32)      # register-cached variants: K values per thread (launcher's choice)
+STREAM_K = 8                # chunk of the streaming variant
+MIN_BLOCKS = {4: 4, 8: 3, 16: 4, 32: 2}     # launch bounds (blocks per SM) by K; see _jit
+
+
+@cuda.jit(device=True, inline=True)
+def _nanmax(a, b):
+    # NaN wins, so a NaN anywhere in the row makes the whole row NaN.
+    return a if (a > b or a != a) else b
 
 
 @cuda.jit(device=True, inline=True)
 def _block_reduce(red, val, op):
     """Combine ``val`` over threadIdx.y for each threadIdx.x; every thread gets its column's
-    result. ``blockDim.y`` must be a power of two."""
+    result. ``blockDim.y`` must be a power of two. (A tree with a barrier per level; kept for
+    conv_bias_bwd_kernel, kernels/conv.py.)"""
     tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
     bx, by = cuda.blockDim.x, cuda.blockDim.y
     red[ty * bx + tx] = val
@@ -45,11 +85,7 @@ def _block_reduce(red, val, op):
     while half > 0:
         if ty < half:
             a, b = red[ty * bx + tx], red[(ty + half) * bx + tx]
-            if op == _MAX:
-                # NaN wins, so a NaN anywhere in the row makes the whole row NaN.
-                red[ty * bx + tx] = a if (a > b or a != a) else b
-            else:
-                red[ty * bx + tx] = a + b
+            red[ty * bx + tx] = _nanmax(a, b) if op == _MAX else a + b
         cuda.syncthreads()
         half //= 2
     out = red[tx]
@@ -57,74 +93,232 @@ def _block_reduce(red, val, op):
     return out
 
 
-@cuda.jit(cache=True)
-def softmax_fwd_kernel(x, y, n, c, s, algo, acc):
-    """x, y: flat arrays of n*c*s elements; see the module docstring for the mapping."""
-    red = cuda.shared.array(0, dtype=acc.dtype)  # bx*by elements, sized at launch
-    zero = acc[0]
+@cuda.jit(device=True, inline=True)
+def _reduce(red, val, op, turn):
+    """Combine ``val`` over threadIdx.y for each threadIdx.x (``op`` _MAX or _SUM); every
+    thread gets its column's result. Two levels, two barriers (module docstring); ``turn``
+    (0 or 1) picks the half of ``red`` (2*bx*by elements): consecutive calls alternate.
+    Shared-memory indices are unsigned (Numba adds a negative-index fix-up to signed ones)."""
     tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
     bx, by = cuda.blockDim.x, cuda.blockDim.y
-    tiles = (s + bx - 1) // bx
-    for tile in range(cuda.blockIdx.x, n * tiles, cuda.gridDim.x):
-        si = (tile % tiles) * bx + tx
-        live = si < s
-        base = (tile // tiles) * c * s + si
-        m = zero
-        if algo != FAST:
-            # Start from an element of the row (not -inf) so m keeps the accumulation type.
-            m = x[base] + zero if live else zero
-            if live:
-                for ci in range(ty, c, by):
-                    v = x[base + ci * s] + zero
-                    if v > m or v != v:
-                        m = v
-            m = _block_reduce(red, m, _MAX)
-        part = zero
-        if live:
-            for ci in range(ty, c, by):
-                part += math.exp(x[base + ci * s] + zero - m)
-        total = _block_reduce(red, part, _SUM)
-        if live:
-            if algo == LOG:
-                shift = m + math.log(total)
-                for ci in range(ty, c, by):
-                    y[base + ci * s] = x[base + ci * s] + zero - shift
+    g = 1
+    while g * g < by:
+        g *= 2
+    col = uint32(turn * bx * by + tx)
+    red[col + uint32(ty * bx)] = val
+    cuda.syncthreads()
+    if ty < g:
+        v = val
+        r = ty + g
+        while r < by:
+            w = red[col + uint32(r * bx)]
+            v = _nanmax(v, w) if op == _MAX else v + w
+            r += g
+        red[col + uint32(ty * bx)] = v      # row ty is read and written by this thread only
+    cuda.syncthreads()
+    out = red[col]
+    r = 1
+    while r < g:
+        w = red[col + uint32(r * bx)]
+        out = _nanmax(out, w) if op == _MAX else out + w
+        r += 1
+    return out
+
+
+@cuda.jit(device=True, inline=True)
+def _tiles(n, s):
+    """(this block's first row tile, number of tiles of bx rows, 0): blocks walk the tiles in
+    a grid-stride loop; the 0 starts the kernel's reduction turn."""
+    bx = cuda.blockDim.x
+    return int64(cuda.blockIdx.x), (n * s + bx - 1) // bx, 0
+
+
+@cuda.jit(device=True, inline=True)
+def _lane(tile, n, c, s):
+    """(live, first, step, rest, next tile) of this thread in row tile ``tile``: its row is
+    tile*bx + tx, starting at n*C*S + s_pos; its elements ty + j*by of the row are at
+    first + j*step; rest = C - ty elements of the row from its first on. A lane past the
+    last row is dead (live False, rest 0): it loads nothing but joins the block's barriers."""
+    ty, by = cuda.threadIdx.y, cuda.blockDim.y
+    r = tile * cuda.blockDim.x + cuda.threadIdx.x
+    if s == 1:
+        live, base = r < n, r * c           # no division for contiguous rows
+    else:
+        q = int64(uint64(r) // uint64(s))   # unsigned: no floor-division sign fix-ups
+        live, base = r < n * s, q * (c * s) + (r - q * s)
+    return live, base + ty * s, by * s, (c - ty if live else 0), tile + cuda.gridDim.x
+
+
+def _jit(K):
+    """``cuda.jit`` with launch bounds MAX_THREADS threads and MIN_BLOCKS[K] blocks per SM
+    (at most 65536 / (256 * blocks) registers). Unbounded, ptxas takes 127-196 registers for
+    K = 16-32 (2 blocks of 256 per SM). Bounded (sm_90, float32, fwd / bwd): K = 4 62 / 56
+    registers, K = 8 80 / 80, K = 16 64 / 64 and K = 32 128 / 128, no spills in the forward
+    and 16-20 bytes in the backward of K = 16 and 32. The simulator's jit takes no bounds."""
+    def wrap(kernel):
+        kernel.launch_bounds = (MAX_THREADS, MIN_BLOCKS[K] if K in MIN_BLOCKS else 4)
+        if config.ENABLE_CUDASIM:
+            return cuda.jit(kernel, cache=True)
+        return cuda.jit(kernel, launch_bounds=kernel.launch_bounds, cache=True)
+    return wrap
+
+
+@functools.lru_cache(maxsize=None)
+def softmax_kernels(K, cached):
+    """(forward, backward) kernels taking K values per thread at a time; ``cached``: the
+    launcher guarantees C <= K*blockDim.y (one chunk holds the row, kept in registers).
+
+    Within a chunk, this thread's elements are j = 0..K-1 at index at + j*step (step = by*S),
+    of which those with j*by < lim exist (lim = elements of the row from the chunk's first
+    one on; 0 for a dead lane). Indices are int64 arithmetic, cast to uint64 for indexing
+    (no negative-index fix-up)."""
+
+    @cuda.jit(device=True, inline=True)
+    def load(src, v, at, step, lim, by, pad, zero):
+        """v[j] = src[at + j*step] where j*by < lim, ``pad`` elsewhere: K independent loads,
+        all issued before any is used (the loop unrolls: K is a constant)."""
+        for j in range(K):
+            v[j] = src[uint64(at + j * step)] + zero if j * by < lim else pad
+
+    @cuda.jit(device=True, inline=True)
+    def _online_stats(x, v, first, step, rest, c, s, algo, zero):
+        """(m, t) of this thread's elements of its row, chunk by chunk (module docstring)."""
+        by = cuda.blockDim.y
+        ninf = zero - float32(math.inf)
+        m = zero if algo == FAST else ninf
+        t = zero
+        cb = int64(0)
+        while cb < c:
+            load(x, v, first + cb * s, step, rest - cb, by, ninf, zero)
+            m2 = m
+            if algo != FAST:
+                for j in range(K):
+                    m2 = _nanmax(v[j], m2)
+            m2t = zero if m2 == ninf else m2
+            part = zero
+            for j in range(K):
+                part += math.exp(v[j] - m2t)
+            t = t * math.exp(m - m2t) + part
+            m = m2
+            cb += K * by
+        return m, t
+
+    @_jit(K)
+    def forward(x, y, n, c, s, algo, acc):
+        """y = softmax(x) (or log-softmax) over C for every row; flat n*c*s arrays."""
+        red = cuda.shared.array(0, dtype=acc.dtype)      # 2*bx*by elements, sized at launch
+        v = cuda.local.array(K, dtype=acc.dtype)         # registers (constant indices)
+        zero = acc[0]
+        one = zero + float32(1)
+        ninf = zero - float32(math.inf)
+        by = cuda.blockDim.y
+        tile, tiles, turn = _tiles(n, s)         # turn: the half of red the next reduction uses
+        while tile < tiles:
+            live, first, step, rest, tile = _lane(tile, n, c, s)
+            big = zero                       # the row's maximum M (0 for fast)
+            if cached:
+                # the row in registers: M, then t = sum exp(v - M), the exps kept for y
+                load(x, v, first, step, rest, by, ninf, zero)
+                if algo != FAST:
+                    m = ninf
+                    for j in range(K):
+                        m = _nanmax(v[j], m)
+                    big = _reduce(red, m, _MAX, turn)
+                    turn = 1 - turn
+                t = zero
+                if live:                     # (dead lanes: exp(-inf - -inf))
+                    for j in range(K):
+                        e = math.exp(v[j] - big)
+                        t += e
+                        if algo != LOG:
+                            v[j] = e
             else:
-                inv = (zero + float32(1)) / total
-                for ci in range(ty, c, by):
-                    y[base + ci * s] = math.exp(x[base + ci * s] + zero - m) * inv
+                m, t = _online_stats(x, v, first, step, rest, c, s, algo, zero)
+                if algo != FAST:
+                    big = _reduce(red, m, _MAX, turn)
+                    turn = 1 - turn
+                    if live:
+                        t *= math.exp(m - big)
+            total = _reduce(red, t, _SUM, turn)
+            turn = 1 - turn
+            if not live:
+                continue
+            scale = big + math.log(total) if algo == LOG else one / total
+            cb = int64(0)
+            while cb < c:
+                at, lim = first + cb * s, rest - cb
+                if not cached:
+                    load(x, v, at, step, lim, by, ninf, zero)
+                for j in range(K):
+                    if j * by < lim:
+                        if algo == LOG:
+                            y[uint64(at + j * step)] = v[j] - scale
+                        elif cached:
+                            y[uint64(at + j * step)] = v[j] * scale
+                        else:
+                            y[uint64(at + j * step)] = math.exp(v[j] - big) * scale
+                cb += K * by
+
+    @_jit(K)
+    def backward(y, dy, dx, n, c, s, algo, acc):
+        """dx from y and dy (flat n*c*s arrays) for every row."""
+        red = cuda.shared.array(0, dtype=acc.dtype)      # 2*bx*by elements, sized at launch
+        vy = cuda.local.array(K, dtype=acc.dtype)
+        vg = cuda.local.array(K, dtype=acc.dtype)
+        zero = acc[0]
+        by = cuda.blockDim.y
+        tile, tiles, turn = _tiles(n, s)         # turn: the half of red the next reduction uses
+        while tile < tiles:
+            live, first, step, rest, tile = _lane(tile, n, c, s)
+            t = zero
+            cb = int64(0)
+            while cb < c:
+                at, lim = first + cb * s, rest - cb
+                load(dy, vg, at, step, lim, by, zero, zero)
+                # log needs y only for the output: the streaming variant reads it there
+                if algo != LOG or cached:
+                    load(y, vy, at, step, lim, by, zero, zero)
+                for j in range(K):
+                    t += vg[j] if algo == LOG else vg[j] * vy[j]
+                cb += K * by
+            total = _reduce(red, t, _SUM, turn)
+            turn = 1 - turn
+            if not live:
+                continue
+            cb = int64(0)
+            while cb < c:
+                at, lim = first + cb * s, rest - cb
+                if not cached:
+                    load(dy, vg, at, step, lim, by, zero, zero)
+                    load(y, vy, at, step, lim, by, zero, zero)
+                for j in range(K):
+                    if j * by < lim:
+                        if algo == LOG:
+                            dx[uint64(at + j * step)] = vg[j] - math.exp(vy[j]) * total
+                        else:
+                            dx[uint64(at + j * step)] = vy[j] * (vg[j] - total)
+                cb += K * by
+
+    return forward, backward
 
 
-@cuda.jit(cache=True)
-def softmax_bwd_kernel(y, dy, dx, n, c, s, algo, acc):
-    """dx from y and dy (flat, n*c*s elements); same mapping as the forward kernel."""
-    red = cuda.shared.array(0, dtype=acc.dtype)  # bx*by elements, sized at launch
-    zero = acc[0]
-    tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
-    bx, by = cuda.blockDim.x, cuda.blockDim.y
-    tiles = (s + bx - 1) // bx
-    for tile in range(cuda.blockIdx.x, n * tiles, cuda.gridDim.x):
-        si = (tile % tiles) * bx + tx
-        live = si < s
-        base = (tile // tiles) * c * s + si
-        part = zero
-        if live:
-            for ci in range(ty, c, by):
-                g = dy[base + ci * s] + zero
-                part += g if algo == LOG else g * (y[base + ci * s] + zero)
-        total = _block_reduce(red, part, _SUM)
-        if live:
-            for ci in range(ty, c, by):
-                i = base + ci * s
-                w = y[i] + zero
-                if algo == LOG:
-                    dx[i] = dy[i] + zero - math.exp(w) * total
-                else:
-                    dx[i] = w * (dy[i] + zero - total)
+softmax_fwd_kernel, softmax_bwd_kernel = softmax_kernels(STREAM_K, False)
+
+
+def _variant_name(K, direction):
+    return f"softmax_reg{K}_{direction}_kernel"
+
+
+VARIANTS = {}
+for _k in CACHED_K:
+    _f, _b = softmax_kernels(_k, True)
+    VARIANTS[_variant_name(_k, "fwd")], VARIANTS[_variant_name(_k, "bwd")] = _f, _b
 
 
 def SIGNATURES(t, acc):
     from numba import int64
     a, z = t[::1], acc[::1]
-    return {"softmax_fwd_kernel": (a, a, int64, int64, int64, int64, z),
-            "softmax_bwd_kernel": (a, a, a, int64, int64, int64, int64, z)}
+    fwd, bwd = (a, a, int64, int64, int64, int64, z), (a, a, a, int64, int64, int64, int64, z)
+    out = {"softmax_fwd_kernel": fwd, "softmax_bwd_kernel": bwd}
+    out.update({name: fwd if "_fwd_" in name else bwd for name in VARIANTS})
+    return out

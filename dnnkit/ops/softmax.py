@@ -70,35 +70,63 @@ def _ncs(shape, mode):
     return (n, c * spatial, 1) if mode == "instance" else (n, c, spatial)
 
 
-def _launch(kernel, shape, mode, algo, stream, *arrays_):
-    from ..kernels.softmax import MAX_THREADS
+_MAX_BLOCKS = 65535     # grid cap; blocks walk row tiles in a grid-stride loop beyond it
+
+
+def _config(n, c, s, itemsize=4):
+    """(bx, by, K, cached) for N*S rows of C elements at stride S (kernels/softmax.py): bx
+    lanes on consecutive rows (consecutive addresses when S > 1; bx = 1 when S == 1, a block
+    per row), by threads along each row, at most MAX_THREADS in all.
+
+    The row stays in registers (cached) with the smallest K of CACHED_K for which some
+    bx >= 8 (32-byte runs: a whole DRAM sector) gives C <= K*by; float64 only with K = 4 (its
+    values take twice the registers, and the launch bounds are set for 4-byte data). Else the
+    streaming variant (K = STREAM_K, two passes). by is a power of two and at least 32 // bx
+    where C allows, so a block is at least a warp."""
+    from ..kernels.softmax import CACHED_K, MAX_THREADS, STREAM_K
+    bx0 = 1 if s == 1 else pow2_at_most(s, 32)
+    for k in (CACHED_K if itemsize <= 4 else CACHED_K[:1]):
+        bx = bx0
+        while True:
+            cap = MAX_THREADS // bx
+            if c <= k * cap:
+                by = max(pow2_at_most(-(-c // k), cap), pow2_at_most(c, max(1, 32 // bx)))
+                return bx, by, k, True
+            if bx <= 8:
+                break
+            bx //= 2
+    return bx0, pow2_at_most(c, MAX_THREADS // bx0), STREAM_K, False
+
+
+def _launch(direction, shape, mode, algo, stream, *arrays_):
+    from ..kernels.softmax import softmax_kernels
     n, c, s = _ncs(shape, mode)
     if n * c * s == 0:
         return
-    bx = 1 if s == 1 else pow2_at_most(s, 32)
-    by = pow2_at_most(c, MAX_THREADS // bx)
-    blocks = min(n * ((s + bx - 1) // bx), 65535)
-    flat = [arrays.flat(a) for a in arrays_]
     acc = arrays.acc_array(arrays_[0].dtype)
-    scratch = bx * by * acc.dtype.itemsize
+    bx, by, k, cached = _config(n, c, s, arrays_[0].dtype.itemsize)
+    if cached and c > k * by:
+        raise AssertionError(f"softmax: a cached kernel needs C <= K*by; got {c}, {k}, {by}")
+    kernel = softmax_kernels(k, cached)[0 if direction == "fwd" else 1]
+    blocks = min((n * s + bx - 1) // bx, _MAX_BLOCKS)
+    flat = [arrays.flat(a) for a in arrays_]
+    scratch = 2 * bx * by * acc.dtype.itemsize          # the two halves of _reduce's scratch
     launch(kernel, blocks, (bx, by), stream, (*flat, n, c, s, _ALGO_ID[algo], acc), scratch)
 
 
 @register("softmax", "numba", tolerance=_TOL)
 def _softmax_numba(x, algo, mode, stream):
-    from ..kernels import softmax_fwd_kernel
     note_algo(algo)
     y = arrays.empty_like(x, stream)
-    _launch(softmax_fwd_kernel, x.shape, mode, algo, stream, x, y)
+    _launch("fwd", x.shape, mode, algo, stream, x, y)
     return y
 
 
 @register("softmax_backward", "numba", tolerance=_TOL)
 def _softmax_backward_numba(y, dy, algo, mode, stream):
-    from ..kernels import softmax_bwd_kernel
     note_algo(algo)
     dx = arrays.empty_like(y, stream)
-    _launch(softmax_bwd_kernel, y.shape, mode, algo, stream, y, dy, dx)
+    _launch("bwd", y.shape, mode, algo, stream, y, dy, dx)
     return dx
 
 

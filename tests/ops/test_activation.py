@@ -154,26 +154,39 @@ def test_slopes_at_kinks_and_nan_follow_cudnn(backend):
         np.testing.assert_allclose(ref, want, rtol=1e-6, err_msg=mode)
 
 
+# which inputs each mode's slope reads (kernels/activation.py, _reads): the others are not
+# loaded, so NaN there must not reach dx
+READS = {"relu": "x", "clipped_relu": "x", "tanh": "y", "sigmoid": "y", "elu": "xy",
+         "swish": "xy", "identity": ""}
+
+
+@pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("n", [4 * 64 + 37, 3 * 64 - 5])
-def test_kernels_cover_every_element_with_a_small_grid(rng, n):
+def test_kernels_cover_every_element_with_a_small_grid(rng, n, mode):
     """The unrolled grid-stride loops (four elements a grid apart per trip, then a tail) write
     every element exactly right when the grid is much smaller than the array (the ops size
-    their grids to the array, so the other tests never take the unrolled path)."""
+    their grids to the array, so the other tests never take the unrolled path). The backward
+    loads only what the mode needs: the inputs it does not read are NaN here."""
     from numba import cuda
     from dnnkit.kernels import activation_bwd_kernel, activation_fwd_kernel
     from dnnkit.ops.activation import _MODE_ID
-    x = rng.standard_normal(n).astype(np.float32)
+    coef = np.float32(COEF.get(mode, 0.0))
+    x = rng.standard_normal(n).astype(np.float32) * 3
     dy = rng.standard_normal(n).astype(np.float32)
     acc = cuda.to_device(np.zeros(1, np.float32))
     y, dx = cuda.to_device(np.full(n, np.nan, np.float32)), cuda.to_device(
         np.full(n, np.nan, np.float32))
     dev_x, dev_dy = cuda.to_device(x), cuda.to_device(dy)
-    mode = _MODE_ID["tanh"]
-    activation_fwd_kernel[2, 32](dev_x, y, mode, np.float32(0), acc)
-    activation_bwd_kernel[2, 32](dev_x, y, dev_dy, dx, mode, np.float32(0), acc)
-    ref_y = np.tanh(x.astype(np.float64))
-    np.testing.assert_allclose(y.copy_to_host(), ref_y, rtol=1e-6, atol=1e-7)
-    np.testing.assert_allclose(dx.copy_to_host(), dy * (1 - ref_y ** 2), rtol=1e-5, atol=1e-6)
+    activation_fwd_kernel[2, 32](dev_x, y, _MODE_ID[mode], coef, acc)
+    ref_y = reference.activation(x.astype(np.float64), mode, float(coef))
+    np.testing.assert_allclose(y.copy_to_host(), ref_y, rtol=1e-6, atol=1e-6)
+    poison = cuda.to_device(np.full(n, np.nan, np.float32))
+    bx = dev_x if "x" in READS[mode] else poison
+    by = y if "y" in READS[mode] else poison
+    activation_bwd_kernel[2, 32](bx, by, dev_dy, dx, _MODE_ID[mode], coef, acc)
+    ref_dx = reference.activation_backward(x.astype(np.float64), dy.astype(np.float64), mode,
+                                           float(coef))
+    np.testing.assert_allclose(dx.copy_to_host(), ref_dx, rtol=1e-5, atol=1e-5)
 
 
 def test_host_views_reach_the_device_with_canonical_strides():

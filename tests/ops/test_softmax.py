@@ -132,3 +132,116 @@ def test_cudnn_view_uses_instance_mode_when_spatial_size_is_one():
     assert _dims4((8, 4, 1, 1), "channel") == ((8, 4, 1, 1), "instance")
     assert _dims4((8, 4, 3, 1), "channel") == ((8, 4, 3, 1), "channel")
     assert _dims4((8, 4, 2, 2), "instance") == ((8, 4, 2, 2), "instance")
+
+
+# ---------------------------------------------------------------- the Numba kernel variants
+# The launcher (dnnkit.ops.softmax._config) picks a register-cached variant (the row held in
+# K registers per thread) or the streaming one (K values at a time, two passes); these tests
+# force each on tiny shapes. (bx, by, K, cached): bx rows side by side, by threads per row.
+
+VARIANTS = [
+    pytest.param((3, 37), "channel", (1, 4, 16, True), id="cached-odd-C"),
+    pytest.param((3, 37), "channel", (1, 4, 3, False), id="streaming-partial-chunk"),
+    pytest.param((3, 5, 7, 1), "channel", (4, 2, 4, True), id="cached-S7-tiles-cross-n"),
+    pytest.param((3, 5, 7, 1), "channel", (4, 2, 2, False), id="streaming-S7"),
+    pytest.param((2, 3, 2, 3), "instance", (1, 8, 4, True), id="cached-instance"),
+    pytest.param((2, 9, 1, 1), "channel", (1, 16, 4, True), id="cached-threads-beyond-C"),
+]
+
+
+def _force(monkeypatch, cfg, max_blocks=None):
+    import importlib
+    ops = importlib.import_module("dnnkit.ops.softmax")   # (the package re-exports softmax)
+    monkeypatch.setattr(ops, "_config", lambda n, c, s, itemsize=4: cfg)
+    if max_blocks is not None:
+        monkeypatch.setattr(ops, "_MAX_BLOCKS", max_blocks)
+
+
+def _check_variant(rng, shape, mode, algo, dtype):
+    x = (rng.standard_normal(shape) * 3).astype(dtype)
+    y = dnnkit.softmax(x, algo, mode, backend="numba").copy_to_host()
+    ref = reference.softmax(x.astype(np.float64), algo, mode)
+    assert reference.rel_error(y, ref) <= _softmax_tol(dtype, algo)
+    dy = rng.standard_normal(shape).astype(dtype)
+    dx = dnnkit.softmax_backward(y, dy, algo, mode, backend="numba").copy_to_host()
+    ref_dx = reference.softmax_backward(y.astype(np.float64), dy.astype(np.float64), algo, mode)
+    assert reference.rel_error(dx, ref_dx) <= 4 * _softmax_tol(dtype, algo)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
+@pytest.mark.parametrize("algo", ALGOS)
+@pytest.mark.parametrize("shape,mode,cfg", VARIANTS)
+def test_every_kernel_variant_matches_float64(monkeypatch, rng, shape, mode, cfg, algo, dtype):
+    _force(monkeypatch, cfg)
+    _check_variant(rng, shape, mode, algo, dtype)
+
+
+@pytest.mark.parametrize("algo", ALGOS)
+@pytest.mark.parametrize("cfg", [(1, 4, 4, True), (1, 4, 2, False), (4, 4, 4, True)])
+def test_blocks_walk_several_row_tiles(monkeypatch, rng, cfg, algo):
+    """A grid smaller than the row tiles: each block takes several rows in turn (and its
+    reductions alternate between the two halves of the scratch)."""
+    _force(monkeypatch, cfg, max_blocks=2)
+    _check_variant(rng, (5, 11, 3, 1) if cfg[0] > 1 else (7, 13), "channel", algo, "float32")
+
+
+SPECIAL = [np.nan, np.inf, -np.inf, "all -inf", 3e38]
+
+
+def _special_rows():
+    """(rows, 13) float32: row 2i holds SPECIAL[i] (the -inf row two of them), odd rows are
+    ordinary."""
+    rows = 2 * len(SPECIAL) + 1
+    x = (np.arange(rows * 13, dtype=np.float32).reshape(rows, 13) % 7) / 3 - 1
+    for i, v in enumerate(SPECIAL):
+        if v == "all -inf":
+            x[2 * i] = -np.inf
+        else:
+            x[2 * i, 5] = v
+    x[2 * SPECIAL.index(-np.inf), 9] = -np.inf
+    return x
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")   # the simulator's inf - inf, 1 / 0
+@pytest.mark.parametrize("algo", ALGOS)
+@pytest.mark.parametrize("cfg", [None, (1, 4, 16, True), (1, 4, 3, False), (4, 4, 4, True),
+                                 (4, 2, 2, False)])
+def test_special_values_follow_the_reference(monkeypatch, cfg, algo):
+    """A NaN makes its row NaN; +inf makes its row NaN (exp(inf - inf)); an all -inf row is
+    NaN; -inf elements of other rows give 0 (log: -inf); huge finite logits are fine
+    (accurate, log); other rows are untouched: as the float64 reference. Fast (no max) only
+    promises the NaN rows and the ordinary rows. Rows along S (bx > 1) too."""
+    if cfg is not None:
+        _force(monkeypatch, cfg)
+    r = _special_rows()
+    if algo == "fast":
+        r[2 * SPECIAL.index(3e38), 5] = 0       # exp(3e38): the simulator's math.exp raises
+    strided = cfg is not None and cfg[0] > 1
+    # rows of an (N, C) input, or positions s of a (1, C, S, 1) input in channel mode
+    x = np.ascontiguousarray(r.T)[None, :, :, None] if strided else r
+    as_rows = (lambda a: a[0, :, :, 0].T) if strided else (lambda a: a)
+    with np.errstate(all="ignore"):
+        ref = as_rows(reference.softmax(x.astype(np.float64), algo, "channel"))
+    y = as_rows(dnnkit.softmax(x, algo, "channel", backend="numba").copy_to_host())
+    if algo == "fast":
+        ordinary = np.arange(1, len(r), 2)
+        np.testing.assert_allclose(y[ordinary], ref[ordinary], rtol=2e-6, atol=1e-7)
+        assert np.isnan(y[2 * SPECIAL.index(np.nan)]).all()
+    else:
+        np.testing.assert_allclose(y, ref, rtol=2e-6, atol=1e-7)
+        assert np.isnan(y[[0, 2, 6]]).all() and not np.isnan(np.delete(y, [0, 2, 6], 0)).any()
+
+
+def test_config_keeps_rows_in_registers_where_they_fit():
+    """The launcher's choices for the benchmark shapes (validation/softmax_bench.py)."""
+    import importlib
+    _config = importlib.import_module("dnnkit.ops.softmax")._config
+    assert _config(8192, 4096, 1) == (1, 256, 16, True)        # 16 registers a thread
+    assert _config(8192, 1000, 1) == (1, 256, 4, True)
+    assert _config(64, 1000, 49) == (8, 32, 32, True)          # 32-byte runs along S
+    assert _config(64, 32, 3136) == (32, 8, 4, True)           # 128-byte runs along S
+    assert _config(2, 66000, 1) == (1, 256, 8, False)          # streaming: two passes
+    assert _config(64, 4096, 1, itemsize=8) == (1, 256, 8, False)   # float64: K = 4 only
+    assert _config(64, 1000, 1, itemsize=8) == (1, 256, 4, True)
+    assert _config(5, 10, 1) == (1, 16, 4, True)               # small rows: at least C threads
+    assert _config(5, 3, 2) == (2, 4, 4, True)
