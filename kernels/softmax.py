@@ -322,3 +322,10 @@ def SIGNATURES(t, acc):
     out = {"softmax_fwd_kernel": fwd, "softmax_bwd_kernel": bwd}
     out.update({name: fwd if "_fwd_" in name else bwd for name in VARIANTS})
     return out
+
+
+# Kernels that multiply integers in 32 bits on purpose (tests/test_kernels_ptx.py): the
+# shared-memory scratch index (turn * bx * by + tx + ty * bx, _reduce) stays below the
+# scratch's size (2 * 256 accumulators), so it is computed as uint32 — a shared-memory
+# address is 32-bit anyway. Every global-memory index is 64-bit.
+INDEX32 = ("softmax_fwd_kernel", "softmax_bwd_kernel") + tuple(VARIANTS)
