@@ -14,7 +14,7 @@ Backends: Numba (kernels/spatial.py) and cuDNN (dnnkit/cudnn/spatial.py). Numba'
 scattered with atomic adds (float32 accumulator for float16 data), or, under
 ``dnn.deterministic``, gathered by input rows in a fixed order: bitwise repeatable.
 cuDNN's sampler backward is used only when ``dnn.deterministic`` is off (its determinism is
-not documented).
+not documented), and so is its grid generator backward (measured not bitwise repeatable).
 """
 
 import math
@@ -235,6 +235,11 @@ def _supports_grid(theta, out_shape, stream):
 
 
 def _supports_grid_backward(dgrid, stream):
+    if config.get("dnn.deterministic"):
+        # measured (H100, cuDNN 9.19): the same dgrid gave dtheta differing in the last bit
+        # between runs on concurrent streams (tests/test_gpu_threads.py)
+        return ("dnn.deterministic: cuDNN's grid generator backward is not bitwise "
+                "repeatable; the Numba reduction is")
     return "dgrid exceeds cuDNN's 32-bit tensor size" if _too_big(dgrid.shape) else None
 
 
