@@ -227,6 +227,8 @@ def _is_device_array(t):
 def call_device(op, args):
     """The device that holds the call's device arrays: None when there are none (or on the
     simulator, whose arrays have no device). Arrays on two devices are an error."""
+    if _single_device():
+        return None
     from .arrays import device_of
     dev, first = None, None
     for i, a in enumerate(args):
@@ -243,6 +245,22 @@ def call_device(op, args):
                     f"current device: pass device arrays of one device, or make that device "
                     f"current (with numba.cuda.gpus[{d}]: ...)")
     return dev
+
+
+_devices = None
+
+
+def _single_device():
+    """One GPU (or the simulator): every array is on it, nothing to check or switch. Read
+    once: CUDA does not add devices to a running process."""
+    global _devices
+    if _devices is None:
+        from numba import cuda
+        try:
+            _devices = len(cuda.gpus)
+        except Exception:  # noqa: BLE001 - no driver: the ops raise their own error
+            return True
+    return _devices <= 1
 
 
 @contextlib.contextmanager

@@ -254,7 +254,16 @@ class FakeDeviceArray(DeviceNDArrayBase):
             context=types.SimpleNamespace(device=types.SimpleNamespace(id=dev)))
 
 
-def test_call_device_is_the_device_of_the_arrays():
+@pytest.fixture
+def two_devices(monkeypatch):
+    monkeypatch.setattr(dispatch, "_single_device", lambda: False)
+
+
+def test_one_device_needs_no_check():
+    assert dispatch.call_device("op", (FakeDeviceArray(0), FakeDeviceArray(1))) is None
+
+
+def test_call_device_is_the_device_of_the_arrays(two_devices):
     a0, b0, c1 = FakeDeviceArray(0), FakeDeviceArray(0), FakeDeviceArray(1)
     assert dispatch.call_device("op", (a0, "relu", 0.0, b0)) == 0
     assert dispatch.call_device("op", (c1, 3, None)) == 1
@@ -266,7 +275,7 @@ def test_call_device_is_the_device_of_the_arrays():
         in msg and "numba.cuda.gpus[1]" in msg
 
 
-def test_a_call_on_another_device_runs_inside_that_device(monkeypatch):
+def test_a_call_on_another_device_runs_inside_that_device(monkeypatch, two_devices):
     seen = []
 
     @contextlib.contextmanager

@@ -127,8 +127,12 @@ def _numba_backward_bias(dy, stream):
 
 def _image(geom):
     """Elements of the larger of one image of x and of y: the item cuDNN's calls are split
-    between (ops/split.py)."""
-    return max(math.prod(geom.x_shape[1:]), math.prod(geom.y_shape[1:]))
+    between (ops/split.py). Kept on the geometry (it is read on every call)."""
+    n = geom.__dict__.get("_image")
+    if n is None:
+        n = max(math.prod(geom.x_shape[1:]), math.prod(geom.y_shape[1:]))
+        object.__setattr__(geom, "_image", n)
+    return n
 
 
 def _piece(geom, n):
@@ -138,9 +142,11 @@ def _piece(geom, n):
 
 
 def _pieces(geom, *batched):
-    """(views of the batched arrays, their geometry) per piece of the batch."""
-    for views in split.batch(_image(geom), *batched):
-        yield views, _piece(geom, views[0].shape[0])
+    """[(views of the batched arrays, their geometry)] per piece of the batch."""
+    views = split.batch(_image(geom), *batched)
+    if len(views) == 1:
+        return ((views[0], geom),)
+    return [(v, _piece(geom, v[0].shape[0])) for v in views]
 
 
 def _cudnn_supports(*args):

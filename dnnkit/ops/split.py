@@ -73,10 +73,8 @@ def last_pieces():
 
 def _views(b, arrays, view):
     if len(b) == 1:         # the common case: the arrays themselves, no view built
-        yield tuple(arrays)
-        return
-    for start, stop in b:
-        yield tuple(view(a)[start:stop] for a in arrays)
+        return (tuple(arrays),)
+    return [tuple(view(a)[start:stop] for a in arrays) for start, stop in b]
 
 
 def batch(per_item, *arrays):
