@@ -144,3 +144,24 @@ def test_stream_objects_with_handle_zero_mean_the_default_stream():
         ptr = 0
     default = arrays.as_stream(None)
     assert arrays.as_stream(TorchLike()) is default and arrays.as_stream(CupyLike()) is default
+
+
+def test_a_site_learns_once_then_launches_fast(monkeypatch):
+    """launch.Site: the first call goes through launch() (which compiles and learns); later
+    calls with the same kernel and stream object use the learned launcher directly; another
+    kernel or stream goes through launch() again."""
+    calls = []
+    kernel, other, stream = object(), object(), object()
+
+    def fast(grid, block, sp, args, shared):
+        calls.append(("fast", grid, sp, args))
+    monkeypatch.setattr(L, "simulator", lambda: False)
+    monkeypatch.setattr(L, "stream_pointer", lambda s: 0xABC)
+    monkeypatch.setattr(L, "launch", lambda k, g, b, s, a, sh=0: calls.append(("slow", k, a)))
+    monkeypatch.setattr(L, "_types", lambda args: ("key",))
+    monkeypatch.setattr(L, "_fast", {(id(kernel), ("key",)): fast})
+    site = L.Site()
+    site(kernel, 4, 64, stream, (1, 2))
+    site(kernel, 4, 64, stream, (3, 4))
+    site(other, 4, 64, stream, (5,))
+    assert calls == [("slow", kernel, (1, 2)), ("fast", 4, 0xABC, (3, 4)), ("slow", other, (5,))]

@@ -35,9 +35,10 @@ def gemm_config(m, n=1 << 30, batch=1):
 _plans = {}      # (layout, dims, batch sizes, dtype, device) -> (kernel, grid, block, shared, acc)
 
 
-def gemm(layout, a, b, c, dims, lds, grps, batch, *, beta=0.0, bias=None, stream):
+def gemm(layout, a, b, c, dims, lds, grps, batch, *, beta=0.0, bias=None, stream, site=None):
     """Launch kernels/gemm.py's kernel for ``layout`` (see its docstring for the arguments).
-    a, b, c, bias: flat device arrays or ``launch.At`` offsets into them."""
+    a, b, c, bias: flat device arrays or ``launch.At`` offsets into them. ``site``: a
+    ``launch.Site`` for a loop's repeated call with arguments of unchanging types."""
     key = (layout, dims, batch[0], batch[1], a.dtype, arrays.device_id())
     plan = _plans.get(key)
     if plan is None:
@@ -45,7 +46,7 @@ def gemm(layout, a, b, c, dims, lds, grps, batch, *, beta=0.0, bias=None, stream
             _plans.clear()
         plan = _plans[key] = _plan(layout, dims, batch, a.dtype)
     kernel, grid, block, shared, acc = plan
-    launch(kernel, grid, block, stream,
+    (site or launch)(kernel, grid, block, stream,
            (a, b, c, a if bias is None else bias, dims, lds, grps, batch,
             acc.dtype.type(beta), int(bias is not None), acc), shared)
 

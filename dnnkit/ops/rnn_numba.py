@@ -20,7 +20,7 @@ import numpy as np
 
 from .. import arrays
 from ..dispatch import register
-from ..launch import at, launch
+from ..launch import Site, at, launch
 from . import gemm as G
 from .rnn_common import GATES, has_input_matrix, layer_input_size, param_layout
 
@@ -108,12 +108,12 @@ def _stride(offs):
     return offs[1] - offs[0] if len(offs) > 1 else 0
 
 
-def _elementwise(kernel, n, stream, args):
+def _elementwise(kernel, n, stream, args, site=launch):
     # blocks no larger than the work (rounded to a warp): the per-step cell launches cover
     # only D*N*H elements, and the simulator runs a Python thread per CUDA thread
     threads = min(256, -(-n // 32) * 32)
     blocks, threads = arrays.grid_1d(n, threads)
-    launch(kernel, blocks, threads, stream, args)
+    site(kernel, blocks, threads, stream, args)
 
 
 def _lens(lengths, t, n, stream):
@@ -163,8 +163,10 @@ def rnn_forward_numba(cfg, w, x, hx, cx, lengths, training, stream):
         hy_l, cy_l = arrays.flat(hy)[lo:], arrays.flat(cy)[lo:] if lstm else hp
         flags = (1 if w_off is None else 0) | (4 if hx is not None else 0) | \
             (8 if cx is not None else 0)
-        # per-step host work kept to the two launches (views made once per layer)
+        # per-step host work kept to the two launches (views made once per layer; launch
+        # sites that keep the argument types: the same arrays, offsets and int tuples)
         w_r, y_f, mode = w[r_off[0]:], arrays.flat(y), MODE_ID[cfg.mode]
+        rec_site, cell_site = Site(), Site()
         rbatch = (d_, parts, 0, kc, _stride(r_off), kc, n_ * gh, d_ * n_ * gh)
         for s in range(t_):
             hin, hout = (s, s + 1) if training else (0, 0)
@@ -172,11 +174,12 @@ def rnn_forward_numba(cfg, w, x, hx, cx, lengths, training, stream):
             if rec:                           # gr[p, d] = h_prev[:, slice p] . R_d[:, slice p]^T
                 a, a1 = (at(hp, hin * n_ * h), slots * n_ * h) if s > 0 else (h0, n_ * h)
                 G.gemm("01", a, w_r, gr, (n_, gh, kc), (h, h, gh), _P3,
-                       rbatch[:2] + (a1,) + rbatch[3:], stream=stream)
+                       rbatch[:2] + (a1,) + rbatch[3:], stream=stream, site=rec_site)
             geo = (mode, s, t_, n_, h, d_, s_, flags | (2 if rec else 0), hin, hout, slots,
                    b_off[0], _stride(b_off), parts)
             _elementwise(rnn_cell_fwd_kernel, d_ * n_ * h, stream,
-                         (ws, gr, w, inp, h0, c0, hp, cp, y_f, hy_l, cy_l, lens, geo, acc))
+                         (ws, gr, w, inp, h0, c0, hp, cp, y_f, hy_l, cy_l, lens, geo, acc),
+                         cell_site)
         layers.append((ws, hp, cp if lstm else None, inp))
         inp = arrays.flat(y)
     state = NumbaRNNState(cfg, x.shape, lengths, layers) if training else None
@@ -223,16 +226,17 @@ def rnn_backward_numba(cfg, w, x, y, dy, dhy, dcy, hx, cx, lengths, state, strea
         dcy_l = arrays.flat(dcy)[lo:] if dcy is not None else dout
         flags = (1 if dhy is not None else 0) | (2 if dcy is not None else 0)
         w_r = w[r_off[0]:]
+        cell_site, rec_site = Site(), Site()
         for s in range(t_ - 1, -1, -1):
             geo = (MODE_ID[cfg.mode], s, t_, n_, h, d_, s_, flags, t_ + 1, parts)
             _elementwise(rnn_cell_bwd_kernel, d_ * n_ * h, stream,
                          (ws, hp, cp if lstm else ws, dout, dh, dc, dhy_l, dcy_l, dhx_l, dcx_l,
-                          dgx, dgr, lens, geo, acc))
+                          dgx, dgr, lens, geo, acc), cell_site)
             a, a1 = at(dgr, s * n_ * gh), t_ * n_ * gh
             if s:       # dh[1 + p] = dgr_s[:, slice p] . R[slice p, :]  (summed by the cell)
                 G.gemm("00", a, w_r, dh_parts, (n_, h, kc), (gh, h, h), _P3,
                        (d_, parts, a1, kc, _stride(r_off), kc * h, n_ * h, d_ * n_ * h),
-                       stream=stream)
+                       stream=stream, site=rec_site)
             else:       # dhx += dgr_0 . R
                 G.gemm("00", a, w_r, dhx_l, (n_, h, gh), (gh, h, h), _P3,
                        (d_, 1, a1, 0, _stride(r_off), 0, n_ * h, 0), beta=1.0, stream=stream)
