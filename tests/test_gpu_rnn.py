@@ -158,6 +158,12 @@ def _spy(monkeypatch):
     return calls
 
 
+def _value(arg):
+    """A ctypes argument's value: device pointers are passed as plain ints (calls._ptr),
+    sizes as c_size_t."""
+    return arg if isinstance(arg, int) or arg is None else arg.value
+
+
 def test_backward_reuses_the_forward_reserve_space(rng, monkeypatch):
     cfg = RNNConfig("lstm", 32, 64, 2, bidirectional=True)
     w, x, hx, cx, lengths, dy, dhy, dcy = _problem(rng, cfg, 10, 8, varlen=True)
@@ -166,16 +172,16 @@ def test_backward_reuses_the_forward_reserve_space(rng, monkeypatch):
                                 backend="cudnn")
     reserve = st.saved.reserve.device_ctypes_pointer.value
     (fwd,) = [a for n, a in calls if n == "cudnnRNNForward"]
-    assert fwd[2] == cr.FWD_TRAINING and fwd[19].value == reserve
-    assert fwd[18].value == st.saved.reserve_bytes > 0
+    assert fwd[2] == cr.FWD_TRAINING and _value(fwd[19]) == reserve
+    assert _value(fwd[18]) == st.saved.reserve_bytes > 0
     with trace() as t:
         g1 = rnn_backward(cfg, w, x, y, dy, dhy, dcy, hx, cx, state=st, lengths=lengths)
     assert t.backends("rnn_backward") == ["cudnn"]     # auto follows the state's backend
     bwd = [a for n, a in calls if n in ("cudnnRNNBackwardData_v8",
                                         "cudnnRNNBackwardWeights_v8")]
     # both calls read one copy of the reserve (cuDNN writes into it), of the reserve's size
-    assert bwd[0][-1].value == bwd[1][-1].value not in (None, reserve)
-    assert [a[-2].value for a in bwd] == [st.saved.reserve_bytes] * 2
+    assert _value(bwd[0][-1]) == _value(bwd[1][-1]) not in (None, reserve)
+    assert [_value(a[-2]) for a in bwd] == [st.saved.reserve_bytes] * 2
     # a second backward from the same state gives the same gradients, dw not accumulated
     g2 = rnn_backward(cfg, w, x, y, dy, dhy, dcy, hx, cx, state=st, lengths=lengths,
                       backend="cudnn")
