@@ -67,9 +67,12 @@ class _Pool:
             self.cached_bytes += key[2]
 
     def clear(self):
+        """Drop every cached block; True when there were any."""
         with self.lock:
             dropped, self.free, self.cached_bytes = self.free, {}, 0
-        dropped.clear()           # Numba frees the blocks (deferred, on its own schedule)
+        had = bool(dropped)
+        dropped.clear()
+        return had
 
 
 _pool = _Pool()
@@ -196,8 +199,15 @@ def on_empty_cache(fn):
 
 
 def empty_cache():
-    """Release every cached block (arrays in use are unaffected)."""
-    _pool.clear()
+    """Give every cached block back to the device now (arrays in use are unaffected).
+    Numba's device pointers sit in reference cycles and Numba defers their cuMemFree: a
+    dropped block would otherwise stay allocated until the next garbage collection and the
+    next flush of Numba's pending frees (measured on an H100: a 652 MiB workspace still held
+    after the cache was emptied), so both are forced here."""
+    if _pool.clear() and not simulator():
+        import gc
+        gc.collect()
+        _context().deallocations.clear()
     for fn in _on_empty:
         fn()
 
