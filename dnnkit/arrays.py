@@ -43,6 +43,13 @@ _ctx_devices = {}          # CUcontext handle -> device ordinal
 _driver = None             # cuda.bindings.driver, imported on first use
 
 
+def _drv():
+    global _driver
+    if _driver is None:
+        from cuda.bindings import driver as _driver
+    return _driver
+
+
 _simulator = None
 
 
@@ -60,18 +67,15 @@ def device_id():
     """The current device's ordinal, cheaply: one driver call (cuCtxGetCurrent) and a dict
     lookup, instead of Numba's context machinery (~10 us). The first call in a thread with no
     current context goes through Numba, which creates or activates it."""
-    global _driver
     cuda = _cuda()
     if simulator():
         return 0
-    if _driver is None:
-        from cuda.bindings import driver as _driver
-    err, ctx = _driver.cuCtxGetCurrent()
+    err, ctx = _drv().cuCtxGetCurrent()
     key = int(ctx) if err == 0 else 0
     dev = _ctx_devices.get(key) if key else None
     if dev is None:
         dev = getattr(cuda.get_current_device(), "id", 0)
-        err, ctx = _driver.cuCtxGetCurrent()
+        err, ctx = _drv().cuCtxGetCurrent()
         if err == 0 and int(ctx):
             _ctx_devices[int(ctx)] = dev
     return dev
@@ -157,11 +161,9 @@ def device_of(a):
 def _pointer_device(ptr):
     """The ordinal of the device that owns device address ``ptr`` (cuPointerGetAttribute);
     None when the driver cannot tell."""
-    global _driver
-    if _driver is None:
-        from cuda.bindings import driver as _driver
-    attr = _driver.CUpointer_attribute.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL
-    err, dev = _driver.cuPointerGetAttribute(attr, ptr)
+    drv = _drv()
+    attr = drv.CUpointer_attribute.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL
+    err, dev = drv.cuPointerGetAttribute(attr, ptr)
     return int(dev) if int(err) == 0 else None
 
 

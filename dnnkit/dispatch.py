@@ -207,9 +207,10 @@ def _log_decision(op, chosen, reason, from_library=False):
     if from_library and reason not in _announced:
         _announced.add(reason)   # say why cuDNN is not used once, at INFO
         log.info("cuDNN not used (%s); ops run on the Numba kernels", reason)
-    if log.isEnabledFor(logging.DEBUG) or config.get("dnn.verbose"):
-        level = logging.INFO if config.get("dnn.verbose") else logging.DEBUG
-        log.log(level, "%s: %s backend (%s)", op, chosen, reason)
+    verbose = config.get("dnn.verbose")
+    if verbose or log.isEnabledFor(logging.DEBUG):
+        log.log(logging.INFO if verbose else logging.DEBUG, "%s: %s backend (%s)", op, chosen,
+                reason)
 
 
 # ---------------------------------------------------------------- running

@@ -44,7 +44,8 @@ def activation_forward(x, y, mode, coef, stream):
     alpha, beta = scalar_refs(x.dtype)
     td = descriptors.tensor((1, 1, 1, x.size), x.dtype)
     api.call("cudnnActivationForward", handle.get(stream), _activation_desc(mode, coef), alpha,
-             td, _ptr(x), beta, td, _ptr(y), context=_ctx("activation", lambda: f", mode {mode}, coef {coef}", x=x))
+             td, _ptr(x), beta, td, _ptr(y),
+             context=_ctx("activation", lambda: f", mode {mode}, coef {coef}", x=x))
 
 
 def activation_backward(x, y, dy, dx, mode, coef, stream):

@@ -44,7 +44,7 @@ import numpy as np
 from ..arrays import float_name
 from ..errors import CudnnError, DnnkitError
 from . import algo_cache, api, conv_graph, handle, loader
-from .workspace import alloc as _alloc, held as _held, is_oom as _is_oom  # noqa: F401
+from .workspace import alloc as _alloc, held as _held
 from .calls import _ptr
 from .descriptors import (INT_MAX, ConvolutionDescriptor, FilterDescriptor, TensorDescriptor,
                           scalar_refs, tensor)

@@ -184,13 +184,14 @@ def scalars(dtype):
 _SCALAR_REFS = {}
 
 
-def scalar_refs(dtype):
-    """``(byref(alpha=1), byref(beta=0))`` made once per dtype: cuDNN only reads them, so
-    every call and thread can pass the same two."""
-    refs = _SCALAR_REFS.get(dtype)
+def scalar_refs(dtype, alpha=1.0):
+    """``(byref(alpha), byref(beta=0))`` in cuDNN's scalar type for ``dtype``, made once per
+    (dtype, alpha): cuDNN only reads them, so every call and thread can pass the same two."""
+    refs = _SCALAR_REFS.get((dtype, alpha))
     if refs is None:
-        alpha, beta = scalars(dtype)
-        refs = _SCALAR_REFS[dtype] = (ctypes.byref(alpha), ctypes.byref(beta))
+        one, zero = scalars(dtype)
+        one.value = alpha
+        refs = _SCALAR_REFS[(dtype, alpha)] = (ctypes.byref(one), ctypes.byref(zero))
     return refs
 
 
@@ -224,8 +225,8 @@ class _Cache:
             self.items = {}
 
 
-_tensors = _Cache(lambda shape, dtype, min_rank: TensorDescriptor(shape, dtype, min_rank))
-_activations = _Cache(lambda mode_id, coef, beta: ActivationDescriptor(mode_id, coef, beta))
+_tensors = _Cache(TensorDescriptor)
+_activations = _Cache(ActivationDescriptor)
 
 
 def tensor(shape, dtype, min_rank=4):

@@ -9,6 +9,7 @@ import ctypes
 import threading
 import weakref
 
+from ..arrays import device_id  # noqa: F401 - the current device's ordinal (re-exported)
 from . import api
 from .descriptors import count
 
@@ -33,7 +34,6 @@ class _PerThread:
         fin.atexit = False  # at interpreter exit the CUDA context may already be gone
 
 
-from ..arrays import device_id  # noqa: E402 - the current device's ordinal (re-exported)
 
 
 def get(stream_ptr=0):

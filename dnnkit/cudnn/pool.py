@@ -9,15 +9,12 @@ AVERAGE_COUNT_INCLUDE_PADDING with alpha = the window size K in both directions
 only departure from a plain sum is cuDNN's own rounding of the division (a few ulps).
 """
 
-import ctypes
 import math
 from ctypes import POINTER, c_int, c_void_p
 
-import numpy as np
-
 from . import api, handle
 from .calls import _ptr
-from .descriptors import _Cache, _Descriptor, _int_array, tensor
+from .descriptors import _Cache, _Descriptor, _int_array, scalar_refs, tensor
 from .enums import PROPAGATE_NAN
 
 _p = c_void_p
@@ -80,9 +77,7 @@ class PoolingDescriptor(_Descriptor):
             raise
 
 
-_descs = _Cache(lambda mode_id, window, padding, stride:
-                PoolingDescriptor(mode_id, window, padding, stride))
-_refs = {}
+_descs = _Cache(PoolingDescriptor)
 
 
 def _setup(x, y, window, padding, stride, mode):
@@ -90,15 +85,10 @@ def _setup(x, y, window, padding, stride, mode):
     double data and float otherwise (cuDNN's rule); alpha is 1, or the window size for
     ``sum``. The context is a function, formatted only when cuDNN reports an error."""
     pd = _descs.get(MODES[mode], tuple(window), tuple(padding), tuple(stride))
-    key = (x.dtype, mode == "sum" and tuple(window))
-    refs = _refs.get(key)
-    if refs is None:
-        t = ctypes.c_double if np.dtype(x.dtype) == np.float64 else ctypes.c_float
-        alpha = float(math.prod(window)) if mode == "sum" else 1.0
-        refs = _refs[key] = (ctypes.byref(t(alpha)), ctypes.byref(t(0.0)))
+    alpha, beta = scalar_refs(x.dtype, float(math.prod(window)) if mode == "sum" else 1.0)
     ctx = lambda: (f"x {tuple(x.shape)} {x.dtype}, y {tuple(y.shape)}, mode {mode}, "  # noqa: E731
                    f"window {tuple(window)}, padding {tuple(padding)}, stride {tuple(stride)}")
-    return pd, refs[0], refs[1], ctx
+    return pd, alpha, beta, ctx
 
 
 def forward(x, y, window, padding, stride, mode, stream):

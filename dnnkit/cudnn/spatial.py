@@ -83,7 +83,7 @@ class SpatialTransformerDescriptor(_Descriptor):
             raise
 
 
-_sts = _Cache(lambda dims, dtype: SpatialTransformerDescriptor(dims, dtype))
+_sts = _Cache(SpatialTransformerDescriptor)
 
 
 def _st(dims, dtype):
