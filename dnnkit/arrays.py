@@ -159,12 +159,23 @@ def device_of(a):
 
 
 def _pointer_device(ptr):
-    """The ordinal of the device that owns device address ``ptr`` (cuPointerGetAttribute);
-    None when the driver cannot tell."""
-    drv = _drv()
-    attr = drv.CUpointer_attribute.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL
-    err, dev = drv.cuPointerGetAttribute(attr, ptr)
-    return int(dev) if int(err) == 0 else None
+    """The ordinal of the device that owns device address ``ptr``; None when the driver cannot
+    tell. Asked through the runtime's cudaPointerGetAttributes: cuda-bindings 13.3's
+    cuPointerGetAttribute answers 0 for CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL whatever the
+    device (seen on two H200s), and the CONTEXT attribute is NULL for virtual-memory
+    allocations (PyTorch's expandable segments)."""
+    from cuda.bindings import runtime
+    err, attrs = runtime.cudaPointerGetAttributes(ptr)
+    if int(err) != 0 or int(attrs.type) != int(runtime.cudaMemoryType.cudaMemoryTypeDevice):
+        return None
+    return int(attrs.device)
+
+
+def foreign_device(x):
+    """The ordinal of the device holding foreign device array ``x`` (one exporting
+    ``__cuda_array_interface__``); None when it holds no memory or the driver cannot tell."""
+    ptr = x.__cuda_array_interface__["data"][0]
+    return _pointer_device(ptr) if ptr else None
 
 
 def _foreign(cuda, x):
@@ -172,11 +183,9 @@ def _foreign(cuda, x):
     context whatever device holds the memory: the true device is asked of the driver and
     kept for the dispatcher's device check."""
     d = cuda.as_cuda_array(x)
-    ptr = x.__cuda_array_interface__["data"][0]
-    if ptr:
-        dev = _pointer_device(ptr)
-        if dev is not None:
-            d._dnnkit_device = dev
+    dev = foreign_device(x)
+    if dev is not None:
+        d._dnnkit_device = dev
     return d
 
 

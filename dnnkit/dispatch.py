@@ -215,26 +215,44 @@ def _log_decision(op, chosen, reason, from_library=False):
 
 # ---------------------------------------------------------------- running
 
-_array_types = {}    # type -> is it a Numba device array type (asked once per type)
+_array_types = {}    # type -> NUMBA, FOREIGN or None (asked once per type)
+NUMBA, FOREIGN = 1, 2
 
 
-def _is_device_array(t):
-    known = _array_types.get(t)
-    if known is None:
-        known = _array_types[t] = any(c.__name__ == "DeviceNDArrayBase" for c in t.__mro__)
+def _array_kind(t):
+    """NUMBA for a Numba device array type, FOREIGN for another type exporting
+    ``__cuda_array_interface__`` (PyTorch, CuPy), None for anything else."""
+    known = _array_types.get(t, 0)
+    if known == 0:
+        if any(c.__name__ == "DeviceNDArrayBase" for c in t.__mro__):
+            known = NUMBA
+        elif hasattr(t, "__cuda_array_interface__"):
+            known = FOREIGN
+        else:
+            known = None
+        _array_types[t] = known
     return known
 
 
+def _device_of_arg(a, kind):
+    """The device holding argument ``a`` of ``kind`` (None: unknown). A foreign array's
+    device is asked of the driver from its address: Numba would tie its view to the current
+    device whatever device holds the memory."""
+    from .arrays import device_of, foreign_device
+    return device_of(a) if kind == NUMBA else foreign_device(a)
+
+
 def call_device(op, args):
-    """The device that holds the call's device arrays: None when there are none (or on the
-    simulator, whose arrays have no device). Arrays on two devices are an error."""
+    """The device that holds the call's device arrays (Numba's or foreign ones): None when
+    there are none (or on the simulator, whose arrays have no device). Arrays on two devices
+    are an error."""
     if _single_device():
         return None
-    from .arrays import device_of
     dev, first = None, None
     for i, a in enumerate(args):
-        if _is_device_array(type(a)):
-            d = device_of(a)
+        kind = _array_kind(type(a))
+        if kind is not None:
+            d = _device_of_arg(a, kind)
             if d is None:
                 continue
             if dev is None:

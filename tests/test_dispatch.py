@@ -259,7 +259,8 @@ def two_devices(monkeypatch):
     monkeypatch.setattr(dispatch, "_single_device", lambda: False)
 
 
-def test_one_device_needs_no_check():
+def test_one_device_needs_no_check(monkeypatch):
+    monkeypatch.setattr(dispatch, "_single_device", lambda: True)    # also on a 2-GPU machine
     assert dispatch.call_device("op", (FakeDeviceArray(0), FakeDeviceArray(1))) is None
 
 
@@ -273,6 +274,29 @@ def test_call_device_is_the_device_of_the_arrays(two_devices):
     msg = str(ei.value)
     assert "conv2d" in msg and "argument 0 on device 0" in msg and "argument 1 on device 1" \
         in msg and "numba.cuda.gpus[1]" in msg
+
+
+class FakeForeignArray:        # a PyTorch/CuPy tensor: only the interface, at an address
+    def __init__(self, ptr):
+        self.ptr = ptr
+
+    @property
+    def __cuda_array_interface__(self):      # a property of the type, as PyTorch's is
+        return {"data": (self.ptr, False), "shape": (4,), "typestr": "<f4", "version": 3}
+
+
+def test_foreign_arrays_devices_are_asked_of_the_driver(monkeypatch, two_devices):
+    from dnnkit import arrays
+    owner = {0x1000: 0, 0x2000: 1}
+    monkeypatch.setattr(arrays, "_pointer_device", lambda ptr: owner.get(ptr))
+    t1 = FakeForeignArray(0x2000)
+    assert dispatch.call_device("softmax", (t1, "accurate")) == 1
+    assert dispatch.call_device("relu", (FakeForeignArray(0x1000),)) == 0
+    # an empty tensor (address 0) or one the driver cannot place decides nothing
+    assert dispatch.call_device("op", (FakeForeignArray(0), t1)) == 1
+    assert dispatch.call_device("op", (FakeForeignArray(0x3000),)) is None
+    with pytest.raises(ValueError, match=r"argument 0 on device 0, argument 1 on device 1"):
+        dispatch.call_device("conv2d", (FakeDeviceArray(0), t1))
 
 
 def test_a_call_on_another_device_runs_inside_that_device(monkeypatch, two_devices):

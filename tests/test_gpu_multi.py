@@ -68,3 +68,11 @@ def test_torch_tensors_on_device_1(cuda2):
         got = y.copy_to_host()
     want = torch.softmax(t.double(), 1).cpu().numpy()      # (N, C): channel = instance
     assert np.abs(got - want).max() <= 1e-6
+
+
+def test_torch_tensor_mixed_with_another_device_is_a_clear_error(cuda2, rng):
+    torch = pytest.importorskip("torch")
+    w = rng.standard_normal((4, 4, 3, 3)).astype(np.float32)
+    t = torch.randn(2, 4, 6, 6, device="cuda:1")
+    with pytest.raises(ValueError, match=r"argument 0 on device 1, argument 1 on device 0"):
+        dnnkit.conv2d(t, _on(cuda2, 0, w))
