@@ -6,6 +6,8 @@ Numba device arrays. Streams: None (the default stream), a Numba stream, a raw `
 int, or an object with ``.cuda_stream`` (PyTorch) or ``.ptr`` (CuPy).
 """
 
+import threading
+
 import numpy as np
 
 from .errors import NumbaUnavailableError
@@ -67,9 +69,9 @@ def device_id():
     """The current device's ordinal, cheaply: one driver call (cuCtxGetCurrent) and a dict
     lookup, instead of Numba's context machinery (~10 us). The first call in a thread with no
     current context goes through Numba, which creates or activates it."""
-    cuda = _cuda()
-    if simulator():
+    if _one_device.__dict__.get("ready") or simulator():
         return 0
+    cuda = _cuda()
     err, ctx = _drv().cuCtxGetCurrent()
     key = int(ctx) if err == 0 else 0
     dev = _ctx_devices.get(key) if key else None
@@ -78,7 +80,25 @@ def device_id():
         err, ctx = _drv().cuCtxGetCurrent()
         if err == 0 and int(ctx):
             _ctx_devices[int(ctx)] = dev
+    if dev == 0 and key and _device_count() == 1:
+        _one_device.ready = True     # this thread has its context; no other device exists
     return dev
+
+
+# Per thread: "one GPU, and this thread has made its context current" -- then device_id() is 0
+# without asking the driver (it runs several times per op call).
+_one_device = threading.local()
+_devices = None
+
+
+def _device_count():
+    global _devices
+    if _devices is None:
+        try:
+            _devices = len(_cuda().gpus)
+        except Exception:  # noqa: BLE001 - no driver: ask again next time
+            return 0
+    return _devices
 
 
 def is_device_array(a):
@@ -288,6 +308,12 @@ def constant(values, dtype):
 def grid_1d(n, threads=256, max_blocks=4096):
     """(blocks, threads) for a grid-stride loop over ``n`` elements."""
     return max(1, min(max_blocks, (n + threads - 1) // threads)), threads
+
+
+def allocator(shape, dtype, stream):
+    """``alloc()`` -> ``cuda_empty(shape, dtype, stream)``, its setup done once."""
+    from .memory import allocator as make
+    return make(shape, dtype, stream)
 
 
 def cuda_empty(shape, dtype, stream):

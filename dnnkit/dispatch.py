@@ -17,7 +17,7 @@ import threading
 
 import numpy as np
 
-from . import config
+from . import config, fastpath
 from . import profile as profiling
 from .cudnn import loader
 from .errors import CrosscheckError, CudnnError, CudnnUnavailableError
@@ -32,6 +32,9 @@ _POLICY_OF_BACKEND = {None: None, "auto": "auto", "cudnn": "forced", "numba": "d
 class Impl:
     fn: object
     supports: object = None   # fn(*args, **kw) -> None when supported, else the reason (str)
+    # bind(*args, **kw) -> a function of the same arguments doing fn's work with everything
+    # that depends only on the call's signature prepared once (dnnkit/fastpath.py)
+    bind: object = None
 
 
 @dataclasses.dataclass
@@ -55,11 +58,43 @@ def public_op(name):
     def deco(prepare):
         @functools.wraps(prepare)
         def wrapper(*args, backend=None, **kw):
-            return dispatch(name, *prepare(*args, **kw), backend=backend)
+            sig, entry = _fast_find(name, args, backend, kw)
+            if entry is not None:
+                try:
+                    return fastpath.run(entry, args, kw)
+                except CudnnError as e:   # the full path decides: fall back or raise
+                    if not e.not_supported:
+                        raise
+                    fastpath.drop(sig)
+            prepared = prepare(*args, **kw)
+            out, runner = _run(name, prepared, backend)
+            if sig is not None and runner is not None:
+                fastpath.store(sig, args, kw, prepared, runner)
+            return out
         PREPARE[name] = prepare
         wrapper.op_name = name
         return wrapper
     return deco
+
+
+def binder(op, backend):
+    """Decorator: ``bind`` for ``op``'s implementation on ``backend`` (registered first)."""
+    def deco(bind):
+        REGISTRY[op][backend].bind = bind
+        fastpath.invalidate()
+        return bind
+    return deco
+
+
+def _fast_find(op, args, backend, kw):
+    """(the call's memo signature, its memoised entry) (dnnkit/fastpath.py); (None, None) when
+    this call must take the full path: inside change_flags, a trace or the profiler, with
+    DEBUG logging, or with several devices (the full path picks the device)."""
+    if _local.__dict__.get("traces") or getattr(config._state.local, "stack", None) or \
+            getattr(profiling._local, "stack", None) or not (_one_device or _single_device()) \
+            or log.isEnabledFor(logging.DEBUG):
+        return None, None
+    return fastpath.find(op, args, backend, kw)
 
 
 def register(op, backend, *, supports=None, tolerance=None, crosscheck=True):
@@ -73,6 +108,7 @@ def register(op, backend, *, supports=None, tolerance=None, crosscheck=True):
 
     def deco(fn):
         REGISTRY.setdefault(op, {})[backend] = Impl(fn, supports)
+        fastpath.invalidate()
         return fn
     return deco
 
@@ -266,20 +302,20 @@ def call_device(op, args):
     return dev
 
 
-_devices = None
+_one_device = None
 
 
 def _single_device():
-    """One GPU (or the simulator): every array is on it, nothing to check or switch. Read
-    once: CUDA does not add devices to a running process."""
-    global _devices
-    if _devices is None:
-        from numba import cuda
-        try:
-            _devices = len(cuda.gpus)
-        except Exception:  # noqa: BLE001 - no driver: the ops raise their own error
-            return True
-    return _devices <= 1
+    """One GPU (or the simulator, or no driver): every array is on it, nothing to check or
+    switch. CUDA does not add devices to a running process."""
+    global _one_device
+    if _one_device is None:
+        from .arrays import _device_count
+        n = _device_count()
+        if not n:
+            return True      # no driver (yet): ask again next time
+        _one_device = n <= 1
+    return _one_device
 
 
 @contextlib.contextmanager
@@ -293,6 +329,12 @@ def _on_device(dev):
 def dispatch(op, *args, backend=None, **kw):
     """Run ``op`` on the backend the policy picks, on the device that holds its arrays;
     returns what the implementation returns."""
+    return _run(op, args, backend, kw)[0]
+
+
+def _run(op, args, backend, kw=None):
+    """(output, the runner a repeat of this call may reuse, or None)."""
+    kw = kw or {}
     dev = call_device(op, args)
     if dev is not None:
         from .arrays import device_id
@@ -302,6 +344,12 @@ def dispatch(op, *args, backend=None, **kw):
     return _dispatch(op, args, backend, kw)
 
 
+def _bound(op, backend, args, kw):
+    """The implementation's runner for these arguments (bound once where it can be)."""
+    impl = REGISTRY[op][backend]
+    return (impl.bind(*args, **kw) if impl.bind is not None else None) or impl.fn
+
+
 def _dispatch(op, args, backend, kw):
     chosen, reason, policy, from_library = _choose(op, args, kw, backend)
     _log_decision(op, chosen, reason, from_library)
@@ -309,21 +357,24 @@ def _dispatch(op, args, backend, kw):
     prof = profiling.active()
     token = prof.begin(args) if prof is not None else None
     try:
-        out = REGISTRY[op][chosen].fn(*args, **kw)
+        runner = _bound(op, chosen, args, kw)
+        out = runner(*args, **kw)
     except CudnnError as e:
         if chosen != "cudnn" or policy != "auto" or not e.not_supported:
             raise
         chosen, reason = "numba", f"cuDNN returned {e.status_name} at run time"
         _log_decision(op, chosen, reason)
         _local.algo = None
-        out = REGISTRY[op]["numba"].fn(*args, **kw)
+        runner = _bound(op, chosen, args, kw)
+        out = runner(*args, **kw)
     if prof is not None:
         prof.end(token, op, chosen)
     if getattr(_local, "traces", None):
         _record(op, chosen, _local.algo, args, reason)
     if config.get("dnn.crosscheck") and OPS[op].crosscheck:
         _crosscheck(op, chosen, out, args, kw)
-    return out
+        runner = None
+    return out, (None if kw or config.get("dnn.verbose") else runner)
 
 
 def _other_backend_ok(op, other, args, kw):

@@ -47,7 +47,9 @@ def rounded(nbytes):
 
 class _Pool:
     def __init__(self):
-        self.lock = threading.Lock()
+        # reentrant: a block's __del__ (gives it back) can run inside take()/give() when an
+        # allocation there triggers the garbage collector
+        self.lock = threading.RLock()
         self.free = {}            # (device, stream, size) -> [numba MemoryPointer, ...]
         self.hits = self.misses = self.cached_bytes = 0
 
@@ -134,13 +136,56 @@ def device_array(shape, dtype, stream):
     else:
         key = (device_id(), stream_pointer(stream), rounded(nbytes))
     raw = _pool.take(key) or _raw_alloc(_context(), key[2])
-    # A view that owns nothing: when the array dies, the block goes back to the pool.
-    mem = _MemoryPointer(raw.context, raw.device_pointer, key[2], finalizer=_Return(key, raw))
     arr = object.__new__(_DeviceNDArray)
     d = arr.__dict__
     d.update(attrs)
-    d["gpu_data"], d["stream"] = mem, stream
+    d["gpu_data"], d["stream"], d["_dnnkit_ptr"] = _lend(key, raw), stream, _address(raw)
     return arr
+
+
+def allocator(shape, dtype, stream):
+    """``alloc()`` -> a new array like ``device_array(shape, dtype, stream)``, for repeated
+    allocations of one signature (dispatch's memo): the template, pool key and flag read once.
+    (Memoised calls are dropped when a flag changes, so ``dnn.allocator`` cannot change under
+    it.)"""
+    shape = tuple(int(s) for s in shape)
+    nbytes, attrs = (None, None) if simulator() else \
+        _templates.get((shape, dtype)) or _template(shape, dtype)
+    if attrs is None or config.get("dnn.allocator") != "caching":
+        return lambda: device_array(shape, dtype, stream)
+    if isinstance(stream, int):
+        key, stream = (device_id(), stream, rounded(nbytes)), 0
+    else:
+        key = (device_id(), stream_pointer(stream), rounded(nbytes))
+    new, lock, size = object.__new__, _pool.lock, key[2]
+
+    def alloc():
+        with lock:                 # _Pool.take, inlined (clear() replaces the dict: read it)
+            blocks = _pool.free.get(key)
+            if blocks:
+                _pool.hits += 1
+                _pool.cached_bytes -= size
+                raw = blocks.pop()
+            else:
+                _pool.misses += 1
+                raw = None
+        if raw is None:
+            raw = _raw_alloc(_context(), size)
+        arr = new(_DeviceNDArray)
+        d = arr.__dict__
+        d.update(attrs)
+        d["gpu_data"], d["stream"], d["_dnnkit_ptr"] = _lend(key, raw), stream, _address(raw)
+        return arr
+    return alloc
+
+
+def _address(raw):
+    """The device address of a pool block, as an int (read once per block)."""
+    d = raw.__dict__
+    p = d.get("_dnnkit_ptr")
+    if p is None:
+        p = d["_dnnkit_ptr"] = int(raw.device_pointer) or None
+    return p
 
 
 def _context():
@@ -148,15 +193,44 @@ def _context():
     return cuda.current_context()
 
 
-class _Return:
-    """The finalizer of a handed-out block (holds the block, never the array)."""
-    __slots__ = ("key", "raw")
+_Lent = None     # the class of a block lent to one array (a subclass of Numba's MemoryPointer)
 
-    def __init__(self, key, raw):
-        self.key, self.raw = key, raw
 
-    def __call__(self):
-        _pool.give(self.key, self.raw)
+def _lend(key, raw):
+    """A view of pool block ``raw`` that owns nothing: when the array holding it dies, the
+    block goes back to the pool. Built from the block's attributes (Numba's constructor
+    registers a weakref finalizer per pointer: ~4 us a call)."""
+    global _Lent
+    if _Lent is None:
+        _Lent = _lent_class()
+    attrs = raw.__dict__.get("_dnnkit_lend")
+    if attrs is None:        # what MemoryPointer.__init__ would set, read once per block
+        p = raw.device_pointer       # (raw is Numba's OwnedPointer: attributes by delegation)
+        attrs = raw.__dict__["_dnnkit_lend"] = dict(
+            context=raw.context, device_pointer=p, handle=p, size=key[2],
+            _cuda_memsize_=key[2], is_managed=True, _owner=None)
+    mem = object.__new__(_Lent)
+    d = mem.__dict__
+    d.update(attrs)
+    d["refct"], d["_key"], d["_raw"] = 1, key, raw
+    return mem
+
+
+def _lent_class():
+    class Lent(_MemoryPointer):
+        """A pool block lent to one array; ``__del__`` (or ``free()``) gives it back once."""
+
+        def free(self):
+            raw = self.__dict__.pop("_raw", None)
+            if raw is not None:
+                _pool.give(self._key, raw)
+
+        def __del__(self):
+            try:
+                self.free()
+            except Exception:  # noqa: BLE001 - interpreter shutdown: nothing to give back to
+                pass
+    return Lent
 
 
 class scratch:

@@ -49,6 +49,8 @@ def _clean_flags(monkeypatch):
         monkeypatch.delenv("DNNKIT_FLAGS", raising=False)
         monkeypatch.setenv("DNNKIT_RC", os.devnull + ".absent")
         config.reset()
+        from dnnkit import fastpath
+        fastpath.invalidate()      # no memoised call outlives a test's monkeypatching
     clean()
     yield
     clean()

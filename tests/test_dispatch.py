@@ -308,7 +308,7 @@ def test_a_call_on_another_device_runs_inside_that_device(monkeypatch, two_devic
         yield
         seen.append(("exit", dev))
     monkeypatch.setattr(dispatch, "_on_device", on_device)
-    monkeypatch.setattr(dispatch, "_dispatch", lambda op, args, b, kw: seen.append(op) or 7)
+    monkeypatch.setattr(dispatch, "_dispatch", lambda op, args, b, kw: (seen.append(op) or 7, None))
     import dnnkit.arrays
     monkeypatch.setattr(dnnkit.arrays, "device_id", lambda: 0)
     assert dispatch.dispatch("relu", FakeDeviceArray(1)) == 7

@@ -53,3 +53,31 @@ def test_blocks_are_reused_per_stream_and_keep_data():
     with config.change_flags(**{"dnn.allocator": "numba"}):
         d = memory.device_array((10,), np.float32, s1)
     assert d.shape == (10,)
+
+
+@pytest.mark.gpu
+def test_a_bound_allocator_reuses_blocks_also_after_the_cache_is_emptied():
+    """memory.allocator (the memoised calls' allocation): the same pool as device_array,
+    views of a block keep it lent, and emptying the cache does not cut it off the pool."""
+    from numba import cuda
+    s = cuda.stream()
+    alloc = memory.allocator((256,), np.float32, s)
+    a = alloc()
+    ptr = a.device_ctypes_pointer.value
+    assert a.__dict__["_dnnkit_ptr"] == ptr and a.shape == (256,)
+    view = a[10:]                      # a view holds the block: not given back yet
+    del a
+    assert alloc().device_ctypes_pointer.value != ptr
+    del view
+    b = alloc()
+    assert b.device_ctypes_pointer.value == ptr
+    host = np.arange(256, dtype=np.float32)
+    b.copy_to_device(host, stream=s)
+    np.testing.assert_array_equal(b.copy_to_host(stream=s), host)
+    del b
+    memory.empty_cache()
+    c = alloc()
+    del c
+    hits = memory.stats()["hits"]
+    alloc()
+    assert memory.stats()["hits"] == hits + 1

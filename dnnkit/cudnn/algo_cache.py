@@ -158,6 +158,8 @@ def clear():
         _once.clear()
         _latest.clear()
         _counts.update(hits=0, misses=0)
+    from .. import fastpath
+    fastpath.invalidate()     # memoised convolutions keep the plans they chose
 
 
 def stats():

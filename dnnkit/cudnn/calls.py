@@ -5,6 +5,8 @@ Inputs are device arrays exposing ``__cuda_array_interface__`` (already validate
 """
 
 
+import numpy as np
+
 from . import api, descriptors, handle
 from .descriptors import scalar_refs
 from .enums import ACTIVATION, SOFTMAX_ALGO, SOFTMAX_MODE
@@ -39,21 +41,42 @@ def _activation_desc(mode, coef):
     return descriptors.activation(ACTIVATION[mode], coef)
 
 
+def bind_activation(backward, size, dtype, mode, coef, stream):
+    """``run(x, y)`` (forward: y = f(x)) or ``run(x, y, dy, dx)`` (backward) for tensors of
+    ``size`` elements of ``dtype`` (described as (1, 1, 1, size)): descriptors, scalars, the
+    function and its checks bound once, for repeated calls of one signature."""
+    alpha, beta = scalar_refs(dtype)
+    tdesc = descriptors.tensor((1, 1, 1, size), dtype)
+    adesc = _activation_desc(mode, coef)
+    td, act = tdesc.ptr.value, adesc.ptr.value   # raw addresses: no conversion per call
+    name = "cudnnActivationBackward" if backward else "cudnnActivationForward"
+    fn, check, get = api.function(name), api.check, handle.get
+
+    def context():
+        return f"activation{'_backward' if backward else ''}: {size} elements " \
+               f"{np.dtype(dtype).name}, mode {mode}, coef {coef}"
+    if backward:
+        def run(x, y, dy, dx):
+            st = fn(get(stream), act, alpha, td, _ptr(y), td, _ptr(dy), td, _ptr(x), beta, td,
+                    _ptr(dx))
+            if st:
+                check(name, st, context)
+    else:
+        def run(x, y):
+            st = fn(get(stream), act, alpha, td, _ptr(x), beta, td, _ptr(y))
+            if st:
+                check(name, st, context)
+    run.keep = (tdesc, adesc)     # the descriptors live as long as the runner
+    return run
+
+
 def activation_forward(x, y, mode, coef, stream):
     """y = f(x) elementwise; the tensor is described as (1, 1, 1, size)."""
-    alpha, beta = scalar_refs(x.dtype)
-    td = descriptors.tensor((1, 1, 1, x.size), x.dtype)
-    api.call("cudnnActivationForward", handle.get(stream), _activation_desc(mode, coef), alpha,
-             td, _ptr(x), beta, td, _ptr(y),
-             context=_ctx("activation", lambda: f", mode {mode}, coef {coef}", x=x))
+    bind_activation(False, x.size, x.dtype, mode, coef, stream)(x, y)
 
 
 def activation_backward(x, y, dy, dx, mode, coef, stream):
-    alpha, beta = scalar_refs(x.dtype)
-    td = descriptors.tensor((1, 1, 1, x.size), x.dtype)
-    api.call("cudnnActivationBackward", handle.get(stream), _activation_desc(mode, coef), alpha,
-             td, _ptr(y), td, _ptr(dy), td, _ptr(x), beta, td, _ptr(dx),
-             context=_ctx("activation_backward", lambda: f", mode {mode}, coef {coef}", x=x))
+    bind_activation(True, x.size, x.dtype, mode, coef, stream)(x, y, dy, dx)
 
 
 def softmax_forward(x, y, dims, mode, algo, stream):

@@ -43,7 +43,7 @@ import numpy as np
 
 from ..arrays import float_name
 from ..errors import CudnnError, DnnkitError
-from . import algo_cache, api, conv_graph, handle, loader
+from . import algo_cache, api, conv_graph, graph, handle, loader
 from .workspace import alloc as _alloc, held as _held
 from .calls import _ptr
 from .descriptors import (INT_MAX, ConvolutionDescriptor, FilterDescriptor, TensorDescriptor,
@@ -438,15 +438,21 @@ def _execute(c, algo, deterministic, limit):
     return algo
 
 
-def _graph_convolve(d, arrays, geom, dtype, compute_dtype, math_t, allow_tf32, deterministic,
-                    limit, stream, choice):
-    """A runtime choice through the graph API (conv_graph); None when it has no plan for
-    this convolution (the legacy path then runs it)."""
+def _graph_raw(d, geom, dtype, compute_dtype, allow_tf32, deterministic, limit, choice):
+    """What shapes a graph-API choice: conv_graph's fast key for it (with handle, alignment)."""
     dt, ct, det = float_name(dtype), str(compute_dtype), bool(deterministic)
     # tensor cores: always for float16 data (the legacy path's TENSOR_OP math), for float32
     # only when TF32 is allowed
     allow_tc = dt == "float16" or (dt == "float32" and bool(allow_tf32))
-    raw = (d.name, choice, geom, dt, ct, allow_tc, det, algo_cache._limit_bucket(limit))
+    return (d.name, choice, geom, dt, ct, allow_tc, det, algo_cache._limit_bucket(limit))
+
+
+def _graph_convolve(d, arrays, geom, dtype, compute_dtype, math_t, allow_tf32, deterministic,
+                    limit, stream, choice):
+    """A runtime choice through the graph API (conv_graph); None when it has no plan for
+    this convolution (the legacy path then runs it)."""
+    raw = _graph_raw(d, geom, dtype, compute_dtype, allow_tf32, deterministic, limit, choice)
+    _, _, _, dt, ct, allow_tc, det, _ = raw
     a, b, o = arrays
     try:
         return conv_graph.convolve(
@@ -508,6 +514,54 @@ def _convolve(d, arrays, geom, algo, compute_dtype, allow_tf32, deterministic, w
                   d.algo_name(enum), e.status_name, d.algo_name(default))
         enum = _execute(c, default, deterministic, workspace_limit)
     return d.algo_name(enum)
+
+
+def bind(d, geom, dtype, *, algo, compute_dtype, allow_tf32, deterministic, workspace_limit,
+         stream):
+    """``run(a, b, o)`` -> the algorithm's name: direction ``d``'s convolution (arrays in
+    FWD's (x, w, y), BWD_DATA's (w, dy, dx), BWD_FILTER's (x, dy, dw) order) for one
+    signature, made cheap to repeat. A runtime choice (``guess_once``, ...) runs its first
+    call through the full path, then keeps the graph-API plan it chose per (handle, address
+    alignment) and executes it directly: a workspace from the per-stream cache and one
+    cudnnBackendExecute. Everything else (named legacy algorithms, a workspace that cannot be
+    allocated) takes the full path every time."""
+    args = (geom, algo, compute_dtype, allow_tf32, deterministic, workspace_limit, stream)
+
+    def full(a, b, o):
+        return _convolve(d, (a, b, o), *args)
+    if algo not in CHOICES or not algo.endswith("once"):
+        return full
+    raw = _graph_raw(d, geom, dtype, compute_dtype, allow_tf32, deterministic, workspace_limit,
+                     algo)
+    plans = {}               # (handle, alignment) -> the plan the full path chose
+    execute, check, hit = api.function("cudnnBackendExecute"), api.check, algo_cache.hit
+
+    def run(a, b, o):
+        ptrs = (_ptr(a), _ptr(b), _ptr(o))
+        h = handle.get(stream)
+        key = (h.value, graph.alignment(ptrs))
+        p = plans.get(key)
+        if p is None:
+            name = full(a, b, o)
+            p = conv_graph.chosen(key, raw)
+            if p is not None and p.name == name:
+                plans[key] = p
+            return name
+        if p.workspace:
+            ws = _alloc(p.workspace, stream)
+            if ws is None:           # out of memory for it: the full path's fallback
+                return full(a, b, o)
+            with _held(ws) as wp:
+                p.execute(h, ptrs, wp, context=lambda: f"cuDNN graph {d.name} {p.name}")
+        else:                        # Plan.execute inlined: a variant pack by address
+            k = (*ptrs, None)
+            vp = p.packs.get(k) or p._pack(k)
+            st = execute(h, p.plan.ptr, vp.ptr)
+            if st:
+                check("cudnnBackendExecute", st, lambda: f"cuDNN graph {d.name} {p.name}")
+        hit()
+        return p.name
+    return run
 
 
 def forward(x, w, y, geom, *, algo, compute_dtype, allow_tf32, deterministic, workspace_limit,

@@ -16,7 +16,7 @@ direction's (a, b, o) argument order, as in conv.py.
 import logging
 import threading
 
-from .. import memory
+from .. import fastpath, memory
 from ..errors import CudnnError
 from . import algo_cache, graph, handle, workspace
 from .enums import CONVOLUTION, CROSS_CORRELATION, DATA_TYPES
@@ -105,6 +105,7 @@ def clear():
     with _lock:
         _graphs.clear()
         _fast.clear()
+    fastpath.invalidate()     # memoised calls hold plans
 
 
 def drop_variant_packs():
@@ -118,6 +119,13 @@ def drop_variant_packs():
 
 
 memory.on_empty_cache(drop_variant_packs)
+
+
+def chosen(key, raw):
+    """The plan a ``*_once`` choice made for (handle value, alignment) ``key`` and ``raw``
+    (convolve's arguments), or None."""
+    hit = _fast.get((*key, raw))
+    return hit[0] if hit is not None else None
 
 
 def _graph(h, direction, dims, dtype, compute_dtype, flip, align, allow_tc, det):

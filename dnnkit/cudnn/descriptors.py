@@ -244,3 +244,5 @@ def clear_cached():
     it): leak tests, and tests that fake cuDNN's calls."""
     for c in _CACHES:
         c.clear()
+    from .. import fastpath
+    fastpath.invalidate()     # memoised calls hold descriptors

@@ -20,7 +20,7 @@ import numpy as np
 
 from .. import arrays
 from ..cudnn import calls
-from ..dispatch import public_op, register
+from ..dispatch import binder, public_op, register
 from ..launch import launch
 from . import split
 
@@ -137,3 +137,33 @@ def _activation_backward_cudnn(x, y, dy, mode, coef, stream):
             calls.activation_backward(xp, yp, dyp, dxp, mode, coef,
                                       arrays.stream_pointer(stream))
     return dx
+
+
+# Runners for repeated calls of one signature (dispatch's memo): arrays of one cuDNN piece.
+
+@binder("activation", "cudnn")
+def _bind_activation_cudnn(x, mode, coef, stream):
+    if not 0 < x.size <= split.LIMIT:
+        return None
+    run = calls.bind_activation(False, x.size, x.dtype, mode, coef, arrays.stream_pointer(stream))
+    alloc = arrays.allocator(x.shape, x.dtype, stream)
+
+    def activation(x, mode, coef, stream):
+        y = alloc()
+        run(x, y)
+        return y
+    return activation
+
+
+@binder("activation_backward", "cudnn")
+def _bind_activation_backward_cudnn(x, y, dy, mode, coef, stream):
+    if not 0 < x.size <= split.LIMIT:
+        return None
+    run = calls.bind_activation(True, x.size, x.dtype, mode, coef, arrays.stream_pointer(stream))
+    alloc = arrays.allocator(x.shape, x.dtype, stream)
+
+    def activation_backward(x, y, dy, mode, coef, stream):
+        dx = alloc()
+        run(x, y, dy, dx)
+        return dx
+    return activation_backward

@@ -22,7 +22,7 @@ import math
 
 from .. import arrays
 from ..cudnn import conv as cconv
-from ..dispatch import note_algo, public_op, register
+from ..dispatch import binder, note_algo, public_op, register
 from . import conv_args as A
 from . import split
 
@@ -227,6 +227,59 @@ def _cudnn_backward_filter(x, dy, geom, opts, stream):
     return dw
 
 
+# Runners for repeated calls of one signature (dispatch's memo, dnnkit/fastpath.py): one piece
+# of the batch, no empty sum; the convolution itself through cconv.bind (plans kept).
+
+def _bindable(geom):
+    return not _empty(geom) and len(split.bounds(geom.x_shape[0], _image(geom)) or ()) == 1
+
+
+def _bind(d, geom, opts, stream):
+    return cconv.bind(d, geom, opts["dtype"], **_cudnn_kw(opts, d.name, stream))
+
+
+def _bind_cudnn_forward(x, w, bias, geom, opts, stream):
+    if not _bindable(geom):
+        return None
+    run = _bind(cconv.FWD, geom, opts, stream)
+    alloc = arrays.allocator(geom.user_shape(geom.y_shape), x.dtype, stream)
+    sp = arrays.stream_pointer(stream)
+
+    def forward(x, w, bias, geom, opts, stream):
+        y = alloc()
+        note_algo(run(x, w, y))
+        if bias is not None:
+            cconv.add_bias(y, bias, geom, sp)
+        return y
+    return forward
+
+
+def _bind_cudnn_backward_data(dy, w, geom, opts, stream):
+    if not _bindable(geom):
+        return None
+    run = _bind(cconv.BWD_DATA, geom, opts, stream)
+    alloc = arrays.allocator(geom.user_shape(geom.x_shape), dy.dtype, stream)
+
+    def backward_data(dy, w, geom, opts, stream):
+        dx = alloc()
+        note_algo(run(w, dy, dx))
+        return dx
+    return backward_data
+
+
+def _bind_cudnn_backward_filter(x, dy, geom, opts, stream):
+    if not _bindable(geom):
+        return None
+    run = _bind(cconv.BWD_FILTER, geom, opts, stream)
+    alloc = arrays.allocator(geom.user_shape(geom.w_shape), x.dtype, stream)
+
+    def backward_filter(x, dy, geom, opts, stream):
+        dw = alloc()
+        note_algo(run(x, dy, dw))
+        return dw
+    return backward_filter
+
+
 def _cudnn_bias_supports(dy, stream):
     if dy.ndim not in (4, 5):
         return f"cudnnConvolutionBackwardBias takes 4-D or 5-D tensors; got {dy.shape}"
@@ -246,15 +299,15 @@ def _cudnn_backward_bias(dy, stream):
     return db
 
 
-for _name in FORWARD:
-    register(_name, "numba", tolerance=_TOL)(_numba_forward)
-    register(_name, "cudnn", supports=_cudnn_supports, tolerance=_TOL)(_cudnn_forward)
-for _name in BACKWARD_DATA:
-    register(_name, "numba", tolerance=_TOL)(_numba_backward_data)
-    register(_name, "cudnn", supports=_cudnn_supports, tolerance=_TOL)(_cudnn_backward_data)
-for _name in BACKWARD_FILTER:
-    register(_name, "numba", tolerance=_TOL)(_numba_backward_filter)
-    register(_name, "cudnn", supports=_cudnn_supports, tolerance=_TOL)(_cudnn_backward_filter)
+for _names, _numba, _cudnn, _bind_it in (
+        (FORWARD, _numba_forward, _cudnn_forward, _bind_cudnn_forward),
+        (BACKWARD_DATA, _numba_backward_data, _cudnn_backward_data, _bind_cudnn_backward_data),
+        (BACKWARD_FILTER, _numba_backward_filter, _cudnn_backward_filter,
+         _bind_cudnn_backward_filter)):
+    for _name in _names:
+        register(_name, "numba", tolerance=_TOL)(_numba)
+        register(_name, "cudnn", supports=_cudnn_supports, tolerance=_TOL)(_cudnn)
+        binder(_name, "cudnn")(_bind_it)
 register("conv_backward_bias", "numba", tolerance=_TOL)(_numba_backward_bias)
 register("conv_backward_bias", "cudnn", supports=_cudnn_bias_supports,
          tolerance=_TOL)(_cudnn_backward_bias)

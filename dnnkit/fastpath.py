@@ -1,0 +1,128 @@
+"""The per-thread memo of op calls that lets a repeated call skip its setup.
+
+A training loop calls each op with the same shapes, dtypes and arguments every step. The first
+such call takes the full path — argument checks, backend choice, descriptors, plans — and the
+dispatcher stores a *runner* for it under the call's signature: the implementation's own
+``bind()`` result where it has one (descriptors, plan, function pointer and handle bound once),
+else the implementation itself; plus the checked arguments, with the positions where the
+caller's arrays go. The next call with the same signature runs the runner on its arrays
+directly: the host cost of an op becomes an allocation and the cuDNN call or kernel launch
+(PyTorch's per-op cost is the bar, issue 8).
+
+The signature: the op, ``backend=``, and per argument its type and value for plain scalars
+(str, int, float, bool, None, tuples of ints) or (shape, strides, dtype) for a device array.
+Anything else (host arrays, foreign arrays, stream objects) is not memoised: such calls always
+take the full path. Entries are dropped when any flag changes process-wide (the flags' merged
+dict is replaced), when ``invalidate()`` is called (cuDNN caches cleared, algorithm cache
+reset or loaded), and never used inside ``change_flags`` blocks, traces, the profiler,
+cross-checking, DEBUG logging, or on machines with several GPUs (there the full path picks
+the device).
+"""
+
+import threading
+
+from . import config
+
+MAX_ENTRIES = 1024          # per thread; a program with more signatures starts over
+_PLAIN = frozenset((str, int, float, bool, type(None)))
+_arrays = set()             # the device array types (bound on first use: imports numba)
+_gen = [0]                  # bumped by invalidate(): every thread's memo is stale
+_local = threading.local()
+stats = {"hits": 0, "stores": 0}
+
+
+def invalidate():
+    """Forget every thread's memo (the next call of each signature takes the full path)."""
+    _gen[0] += 1
+
+
+def _array_types():
+    if not _arrays:
+        from .arrays import simulator
+        if simulator():
+            from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray as cls
+        else:
+            from numba.cuda.cudadrv.devicearray import DeviceNDArray as cls
+        _arrays.add(cls)
+    return _arrays
+
+
+def _memo():
+    """This thread's {signature: entry}, emptied when stale."""
+    try:
+        m = _local.m
+    except AttributeError:
+        m = _local.m = [None, None, {}]
+    merged = config._state.merged
+    if m[0] != _gen[0] or m[1] is not merged or len(m[2]) >= MAX_ENTRIES:
+        m[0], m[1] = _gen[0], merged
+        m[2].clear()
+    return m[2]
+
+
+def signature(op, args, backend, kw):
+    """The call's signature (hashable), or None when it cannot be memoised."""
+    arrays = _arrays or _array_types()
+    k = [op, backend]
+    for a in args:
+        t = type(a)
+        if t in arrays:
+            k += (a.shape, a.strides, a.dtype)
+        elif t in _PLAIN or (t is tuple and all(type(v) is int for v in a)):
+            k += (t, a)
+        else:
+            return None
+    for name, a in kw.items():
+        t = type(a)
+        if t in arrays:
+            k += (name, a.shape, a.strides, a.dtype)
+        elif t in _PLAIN or (t is tuple and all(type(v) is int for v in a)):
+            k += (name, t, a)
+        else:
+            return None
+    return tuple(k)
+
+
+def find(op, args, backend, kw):
+    """(signature, memoised entry or None); (None, None) when the call cannot be memoised."""
+    sig = signature(op, args, backend, kw)
+    if sig is None:
+        return None, None
+    return sig, _memo().get(sig)
+
+
+def store(sig, args, kw, prepared, runner):
+    """Remember ``runner`` for ``sig``: a later call runs ``runner(*prepared')`` where
+    ``prepared'`` is ``prepared`` with the caller's new arrays in the places its arrays held
+    now. Not stored when a checked array is not one of the caller's (a host input copied to
+    the device, a made-contiguous copy): that work must happen on every call."""
+    arrays = _arrays or _array_types()
+    where = {id(a): i for i, a in enumerate(args) if type(a) in arrays}
+    named = {id(a): name for name, a in kw.items() if type(a) in arrays}
+    subs = []
+    for i, p in enumerate(prepared):
+        if type(p) in arrays:
+            if id(p) in where:
+                subs.append((i, where[id(p)], None))
+            elif id(p) in named:
+                subs.append((i, None, named[id(p)]))
+            else:
+                return
+    m = _memo()
+    m[sig] = (runner, tuple(prepared), tuple(subs))
+    stats["stores"] += 1
+
+
+def run(entry, args, kw):
+    """Run a memoised call on this call's arrays."""
+    runner, prepared, subs = entry
+    if subs:
+        prepared = list(prepared)
+        for i, j, name in subs:
+            prepared[i] = args[j] if name is None else kw[name]
+    stats["hits"] += 1
+    return runner(*prepared)
+
+
+def drop(sig):
+    _memo().pop(sig, None)

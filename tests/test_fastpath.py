@@ -1,0 +1,141 @@
+"""The dispatcher's memo of repeated calls (dnnkit/fastpath.py): a call whose signature was
+seen before runs the stored runner on its own arrays; anything that could change the answer
+(flags, traces, invalidation, host inputs, a cuDNN refusal) takes the full path."""
+
+import numpy as np
+import pytest
+
+import dnnkit
+from dnnkit import config, dispatch, fastpath, reference
+from dnnkit.cudnn.loader import CudnnStatus
+from dnnkit.errors import CudnnError
+
+
+@pytest.fixture
+def counted(monkeypatch):
+    """A public op 'fp_fake'(x, scale) -> x * scale whose steps are counted: argument checks
+    (prepare), binds, and runs of the bound runner; cuDNN reported available."""
+    from numba import cuda
+    monkeypatch.setattr(dispatch, "cudnn_status", lambda: CudnnStatus(True, version=91900))
+    n = {"prepare": 0, "bind": 0, "run": 0, "cudnn": None}
+
+    @dispatch.public_op("fp_fake")
+    def fp_fake(x, scale=2.0, *, stream=None):
+        n["prepare"] += 1
+        if not isinstance(scale, float):
+            raise TypeError(f"fp_fake: scale must be a float; got {scale!r}")
+        return dnnkit.arrays.device_input("fp_fake", "x", x, None), scale
+
+    def impl(x, scale):
+        return cuda.to_device(x.copy_to_host() * scale)
+
+    def binder(backend):
+        def bind(x, scale):
+            n["bind"] += 1
+
+            def run(x, scale):
+                n["run"] += 1
+                if backend == "cudnn" and n["cudnn"] is not None:
+                    raise n["cudnn"]        # the scripted cuDNN status
+                return impl(x, scale)
+            return run
+        return bind
+    for b in ("numba", "cudnn"):
+        dispatch.register("fp_fake", b)(impl)
+        dispatch.binder("fp_fake", b)(binder(b))
+    yield fp_fake, n
+    for table in (dispatch.REGISTRY, dispatch.OPS, dispatch.PREPARE):
+        table.pop("fp_fake")
+
+
+def _dev(a):
+    from numba import cuda
+    return cuda.to_device(np.asarray(a, np.float32))
+
+
+def test_a_repeated_call_skips_checks_and_binding_and_uses_its_own_arrays(counted):
+    op, n = counted
+    a, b = _dev([1.0, 2.0]), _dev([5.0, -1.0])
+    assert np.array_equal(op(a, 3.0).copy_to_host(), [3.0, 6.0])
+    hits = fastpath.stats["hits"]
+    assert np.array_equal(op(b, 3.0).copy_to_host(), [15.0, -3.0])   # b, not a
+    assert n == dict(prepare=1, bind=1, run=2, cudnn=None)
+    assert fastpath.stats["hits"] == hits + 1
+    op(a, 4.0)                      # another scalar: another signature
+    op(_dev([1.0, 2.0, 3.0]), 3.0)  # another shape
+    assert (n["prepare"], n["bind"]) == (3, 3)
+
+
+def test_bad_arguments_are_checked_on_every_call(counted):
+    op, n = counted
+    a = _dev([1.0, 2.0])
+    op(a, 1.0)
+    for _ in range(2):
+        with pytest.raises(TypeError, match="fp_fake: scale must be a float; got 1"):
+            op(a, 1)                # an int, equal to 1.0: a signature of its own
+
+
+@pytest.mark.parametrize("change", ["flag", "invalidate", "backend"])
+def test_flag_changes_and_invalidation_take_the_full_path(counted, change):
+    op, n = counted
+    a = _dev([1.0, 2.0])
+    op(a, 1.0)
+    op(a, 1.0)
+    assert n["prepare"] == 1
+    if change == "flag":
+        config.set("dnn.conv.workspace_limit", 1 << 20)     # any flag: the memo is stale
+        op(a, 1.0)
+    elif change == "invalidate":
+        fastpath.invalidate()
+        op(a, 1.0)
+    else:
+        op(a, 1.0, backend="numba")                      # backend= is part of the signature
+    assert n["prepare"] == 2
+
+
+def test_traces_change_flags_and_host_inputs_always_take_the_full_path(counted):
+    op, n = counted
+    a = _dev([1.0, 2.0])
+    op(a, 1.0)
+    with dnnkit.trace() as t:
+        op(a, 1.0)
+    assert t.ops() == ["fp_fake"] and n["prepare"] == 2
+    with config.change_flags({"dnn.enabled": "disabled"}):
+        op(a, 1.0)
+        op(a, 1.0)
+    assert n["prepare"] == 4
+    h = np.array([1.0, 2.0], np.float32)
+    for _ in range(2):
+        assert np.array_equal(op(h, 2.0).copy_to_host(), [2.0, 4.0])
+    assert n["prepare"] == 6       # the host copy is made on every call
+
+
+def test_a_cudnn_refusal_at_run_time_takes_the_full_path_and_falls_back(counted):
+    op, n = counted
+    a = _dev([1.0, 2.0])
+    op(a, 1.0)
+    n["cudnn"] = CudnnError("cudnnFake", 3000, "CUDNN_STATUS_NOT_SUPPORTED", "")
+    with pytest.raises(CudnnError):          # forced: the full path raises it
+        op(a, 1.0, backend="cudnn")
+    with dnnkit.trace() as t:                # auto: the memoised cuDNN runner refuses, the
+        assert np.array_equal(op(a, 1.0).copy_to_host(), [1.0, 2.0])    # full path falls back
+    assert t.backends() == ["numba"] and "at run time" in t[0].reason
+    prepared = n["prepare"]
+    op(a, 1.0)
+    op(a, 1.0)
+    assert n["prepare"] == prepared + 1      # the fallback is memoised in its turn
+    n["cudnn"] = CudnnError("cudnnFake", 2000, "CUDNN_STATUS_BAD_PARAM", "")
+    with pytest.raises(CudnnError, match="BAD_PARAM"):      # not a refusal: raised as it is
+        op(a, 1.0, backend="cudnn")
+
+
+@pytest.mark.parametrize("backend", ["numba"])
+def test_repeated_real_ops_match_the_reference(backend, rng):
+    x1, x2 = (rng.standard_normal((4, 5, 3, 3)).astype(np.float32) for _ in range(2))
+    from numba import cuda
+    d1, d2 = cuda.to_device(x1), cuda.to_device(x2)
+    for x, d in ((x1, d1), (x2, d2), (x1, d1)):
+        y = dnnkit.relu(d, backend=backend).copy_to_host()
+        assert np.array_equal(y, np.maximum(x, 0))
+        s = dnnkit.softmax(d, backend=backend).copy_to_host()
+        assert reference.rel_error(s, reference.softmax(x.astype(np.float64))) <= 1e-5
