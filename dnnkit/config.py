@@ -217,10 +217,12 @@ def change_flags(flags=None, **kwargs):
     items = dict(flags or {})
     items.update({k.replace("__", "."): v for k, v in kwargs.items()})
     layer = {k: _flag(k).parse(k, v) for k, v in items.items()}
-    stack = getattr(_state.local, "stack", None)
+    local = _state.local
+    stack = getattr(local, "stack", None)
     if stack is None:
-        stack = _state.local.stack = []
+        stack = local.stack = []
     stack.append(layer)
+    local.epoch = getattr(local, "epoch", 0) + 1     # memoised calls (fastpath) are stale
     try:
         yield
     finally:
@@ -229,6 +231,7 @@ def change_flags(flags=None, **kwargs):
             if stack[i] is layer:
                 del stack[i]
                 break
+        local.epoch += 1
 
 
 class _Namespace:

@@ -88,11 +88,10 @@ def binder(op, backend):
 
 def _fast_find(op, args, backend, kw):
     """(the call's memo signature, its memoised entry) (dnnkit/fastpath.py); (None, None) when
-    this call must take the full path: inside change_flags, a trace or the profiler, with
-    DEBUG logging, or with several devices (the full path picks the device)."""
-    if _local.__dict__.get("traces") or getattr(config._state.local, "stack", None) or \
-            getattr(profiling._local, "stack", None) or not (_one_device or _single_device()) \
-            or log.isEnabledFor(logging.DEBUG):
+    this call must take the full path: inside a trace or the profiler, with DEBUG logging, or
+    with several devices (the full path picks the device)."""
+    if _local.__dict__.get("traces") or getattr(profiling._local, "stack", None) or \
+            not (_one_device or _single_device()) or log.isEnabledFor(logging.DEBUG):
         return None, None
     return fastpath.find(op, args, backend, kw)
 

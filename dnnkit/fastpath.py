@@ -14,9 +14,9 @@ The signature: the op, ``backend=``, and per argument its type and value for pla
 Anything else (host arrays, foreign arrays, stream objects) is not memoised: such calls always
 take the full path. Entries are dropped when any flag changes process-wide (the flags' merged
 dict is replaced), when ``invalidate()`` is called (cuDNN caches cleared, algorithm cache
-reset or loaded), and never used inside ``change_flags`` blocks, traces, the profiler,
-cross-checking, DEBUG logging, or on machines with several GPUs (there the full path picks
-the device).
+reset), and when this thread enters or leaves a ``change_flags`` block; they are never
+used inside traces, the profiler, cross-checking, DEBUG logging, or on machines with several
+GPUs (there the full path picks the device).
 """
 
 import threading
@@ -52,12 +52,12 @@ def _memo():
     try:
         m = _local.m
     except AttributeError:
-        m = _local.m = [None, None, {}]
-    merged = config._state.merged
-    if m[0] != _gen[0] or m[1] is not merged or len(m[2]) >= MAX_ENTRIES:
-        m[0], m[1] = _gen[0], merged
-        m[2].clear()
-    return m[2]
+        m = _local.m = [None, None, None, {}]
+    merged, epoch = config._state.merged, config._state.local.__dict__.get("epoch")
+    if m[0] != _gen[0] or m[1] is not merged or m[2] != epoch or len(m[3]) >= MAX_ENTRIES:
+        m[0], m[1], m[2] = _gen[0], merged, epoch
+        m[3].clear()
+    return m[3]
 
 
 def signature(op, args, backend, kw):

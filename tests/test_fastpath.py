@@ -100,14 +100,30 @@ def test_traces_change_flags_and_host_inputs_always_take_the_full_path(counted):
     with dnnkit.trace() as t:
         op(a, 1.0)
     assert t.ops() == ["fp_fake"] and n["prepare"] == 2
-    with config.change_flags({"dnn.enabled": "disabled"}):
-        op(a, 1.0)
-        op(a, 1.0)
-    assert n["prepare"] == 4
     h = np.array([1.0, 2.0], np.float32)
     for _ in range(2):
         assert np.array_equal(op(h, 2.0).copy_to_host(), [2.0, 4.0])
-    assert n["prepare"] == 6       # the host copy is made on every call
+    assert n["prepare"] == 4       # the host copy is made on every call
+
+
+def test_change_flags_blocks_memoise_their_own_calls(counted):
+    op, n = counted
+    a = _dev([1.0, 2.0])
+    op(a, 1.0)
+    with config.change_flags({"dnn.enabled": "disabled"}):
+        with dnnkit.trace() as t:
+            op(a, 1.0)
+        assert t.backends() == ["numba"]        # the block's flags, not the memo's cuDNN
+        op(a, 1.0)
+        op(a, 1.0)
+        assert n["prepare"] == 3                # once on entry (and once traced)
+        with config.change_flags({"dnn.enabled": "forced"}):
+            op(a, 1.0)
+        op(a, 1.0)                              # back in the outer block: stale again
+    assert n["prepare"] == 5
+    with dnnkit.trace() as t:
+        op(a, 1.0)
+    assert t.backends() == ["cudnn"]
 
 
 def test_a_cudnn_refusal_at_run_time_takes_the_full_path_and_falls_back(counted):
