@@ -51,14 +51,16 @@ OPS = {}        # op -> OpInfo
 PREPARE = {}    # op -> fn(public args) -> tuple of implementation args (validated)
 
 
-def public_op(name):
+def public_op(name, memo=True):
     """Decorator for an op's public function. The decorated body validates the user's
     arguments and returns the tuple of (device) arguments the implementations take; the
-    returned wrapper adds ``backend=`` and dispatches. ``select_backend`` reuses the body."""
+    returned wrapper adds ``backend=`` and dispatches. ``select_backend`` reuses the body.
+    ``memo=False`` for an op whose body is not a function of the call's signature (dropout
+    draws a fresh seed): its calls always take the full path (dnnkit/fastpath.py)."""
     def deco(prepare):
         @functools.wraps(prepare)
         def wrapper(*args, backend=None, **kw):
-            sig, entry = _fast_find(name, args, backend, kw)
+            sig, entry = _fast_find(name, args, backend, kw) if memo else (None, None)
             if entry is not None:
                 try:
                     return fastpath.run(entry, args, kw)

@@ -108,6 +108,8 @@ def store(sig, args, kw, prepared, runner):
                 subs.append((i, None, named[id(p)]))
             else:
                 return
+        elif type(p) in (tuple, list) and any(type(v) in arrays for v in p):
+            return          # arrays inside a container: not tracked, so not memoised
     m = _memo()
     m[sig] = (runner, tuple(prepared), tuple(subs))
     stats["stores"] += 1

@@ -155,3 +155,11 @@ def test_repeated_real_ops_match_the_reference(backend, rng):
         assert np.array_equal(y, np.maximum(x, 0))
         s = dnnkit.softmax(d, backend=backend).copy_to_host()
         assert reference.rel_error(s, reference.softmax(x.astype(np.float64))) <= 1e-5
+
+
+def test_dropout_draws_a_fresh_mask_on_every_call(rng):
+    """dropout's checks draw the seed (seed=None): never memoised, so no two masks repeat."""
+    from numba import cuda
+    x = cuda.to_device(np.ones(256, np.float32))
+    masks = {tuple(dnnkit.dropout(x, 0.5)[0].copy_to_host() != 0) for _ in range(3)}
+    assert len(masks) == 3

@@ -73,7 +73,7 @@ def _check_seed(op, seed):
     return seed
 
 
-@public_op("dropout")
+@public_op("dropout", memo=False)      # seed=None draws a fresh seed on every call
 def dropout(x, p, *, seed=None, stream=None):
     """Zero each element of x with probability p and scale the rest by 1/(1 - p); returns
     ``(y, state)``. ``seed`` (an int in [0, 2**64), or None for a fresh one) fixes the mask.
