@@ -254,30 +254,26 @@ def _bind_cudnn_forward(x, w, bias, geom, opts, stream):
     return forward
 
 
-def _bind_cudnn_backward_data(dy, w, geom, opts, stream):
-    if not _bindable(geom):
-        return None
-    run = _bind(cconv.BWD_DATA, geom, opts, stream)
-    alloc = arrays.allocator(geom.user_shape(geom.x_shape), dy.dtype, stream)
+def _bind_gradient(d, geom, opts, stream, shape, dtype, swap):
+    """The runner of a gradient (dx from (dy, w), dw from (x, dy)); ``swap``: cuDNN takes the
+    two inputs in the other order (the data gradient's (w, dy))."""
+    run, alloc = _bind(d, geom, opts, stream), arrays.allocator(shape, dtype, stream)
 
-    def backward_data(dy, w, geom, opts, stream):
-        dx = alloc()
-        note_algo(run(w, dy, dx))
-        return dx
-    return backward_data
+    def gradient(a, b, geom, opts, stream):
+        out = alloc()
+        note_algo(run(b, a, out) if swap else run(a, b, out))
+        return out
+    return gradient
+
+
+def _bind_cudnn_backward_data(dy, w, geom, opts, stream):
+    return _bind_gradient(cconv.BWD_DATA, geom, opts, stream, geom.user_shape(geom.x_shape),
+                          dy.dtype, True) if _bindable(geom) else None
 
 
 def _bind_cudnn_backward_filter(x, dy, geom, opts, stream):
-    if not _bindable(geom):
-        return None
-    run = _bind(cconv.BWD_FILTER, geom, opts, stream)
-    alloc = arrays.allocator(geom.user_shape(geom.w_shape), x.dtype, stream)
-
-    def backward_filter(x, dy, geom, opts, stream):
-        dw = alloc()
-        note_algo(run(x, dy, dw))
-        return dw
-    return backward_filter
+    return _bind_gradient(cconv.BWD_FILTER, geom, opts, stream, geom.user_shape(geom.w_shape),
+                          x.dtype, False) if _bindable(geom) else None
 
 
 def _cudnn_bias_supports(dy, stream):
