@@ -61,9 +61,15 @@ def public_op(name, memo=True):
         @functools.wraps(prepare)
         def wrapper(*args, backend=None, **kw):
             sig, entry = _fast_find(name, args, backend, kw) if memo else (None, None)
-            if entry is not None:
+            if entry is not None:          # fastpath.run, inlined (the hot path)
+                runner, prepared, subs = entry
+                fastpath.stats["hits"] += 1
+                if subs:
+                    prepared = list(prepared)
+                    for i, j, k in subs:
+                        prepared[i] = args[j] if k is None else kw[k]
                 try:
-                    return fastpath.run(entry, args, kw)
+                    return runner(*prepared)
                 except CudnnError as e:   # the full path decides: fall back or raise
                     if not e.not_supported:
                         raise

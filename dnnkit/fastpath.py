@@ -84,11 +84,32 @@ def signature(op, args, backend, kw):
 
 
 def find(op, args, backend, kw):
-    """(signature, memoised entry or None); (None, None) when the call cannot be memoised."""
-    sig = signature(op, args, backend, kw)
-    if sig is None:
-        return None, None
-    return sig, _memo().get(sig)
+    """(signature, memoised entry or None); (None, None) when the call cannot be memoised.
+    (signature() and _memo() inlined: this runs on every call.)"""
+    arrays = _arrays or _array_types()
+    k = [op, backend]
+    for a in args:
+        t = type(a)
+        if t in arrays:
+            k += (a.shape, a.strides, a.dtype)
+        elif t in _PLAIN or (t is tuple and all(type(v) is int for v in a)):
+            k += (t, a)
+        else:
+            return None, None
+    if kw:
+        sig = signature(op, args, backend, kw)
+        if sig is None:
+            return None, None
+    else:
+        sig = tuple(k)
+    try:
+        m = _local.m
+    except AttributeError:
+        return sig, _memo().get(sig)
+    if m[0] != _gen[0] or m[1] is not config._state.merged or \
+            m[2] != config._state.local.__dict__.get("epoch"):
+        return sig, _memo().get(sig)
+    return sig, m[3].get(sig)
 
 
 def store(sig, args, kw, prepared, runner):
@@ -113,17 +134,6 @@ def store(sig, args, kw, prepared, runner):
     m = _memo()
     m[sig] = (runner, tuple(prepared), tuple(subs))
     stats["stores"] += 1
-
-
-def run(entry, args, kw):
-    """Run a memoised call on this call's arrays."""
-    runner, prepared, subs = entry
-    if subs:
-        prepared = list(prepared)
-        for i, j, name in subs:
-            prepared[i] = args[j] if name is None else kw[name]
-    stats["hits"] += 1
-    return runner(*prepared)
 
 
 def drop(sig):

@@ -171,10 +171,19 @@ def allocator(shape, dtype, stream):
                 raw = None
         if raw is None:
             raw = _raw_alloc(_context(), size)
+        rd = raw.__dict__
+        lend, ptr = rd.get("_dnnkit_lend"), rd.get("_dnnkit_ptr")
+        if lend is None or ptr is None:       # a new block: the slow path sets both up
+            mem, ptr = _lend(key, raw), _address(raw)
+        else:                                 # _lend, inlined
+            mem = new(_Lent)
+            md = mem.__dict__
+            md.update(lend)
+            md["refct"], md["_key"], md["_raw"] = 1, key, raw
         arr = new(_DeviceNDArray)
         d = arr.__dict__
         d.update(attrs)
-        d["gpu_data"], d["stream"], d["_dnnkit_ptr"] = _lend(key, raw), stream, _address(raw)
+        d["gpu_data"], d["stream"], d["_dnnkit_ptr"] = mem, stream, ptr
         return arr
     return alloc
 
@@ -226,10 +235,14 @@ def _lent_class():
                 _pool.give(self._key, raw)
 
         def __del__(self):
-            try:
-                self.free()
-            except Exception:  # noqa: BLE001 - interpreter shutdown: nothing to give back to
-                pass
+            raw = self.__dict__.pop("_raw", None)
+            if raw is not None:
+                try:                        # _Pool.give, inlined
+                    with _pool.lock:
+                        _pool.free.setdefault(self._key, []).append(raw)
+                        _pool.cached_bytes += self._key[2]
+                except Exception:  # noqa: BLE001 - interpreter shutdown: no pool to give to
+                    pass
     return Lent
 
 

@@ -50,20 +50,21 @@ def bind_activation(backward, size, dtype, mode, coef, stream):
     adesc = _activation_desc(mode, coef)
     td, act = tdesc.ptr.value, adesc.ptr.value   # raw addresses: no conversion per call
     name = "cudnnActivationBackward" if backward else "cudnnActivationForward"
-    fn, check, get = api.function(name), api.check, handle.get
+    fn, check, get = api.function(name), api.check, handle.getter(stream)
 
     def context():
         return f"activation{'_backward' if backward else ''}: {size} elements " \
                f"{np.dtype(dtype).name}, mode {mode}, coef {coef}"
     if backward:
         def run(x, y, dy, dx):
-            st = fn(get(stream), act, alpha, td, _ptr(y), td, _ptr(dy), td, _ptr(x), beta, td,
+            st = fn(get(), act, alpha, td, _ptr(y), td, _ptr(dy), td, _ptr(x), beta, td,
                     _ptr(dx))
             if st:
                 check(name, st, context)
     else:
-        def run(x, y):
-            st = fn(get(stream), act, alpha, td, _ptr(x), beta, td, _ptr(y))
+        def run(x, y):      # addresses kept on the arrays (_ptr's first lookup, inlined)
+            st = fn(get(), act, alpha, td, x.__dict__.get("_dnnkit_ptr") or _ptr(x), beta,
+                    td, y.__dict__.get("_dnnkit_ptr") or _ptr(y))
             if st:
                 check(name, st, context)
     run.keep = (tdesc, adesc)     # the descriptors live as long as the runner

@@ -535,10 +535,11 @@ def bind(d, geom, dtype, *, algo, compute_dtype, allow_tf32, deterministic, work
                      algo)
     plans = {}               # (handle, alignment) -> the plan the full path chose
     execute, check, hit = api.function("cudnnBackendExecute"), api.check, algo_cache.hit
+    get = handle.getter(stream)
 
     def run(a, b, o):
         ptrs = (_ptr(a), _ptr(b), _ptr(o))
-        h = handle.get(stream)
+        h = get()
         key = (h.value, graph.alignment(ptrs))
         p = plans.get(key)
         if p is None:

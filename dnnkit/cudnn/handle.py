@@ -54,3 +54,15 @@ def get(stream_ptr=0):
                  context=f"stream 0x{stream_ptr or 0:x}")
         holder.streams[dev] = stream_ptr
     return h
+
+
+def getter(stream_ptr=0):
+    """``get()`` -> ``get(stream_ptr)`` for a runner that lives in this thread (dispatch's
+    memo is per thread): the handle is looked up once; each call only checks that it is still
+    bound to the stream (another op may have rebound it)."""
+    h = get(stream_ptr)
+    streams, dev = _local.holder.streams, device_id()
+
+    def fast():
+        return h if streams.get(dev) == stream_ptr else get(stream_ptr)
+    return fast

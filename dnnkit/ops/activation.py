@@ -72,6 +72,8 @@ def activation_backward(x, y, dy, mode="relu", coef=0.0, *, stream=None):
 
 def _shortcut(mode):
     def fn(x, *, backend=None, stream=None):
+        if stream is None:          # no keyword: the call's memo signature is cheaper
+            return activation(x, mode, backend=backend)
         return activation(x, mode, backend=backend, stream=stream)
     fn.__name__ = fn.__qualname__ = mode
     fn.__doc__ = f"``activation(x, {mode!r})``."
