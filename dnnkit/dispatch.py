@@ -61,7 +61,7 @@ def public_op(name, memo=True):
         @functools.wraps(prepare)
         def wrapper(*args, backend=None, **kw):
             sig, entry = _fast_find(name, args, backend, kw) if memo else (None, None)
-            if entry is not None:          # fastpath.run, inlined (the hot path)
+            if entry is not None:          # a memoised call: its runner on these arrays
                 runner, prepared, subs = entry
                 fastpath.stats["hits"] += 1
                 if subs:
