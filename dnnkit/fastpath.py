@@ -120,6 +120,9 @@ def store(sig, args, kw, prepared, runner):
     arrays = _arrays or _array_types()
     where = {id(a): i for i, a in enumerate(args) if type(a) in arrays}
     named = {id(a): name for name, a in kw.items() if type(a) in arrays}
+    ids = [id(a) for a in (*args, *kw.values()) if type(a) in arrays]
+    if len(set(ids)) != len(ids):
+        return      # one array in two places: which place feeds which argument is unknown
     subs = []
     for i, p in enumerate(prepared):
         if type(p) in arrays:

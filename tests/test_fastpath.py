@@ -163,3 +163,15 @@ def test_dropout_draws_a_fresh_mask_on_every_call(rng):
     x = cuda.to_device(np.ones(256, np.float32))
     masks = {tuple(dnnkit.dropout(x, 0.5)[0].copy_to_host() != 0) for _ in range(3)}
     assert len(masks) == 3
+
+
+def test_a_call_with_one_array_in_two_places_is_not_memoised():
+    """Stored from (a, a), a later (b, c) could not tell which array goes where."""
+    a, b = _dev([1.0, 2.0]), _dev([3.0, 4.0])
+    before = fastpath.stats["stores"]
+    fastpath.store(("sig",), (a, a), {}, (a, a), lambda *p: None)
+    fastpath.store(("sig2",), (a,), {"y": a}, (a, a), lambda *p: None)
+    assert fastpath.stats["stores"] == before
+    assert fastpath._memo().get(("sig",)) is None and fastpath._memo().get(("sig2",)) is None
+    fastpath.store(("sig3",), (a, b), {}, (b, a), lambda *p: None)      # distinct: stored
+    assert fastpath._memo()[("sig3",)][2] == ((0, 1, None), (1, 0, None))
