@@ -74,6 +74,9 @@ FLAGS = {f.name: f for f in [
          "log each backend decision at INFO level through the 'dnnkit' logger"),
     Flag("dnn.crosscheck", False, _parse_bool,
          "run every op on both backends and raise CrosscheckError when they disagree"),
+    Flag("dnn.memo", True, _parse_bool,
+         "repeated calls of one signature skip their setup (checks, backend choice, "
+         "descriptors, plans); False: every call takes the full path"),
 ]}
 
 

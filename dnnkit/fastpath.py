@@ -16,7 +16,7 @@ take the full path. Entries are dropped when any flag changes process-wide (the 
 dict is replaced), when ``invalidate()`` is called (cuDNN caches cleared, algorithm cache
 reset), and when this thread enters or leaves a ``change_flags`` block; they are never
 used inside traces, the profiler, cross-checking, DEBUG logging, or on machines with several
-GPUs (there the full path picks the device).
+GPUs (there the full path picks the device). ``dnn.memo = False`` turns it off.
 """
 
 import threading
@@ -52,12 +52,16 @@ def _memo():
     try:
         m = _local.m
     except AttributeError:
-        m = _local.m = [None, None, None, {}]
+        m = _local.m = [None, None, None, {}, True]
     merged, epoch = config._state.merged, config._state.local.__dict__.get("epoch")
     if m[0] != _gen[0] or m[1] is not merged or m[2] != epoch or len(m[3]) >= MAX_ENTRIES:
-        m[0], m[1], m[2] = _gen[0], merged, epoch
         m[3].clear()
-    return m[3]
+        m[4] = config.get("dnn.memo")        # (merges the flags: read them again below)
+        m[0], m[1], m[2] = _gen[0], config._state.merged, epoch
+    return m[3] if m[4] else _OFF
+
+
+_OFF = {}           # the memo of a thread with dnn.memo off: stays empty
 
 
 def signature(op, args, backend, kw):
@@ -107,7 +111,7 @@ def find(op, args, backend, kw):
     except AttributeError:
         return sig, _memo().get(sig)
     if m[0] != _gen[0] or m[1] is not config._state.merged or \
-            m[2] != config._state.local.__dict__.get("epoch"):
+            m[2] != config._state.local.__dict__.get("epoch") or not m[4]:
         return sig, _memo().get(sig)
     return sig, m[3].get(sig)
 
@@ -135,6 +139,8 @@ def store(sig, args, kw, prepared, runner):
         elif type(p) in (tuple, list) and any(type(v) in arrays for v in p):
             return          # arrays inside a container: not tracked, so not memoised
     m = _memo()
+    if m is _OFF:
+        return
     m[sig] = (runner, tuple(prepared), tuple(subs))
     stats["stores"] += 1
 

@@ -175,3 +175,16 @@ def test_a_call_with_one_array_in_two_places_is_not_memoised():
     assert fastpath._memo().get(("sig",)) is None and fastpath._memo().get(("sig2",)) is None
     fastpath.store(("sig3",), (a, b), {}, (b, a), lambda *p: None)      # distinct: stored
     assert fastpath._memo()[("sig3",)][2] == ((0, 1, None), (1, 0, None))
+
+
+def test_the_memo_flag_turns_it_off(counted):
+    op, n = counted
+    a = _dev([1.0, 2.0])
+    config.set("dnn.memo", False)
+    for _ in range(3):
+        op(a, 1.0)
+    assert n["prepare"] == 3
+    config.set("dnn.memo", True)
+    for _ in range(3):
+        op(a, 1.0)
+    assert n["prepare"] == 4
