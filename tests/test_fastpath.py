@@ -188,3 +188,25 @@ def test_the_memo_flag_turns_it_off(counted):
     for _ in range(3):
         op(a, 1.0)
     assert n["prepare"] == 4
+
+
+def test_a_runners_handle_getter_rebinds_a_stream_another_op_changed(monkeypatch):
+    """cudnn.handle.getter (the bound runners' handle): no cuDNN call on a repeat; when
+    another op has bound the thread's handle to another stream, it binds it back."""
+    import threading
+
+    from dnnkit.cudnn import handle
+    calls = []
+
+    def call(name, *args, context=""):
+        calls.append(name)
+        if name == "cudnnCreate":
+            args[0]._obj.value = 42
+    monkeypatch.setattr(handle.api, "call", call)
+    monkeypatch.setattr(handle, "_local", threading.local())
+    monkeypatch.setattr(handle, "device_id", lambda: 0)
+    get7 = handle.getter(7)
+    assert calls == ["cudnnCreate", "cudnnSetStream"]
+    assert get7().value == 42 and get7().value == 42 and len(calls) == 2
+    assert handle.get(9).value == 42 and calls.count("cudnnSetStream") == 2
+    assert get7().value == 42 and calls.count("cudnnSetStream") == 3
