@@ -18,9 +18,11 @@ REPORT=${DNNKIT_FUZZ_REPORT:-${OUT:-/tmp}/fuzz_report.txt}
 status=0
 
 echo "== fuzz, both backends, DNNKIT_FUZZ_EXAMPLES=$SCALE"
+# -x --tb=short: the first failure is printed at once (hypothesis then shrinks only that one;
+# a run killed by its time limit with several failing tests printed nothing, H100, 2026-11-24)
 DNNKIT_FUZZ_EXAMPLES=$SCALE DNNKIT_FUZZ_REPORT=$REPORT timeout 420 \
-  python3 -m pytest -q -p no:cacheprovider -W ignore::RuntimeWarning tests/test_fuzz.py \
-  || status=1
+  python3 -m pytest -q -x --tb=short -p no:cacheprovider -W ignore::RuntimeWarning \
+  tests/test_fuzz.py || status=1
 
 SAN=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
 if [ -x "$SAN" ]; then
