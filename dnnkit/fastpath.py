@@ -89,23 +89,10 @@ def signature(op, args, backend, kw):
 
 def find(op, args, backend, kw):
     """(signature, memoised entry or None); (None, None) when the call cannot be memoised.
-    (signature() and _memo() inlined: this runs on every call.)"""
-    arrays = _arrays or _array_types()
-    k = [op, backend]
-    for a in args:
-        t = type(a)
-        if t in arrays:
-            k += (a.shape, a.strides, a.dtype)
-        elif t in _PLAIN or (t is tuple and all(type(v) is int for v in a)):
-            k += (t, a)
-        else:
-            return None, None
-    if kw:
-        sig = signature(op, args, backend, kw)
-        if sig is None:
-            return None, None
-    else:
-        sig = tuple(k)
+    (_memo()'s check inlined: this runs on every call.)"""
+    sig = signature(op, args, backend, kw)
+    if sig is None:
+        return None, None
     try:
         m = _local.m
     except AttributeError:
