@@ -120,27 +120,31 @@ def _template(shape, dtype):
     return t
 
 
+def _pooled(shape, dtype, stream):
+    """(pool key, array attributes, the stream the array records) for an array of ``shape``
+    and ``dtype`` from the pool; None when it does not come from the pool (the simulator, an
+    empty array, ``dnn.allocator = numba``)."""
+    nbytes, attrs = (None, None) if simulator() else \
+        _templates.get((shape, dtype)) or _template(shape, dtype)
+    if attrs is None or config.get("dnn.allocator") != "caching":
+        return None
+    if isinstance(stream, int):
+        return (device_id(), stream, rounded(nbytes)), attrs, 0
+    return (device_id(), stream_pointer(stream), rounded(nbytes)), attrs, stream
+
+
+def _numba_array(shape, dtype, stream):
+    from numba import cuda
+    return cuda.device_array(shape, dtype=dtype, stream=0 if isinstance(stream, int) else stream)
+
+
 def device_array(shape, dtype, stream):
     """An uninitialised C-contiguous device array from the cache, for work on ``stream`` (a
     Numba stream, or a raw cudaStream_t int)."""
     if type(shape) is not tuple:
         shape = tuple(int(s) for s in shape)
-    nbytes, attrs = (None, None) if simulator() else \
-        _templates.get((shape, dtype)) or _template(shape, dtype)
-    if attrs is None or config.get("dnn.allocator") != "caching":
-        from numba import cuda
-        return cuda.device_array(shape, dtype=dtype,
-                                 stream=0 if isinstance(stream, int) else stream)
-    if isinstance(stream, int):
-        key, stream = (device_id(), stream, rounded(nbytes)), 0
-    else:
-        key = (device_id(), stream_pointer(stream), rounded(nbytes))
-    raw = _pool.take(key) or _raw_alloc(_context(), key[2])
-    arr = object.__new__(_DeviceNDArray)
-    d = arr.__dict__
-    d.update(attrs)
-    d["gpu_data"], d["stream"], d["_dnnkit_ptr"] = _lend(key, raw), stream, _address(raw)
-    return arr
+    p = _pooled(shape, dtype, stream)
+    return _numba_array(shape, dtype, stream) if p is None else _new(*p)
 
 
 def allocator(shape, dtype, stream):
@@ -149,52 +153,28 @@ def allocator(shape, dtype, stream):
     (Memoised calls are dropped when a flag changes, so ``dnn.allocator`` cannot change under
     it.)"""
     shape = tuple(int(s) for s in shape)
-    nbytes, attrs = (None, None) if simulator() else \
-        _templates.get((shape, dtype)) or _template(shape, dtype)
-    if attrs is None or config.get("dnn.allocator") != "caching":
-        return lambda: device_array(shape, dtype, stream)
-    if isinstance(stream, int):
-        key, stream = (device_id(), stream, rounded(nbytes)), 0
-    else:
-        key = (device_id(), stream_pointer(stream), rounded(nbytes))
-    new, lock, size = object.__new__, _pool.lock, key[2]
-
-    def alloc():
-        with lock:                 # _Pool.take, inlined (clear() replaces the dict: read it)
-            blocks = _pool.free.get(key)
-            if blocks:
-                _pool.hits += 1
-                _pool.cached_bytes -= size
-                raw = blocks.pop()
-            else:
-                _pool.misses += 1
-                raw = None
-        if raw is None:
-            raw = _raw_alloc(_context(), size)
-        rd = raw.__dict__
-        lend, ptr = rd.get("_dnnkit_lend"), rd.get("_dnnkit_ptr")
-        if lend is None or ptr is None:       # a new block: the slow path sets both up
-            mem, ptr = _lend(key, raw), _address(raw)
-        else:                                 # _lend, inlined
-            mem = new(_Lent)
-            md = mem.__dict__
-            md.update(lend)
-            md["refct"], md["_key"], md["_raw"] = 1, key, raw
-        arr = new(_DeviceNDArray)
-        d = arr.__dict__
-        d.update(attrs)
-        d["gpu_data"], d["stream"], d["_dnnkit_ptr"] = mem, stream, ptr
-        return arr
-    return alloc
-
-
-def _address(raw):
-    """The device address of a pool block, as an int (read once per block)."""
-    d = raw.__dict__
-    p = d.get("_dnnkit_ptr")
+    p = _pooled(shape, dtype, stream)
     if p is None:
-        p = d["_dnnkit_ptr"] = int(raw.device_pointer) or None
-    return p
+        return lambda: _numba_array(shape, dtype, stream)
+    key, attrs, recorded = p
+    return lambda: _new(key, attrs, recorded)
+
+
+def _new(key, attrs, stream):
+    """A new array of template ``attrs``: a pool block (or a new one) lent to it. Neither the
+    array nor its pointer goes through Numba's constructors (the array's computes its layout
+    in Python, the pointer's registers a weakref finalizer: ~5 and ~4 us a call)."""
+    raw = _pool.take(key) or _raw_alloc(_context(), key[2])
+    lend = raw.__dict__.get("_dnnkit_lend") or _lend_attrs(key, raw)
+    mem = object.__new__(_Lent)
+    md = mem.__dict__
+    md.update(lend[0])
+    md["refct"], md["_key"], md["_raw"] = 1, key, raw
+    arr = object.__new__(_DeviceNDArray)
+    d = arr.__dict__
+    d.update(attrs)
+    d["gpu_data"], d["stream"], d["_dnnkit_ptr"] = mem, stream, lend[1]
+    return arr
 
 
 def _context():
@@ -205,29 +185,25 @@ def _context():
 _Lent = None     # the class of a block lent to one array (a subclass of Numba's MemoryPointer)
 
 
-def _lend(key, raw):
-    """A view of pool block ``raw`` that owns nothing: when the array holding it dies, the
-    block goes back to the pool. Built from the block's attributes (Numba's constructor
-    registers a weakref finalizer per pointer: ~4 us a call)."""
+def _lend_attrs(key, raw):
+    """(what MemoryPointer.__init__ would set on a view of pool block ``raw`` that owns
+    nothing, the block's address as an int): read once per block and kept on it. ``raw`` is
+    Numba's OwnedPointer, whose attributes are read by delegation."""
     global _Lent
     if _Lent is None:
         _Lent = _lent_class()
-    attrs = raw.__dict__.get("_dnnkit_lend")
-    if attrs is None:        # what MemoryPointer.__init__ would set, read once per block
-        p = raw.device_pointer       # (raw is Numba's OwnedPointer: attributes by delegation)
-        attrs = raw.__dict__["_dnnkit_lend"] = dict(
-            context=raw.context, device_pointer=p, handle=p, size=key[2],
-            _cuda_memsize_=key[2], is_managed=True, _owner=None)
-    mem = object.__new__(_Lent)
-    d = mem.__dict__
-    d.update(attrs)
-    d["refct"], d["_key"], d["_raw"] = 1, key, raw
-    return mem
+    p = raw.device_pointer
+    lend = raw.__dict__["_dnnkit_lend"] = (
+        dict(context=raw.context, device_pointer=p, handle=p, size=key[2],
+             _cuda_memsize_=key[2], is_managed=True, _owner=None),
+        int(p) or None)
+    return lend
 
 
 def _lent_class():
     class Lent(_MemoryPointer):
-        """A pool block lent to one array; ``__del__`` (or ``free()``) gives it back once."""
+        """A pool block lent to one array: ``__del__`` (or ``free()``) gives it back once,
+        when the array and every view of it are gone."""
 
         def free(self):
             raw = self.__dict__.pop("_raw", None)
@@ -235,14 +211,10 @@ def _lent_class():
                 _pool.give(self._key, raw)
 
         def __del__(self):
-            raw = self.__dict__.pop("_raw", None)
-            if raw is not None:
-                try:                        # _Pool.give, inlined
-                    with _pool.lock:
-                        _pool.free.setdefault(self._key, []).append(raw)
-                        _pool.cached_bytes += self._key[2]
-                except Exception:  # noqa: BLE001 - interpreter shutdown: no pool to give to
-                    pass
+            try:
+                self.free()
+            except Exception:  # noqa: BLE001 - interpreter shutdown: no pool to give to
+                pass
     return Lent
 
 

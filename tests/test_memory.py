@@ -81,3 +81,46 @@ def test_a_bound_allocator_reuses_blocks_also_after_the_cache_is_emptied():
     hits = memory.stats()["hits"]
     alloc()
     assert memory.stats()["hits"] == hits + 1
+
+
+def test_pool_blocks_are_lent_to_arrays_and_come_back_when_the_last_view_dies(monkeypatch):
+    """memory._new's bookkeeping, with stand-ins for Numba's classes (the GPU tests above run
+    the real ones): the array gets the block's address and a pointer that owns nothing; the
+    block returns to the pool once the array and its views are gone, and is handed out again."""
+    import gc
+
+    class Pointer:                      # stands for numba's MemoryPointer
+        @property
+        def owner(self):
+            return self if self._owner is None else self._owner
+
+    class Array:                        # stands for numba's DeviceNDArray
+        pass
+
+    class Block:                        # stands for a block from cuMemAlloc (OwnedPointer)
+        context, device_pointer = "ctx", 4096
+
+    pool, made = memory._Pool(), []
+    monkeypatch.setattr(memory, "_pool", pool)
+    monkeypatch.setattr(memory, "_MemoryPointer", Pointer)
+    monkeypatch.setattr(memory, "_DeviceNDArray", Array)
+    monkeypatch.setattr(memory, "_Lent", None)
+    monkeypatch.setattr(memory, "_context", lambda: None)
+    monkeypatch.setattr(memory, "_raw_alloc", lambda ctx, size: made.append(Block()) or made[-1])
+    key = (0, 0, 1024)
+    a = memory._new(key, {"shape": (256,)}, "s")
+    assert (a.shape, a.stream, a._dnnkit_ptr) == ((256,), "s", 4096)
+    mem = a.gpu_data
+    assert (mem.size, mem.device_pointer, mem.owner, mem.refct) == (1024, 4096, mem, 1)
+    view = mem.owner                    # what a view of the array holds on to
+    del a, mem
+    gc.collect()
+    assert pool.cached_bytes == 0       # the view still holds the block
+    del view
+    gc.collect()
+    assert pool.cached_bytes == 1024
+    b = memory._new(key, {"shape": (256,)}, "s")
+    assert len(made) == 1 and pool.hits == 1 and b._dnnkit_ptr == 4096
+    b.gpu_data.free()                   # an explicit free gives it back once
+    b.gpu_data.free()
+    assert pool.cached_bytes == 1024

@@ -62,9 +62,8 @@ def bind_activation(backward, size, dtype, mode, coef, stream):
             if st:
                 check(name, st, context)
     else:
-        def run(x, y):      # addresses kept on the arrays (_ptr's first lookup, inlined)
-            st = fn(get(), act, alpha, td, x.__dict__.get("_dnnkit_ptr") or _ptr(x), beta,
-                    td, y.__dict__.get("_dnnkit_ptr") or _ptr(y))
+        def run(x, y):
+            st = fn(get(), act, alpha, td, _ptr(x), beta, td, _ptr(y))
             if st:
                 check(name, st, context)
     run.keep = (tdesc, adesc)     # the descriptors live as long as the runner

@@ -534,7 +534,6 @@ def bind(d, geom, dtype, *, algo, compute_dtype, allow_tf32, deterministic, work
     raw = _graph_raw(d, geom, dtype, compute_dtype, allow_tf32, deterministic, workspace_limit,
                      algo)
     plans = {}               # (handle, alignment) -> the plan the full path chose
-    execute, check, hit = api.function("cudnnBackendExecute"), api.check, algo_cache.hit
     get = handle.getter(stream)
 
     def run(a, b, o):
@@ -548,19 +547,12 @@ def bind(d, geom, dtype, *, algo, compute_dtype, allow_tf32, deterministic, work
             if p is not None and p.name == name:
                 plans[key] = p
             return name
-        if p.workspace:
-            ws = _alloc(p.workspace, stream)
-            if ws is None:           # out of memory for it: the full path's fallback
-                return full(a, b, o)
-            with _held(ws) as wp:
-                p.execute(h, ptrs, wp, context=lambda: f"cuDNN graph {d.name} {p.name}")
-        else:                        # Plan.execute inlined: a variant pack by address
-            k = (*ptrs, None)
-            vp = p.packs.get(k) or p._pack(k)
-            st = execute(h, p.plan.ptr, vp.ptr)
-            if st:
-                check("cudnnBackendExecute", st, lambda: f"cuDNN graph {d.name} {p.name}")
-        hit()
+        ws = _alloc(p.workspace, stream)
+        if p.workspace and ws is None:      # out of memory for it: the full path's fallback
+            return full(a, b, o)
+        with _held(ws) as wp:
+            p.execute(h, ptrs, wp, context=lambda: f"cuDNN graph {d.name} {p.name}")
+        algo_cache.hit()
         return p.name
     return run
 

@@ -249,6 +249,7 @@ class Plan:
             p.close()
             raise
         self.plan = p
+        self._execute = api.function("cudnnBackendExecute")   # of the library that made p
         self.uids = (c_int64 * len(uids))(*uids)
         self.n = len(uids)
         # variant packs by (pointers, workspace): a training loop's arrays come back at the
@@ -282,11 +283,13 @@ class Plan:
         return vp
 
     def execute(self, handle, pointers, workspace, context=""):
-        """Run the plan on ``pointers`` (ints, in uid order) with a ``workspace`` pointer."""
+        """Run the plan on ``pointers`` (ints, in uid order) with a ``workspace`` pointer
+        (the host cost of a repeated convolution: a pack lookup and one cuDNN call)."""
         key = (*pointers, workspace)
         vp = self.packs.get(key) or self._pack(key)
-        api.check("cudnnBackendExecute",
-                  api.function("cudnnBackendExecute")(handle, self.plan.ptr, vp.ptr), context)
+        status = self._execute(handle, self.plan.ptr, vp.ptr)
+        if status:
+            api.check("cudnnBackendExecute", status, context)
 
 
 _VP_UIDS, _VP_PTRS, _VP_WS = (ATTR["VARIANT_PACK_UNIQUE_IDS"], ATTR["VARIANT_PACK_DATA_POINTERS"],

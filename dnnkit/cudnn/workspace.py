@@ -44,6 +44,9 @@ def alloc(nbytes, stream):
         return None
 
 
+_NONE = contextlib.nullcontext()     # reusable: entering it gives None
+
+
 def held(ws):
     """The scratch as a context (its pointer when entered), or a null context for none."""
-    return contextlib.nullcontext() if ws is None else ws
+    return _NONE if ws is None else ws
