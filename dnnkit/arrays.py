@@ -255,6 +255,24 @@ def empty_like(a, stream):
     return cuda_empty(a.shape, a.dtype, stream)
 
 
+def zero_fill(a, stream):
+    """Fill the C-contiguous device array ``a`` with zeros, ordered on ``stream``; returns
+    ``a``. A memset (cuMemsetD8Async), not a kernel: the answer of a sum over nothing (an
+    empty batch, input or filter set) on any backend, cuDNN forced included."""
+    if not a.size:
+        return a
+    if simulator():
+        a.copy_to_device(np.zeros(a.shape, a.dtype), stream=stream)
+        return a
+    nbytes = int(a.size) * a.dtype.itemsize
+    (err,) = _drv().cuMemsetD8Async(a.device_ctypes_pointer.value, 0, nbytes,
+                                    stream_pointer(stream))
+    if int(err):
+        from .errors import DnnkitError
+        raise DnnkitError(f"cuMemsetD8Async failed with {err} zeroing {nbytes} bytes")
+    return a
+
+
 def flat(a):
     """A 1-D view of a C-contiguous device array (no copy)."""
     return a.reshape(a.size) if a.ndim != 1 else a

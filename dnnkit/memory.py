@@ -51,6 +51,14 @@ class _Pool:
         # allocation there triggers the garbage collector
         self.lock = threading.RLock()
         self.free = {}            # (device, stream, size) -> [numba MemoryPointer, ...]
+        # block address -> block, while lent to an array. The pool, not the array's pointer,
+        # holds a lent block: an array that dies in a reference cycle (an exception's
+        # traceback, say) must not take its block into the garbage with it, or the
+        # collector runs Numba's finalizer on the block (weakref callbacks run before
+        # __del__), frees the memory and then the pointer's __del__ returns the freed block
+        # to the pool (the next array of that size got memory cuMemcpy called invalid: H100,
+        # 2026-11-25, the GPU fuzzer after a failing cuDNN convolution).
+        self.lent = {}
         self.hits = self.misses = self.cached_bytes = 0
 
     def take(self, key):
@@ -67,6 +75,14 @@ class _Pool:
         with self.lock:
             self.free.setdefault(key, []).append(raw)
             self.cached_bytes += key[2]
+
+    def give_back(self, key, addr):
+        """The block lent at ``addr`` comes back (once: a second call finds nothing)."""
+        with self.lock:
+            raw = self.lent.pop(addr, None)
+            if raw is not None:
+                self.free.setdefault(key, []).append(raw)
+                self.cached_bytes += key[2]
 
     def clear(self):
         """Drop every cached block; True when there were any."""
@@ -169,7 +185,8 @@ def _new(key, attrs, stream):
     mem = object.__new__(_Lent)
     md = mem.__dict__
     md.update(lend[0])
-    md["refct"], md["_key"], md["_raw"] = 1, key, raw
+    md["refct"], md["_key"], md["_addr"] = 1, key, lend[1]
+    _pool.lent[lend[1]] = raw
     arr = object.__new__(_DeviceNDArray)
     d = arr.__dict__
     d.update(attrs)
@@ -206,9 +223,9 @@ def _lent_class():
         when the array and every view of it are gone."""
 
         def free(self):
-            raw = self.__dict__.pop("_raw", None)
-            if raw is not None:
-                _pool.give(self._key, raw)
+            addr = self.__dict__.pop("_addr", None)
+            if addr is not None:
+                _pool.give_back(self._key, addr)
 
         def __del__(self):
             try:

@@ -74,15 +74,16 @@ def _walk(g, n, planes, flat):
     return g, cuda.blockIdx.y, planes, cuda.gridDim.y
 
 
-def _walker(per_window, SD, SH, SW):
-    """A device function ``f(x, out, geo, planes, flat, zero)`` setting
+def _walker(per_window, SD, SH, SW, repair=False):
+    """A device function ``f(x, out, geo, planes, flat, zero, lowest)`` setting
     out[o] = per_window(x, plane base, d, h, w, z0, y0, x0, zero) for every output o (window
     corner (z0, y0, x0) from the strides SD, SH, SW), one plane per trip. (Two planes per trip,
     both windows' loads issued before either store, was slower on an H200: 0.37 vs 0.23 ms for
-    max 3/2/1 at 64x64x112x112.)"""
+    max 3/2/1 at 64x64x112x112.) ``repair``: only where out[o] <= ``lowest`` (the lowest
+    finite value of out's type, in zero's type), reading out once and writing it rarely."""
 
     @cuda.jit(device=True, inline=True)
-    def walk(x, out, geo, planes, flat, zero):
+    def walk(x, out, geo, planes, flat, zero, lowest):
         d_, h_, w_, od_, oh_, ow_ = geo[0], geo[1], geo[2], geo[3], geo[4], geo[5]
         pd, ph, pw = geo[12], geo[13], geo[14]
         opl, ipl, ohw = od_ * oh_ * ow_, d_ * h_ * w_, oh_ * ow_
@@ -93,7 +94,9 @@ def _walker(per_window, SD, SH, SW):
             y0 = ((q % ohw) // ow_) * SH - ph
             x0 = (q % ow_) * SW - pw
             while pl < pend:
-                out[pl * opl + q] = per_window(x, pl * ipl, d_, h_, w_, z0, y0, x0, zero)
+                o = pl * opl + q
+                if not repair or out[o] + zero <= lowest:
+                    out[o] = per_window(x, pl * ipl, d_, h_, w_, z0, y0, x0, zero)
                 pl += pstep
             g += cuda.gridDim.x * cuda.blockDim.x
 
@@ -102,7 +105,7 @@ def _walker(per_window, SD, SH, SW):
 
 @functools.lru_cache(maxsize=None)
 def pool_kernels(mode, window, stride):
-    """(forward, backward) kernels for ``mode`` (MAX, AVG_INC, AVG_EXC, SUM), ``window`` and
+    """(forward, argmax, backward, repair) kernels for ``mode`` (MAX, AVG_INC, AVG_EXC, SUM), ``window`` and
     ``stride`` (3-tuples, depth first; a 2-D pooling has depth 1)."""
     KD, KH, KW = (int(v) for v in window)
     SD, SH, SW = (int(v) for v in stride)
@@ -165,19 +168,29 @@ def pool_kernels(mode, window, stride):
         return _walker(per_window, SD, SH, SW)
 
     value_walker, argmax_walker = walker(window_value), walker(window_argmax)
+    repair_walker = _walker(window_value, SD, SH, SW, repair=True)
 
     @cuda.jit(cache=True)
     def forward(x, y, geo, planes, flat, acc):
         """y from x; planes = N*C. One thread per output position of a plane (grid-stride
         along x), planes along the grid's y, or (plane, position) pairs for small planes
         (see the module docstring and ``_walk``)."""
-        value_walker(x, y, geo, planes, flat, acc[0])
+        value_walker(x, y, geo, planes, flat, acc[0], acc[0])
+
+    @cuda.jit(cache=True)
+    def repair(x, y, geo, lowest, planes, flat, acc):
+        """MAX after cuDNN: cuDNN's maximum starts from the lowest finite value of the type,
+        so a window of -inf (padding aside) gives that value, not IEEE's -inf. Where y holds
+        it (``lowest``, in acc's type), y = the window's maximum again, from x.
+        Reads y once (a quarter of x's traffic for 2x2/2 windows); rewrites only such outputs.
+        Thread mapping as ``forward``."""
+        repair_walker(x, y, geo, planes, flat, acc[0], lowest)
 
     @cuda.jit(cache=True)
     def argmax(x, codes, geo, planes, flat, acc):
         """codes[o] = the tap index of output o's arg-max (``window_argmax``). Thread mapping
         as ``forward``."""
-        argmax_walker(x, codes, geo, planes, flat, acc[0])
+        argmax_walker(x, codes, geo, planes, flat, acc[0], acc[0])
 
 
     @cuda.jit(device=True, inline=True)
@@ -230,7 +243,7 @@ def pool_kernels(mode, window, stride):
                 pl += pstep
             g += cuda.gridDim.x * cuda.blockDim.x
 
-    return forward, argmax, backward
+    return forward, argmax, backward, repair
 
 
 # Representative variants (every mode; 2-D 2/2 and 3/2, 3-D 3/2) for the ahead-of-time PTX
@@ -246,11 +259,12 @@ def _variant_name(mode, window, stride, direction):
 
 VARIANTS = {}
 for _m, _w, _s in _CHECKED:
-    _f, _a, _b = pool_kernels(_m, _w, _s)
+    _f, _a, _b, _r = pool_kernels(_m, _w, _s)
     VARIANTS[_variant_name(_m, _w, _s, "fwd")] = _f
     VARIANTS[_variant_name(_m, _w, _s, "bwd")] = _b
     if _m == MAX:
         VARIANTS[_variant_name(_m, _w, _s, "argmax")] = _a
+        VARIANTS[_variant_name(_m, _w, _s, "fwd_repair")] = _r
 
 
 def SIGNATURES(t, acc):
@@ -261,7 +275,9 @@ def SIGNATURES(t, acc):
     codes = uint8[::1]
     out = {}
     for name in VARIANTS:
-        if "_fwd_" in name:
+        if name.endswith("_repair_kernel"):
+            out[name] = (a, a, geo, acc, int64, int64, z)
+        elif "_fwd_" in name:
             out[name] = (a, a, geo, int64, int64, z)
         elif "_argmax_" in name:
             out[name] = (a, codes, geo, int64, int64, z)

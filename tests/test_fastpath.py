@@ -203,6 +203,9 @@ def test_a_runners_handle_getter_rebinds_a_stream_another_op_changed(monkeypatch
         if name == "cudnnCreate":
             args[0]._obj.value = 42
     monkeypatch.setattr(handle.api, "call", call)
+    # the fake handle 42 must never reach the real cudnnDestroy when the thread's holder dies
+    # (a segfault on a GPU machine): the holder's finalizer takes _destroy_all when it is made
+    monkeypatch.setattr(handle, "_destroy_all", lambda handles: handles.clear())
     monkeypatch.setattr(handle, "_local", threading.local())
     monkeypatch.setattr(handle, "device_id", lambda: 0)
     get7 = handle.getter(7)

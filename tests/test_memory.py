@@ -124,3 +124,49 @@ def test_pool_blocks_are_lent_to_arrays_and_come_back_when_the_last_view_dies(mo
     b.gpu_data.free()                   # an explicit free gives it back once
     b.gpu_data.free()
     assert pool.cached_bytes == 1024
+
+
+def test_a_block_lent_to_an_array_that_dies_in_a_reference_cycle_is_not_freed(monkeypatch):
+    """An array caught in a reference cycle (an exception's traceback holds its frame) is
+    collected with everything only it reaches; weakref callbacks run before ``__del__``. If
+    the array's pointer held its block, the collector would run the block's free (Numba's
+    weakref.finalize) and then the pointer's ``__del__`` would return the freed block to the
+    pool (real GPU, the fuzzer: the next array of that size got invalid memory). The pool
+    holds lent blocks itself, so the block survives and comes back usable."""
+    import gc
+    import weakref
+
+    class Pointer:                      # stands for numba's MemoryPointer
+        pass
+
+    class Array:                        # stands for numba's DeviceNDArray
+        pass
+
+    freed = []
+
+    class Block:                        # stands for cuMemAlloc's block, freed by a finalizer
+        context, device_pointer = "ctx", 8192
+
+        def __init__(self):
+            weakref.finalize(self, freed.append, "cuMemFree")
+
+    pool = memory._Pool()
+    monkeypatch.setattr(memory, "_pool", pool)
+    monkeypatch.setattr(memory, "_MemoryPointer", Pointer)
+    monkeypatch.setattr(memory, "_DeviceNDArray", Array)
+    monkeypatch.setattr(memory, "_Lent", None)
+    monkeypatch.setattr(memory, "_context", lambda: None)
+    monkeypatch.setattr(memory, "_raw_alloc", lambda ctx, size: Block())
+    key = (0, 0, 512)
+
+    a = memory._new(key, {"shape": (128,)}, 0)
+    a.cycle = [a]                       # as a traceback's frame holding the array would
+    gc.disable()                        # collected below, not at a random allocation
+    try:
+        del a
+    finally:
+        gc.enable()
+    gc.collect()
+    assert freed == [] and pool.cached_bytes == 512 and not pool.lent
+    b = memory._new(key, {"shape": (128,)}, 0)
+    assert pool.hits == 1 and b._dnnkit_ptr == 8192 and freed == []

@@ -311,14 +311,15 @@ def _backward_numba(x, dy, gamma, mean, invstd, mode, eps, stream):
         launch(batch_norm_apply_bwd_kernel, plan.grid, plan.threads, stream,
                (f(x), f(dy), f(dx), f(mean), f(invstd), f(gamma), dgamma, dbeta,
                 acc.dtype.type(1.0 / (n * s)), *_geo(n, c, s, plan), acc))
+    else:        # (C = 0 or an empty image) the parameter gradients sum nothing
+        arrays.zero_fill(dgamma, stream)
+        arrays.zero_fill(dbeta, stream)
     return dx, dgamma.reshape(*gamma.shape), dbeta.reshape(*gamma.shape)
 
 
 # ---------------------------------------------------------------- cuDNN
 
 def _cudnn_reason(x, eps):
-    if x.size == 0:
-        return "cuDNN batch normalization does not take empty tensors"
     if eps < CUDNN_MIN_EPSILON:
         return (f"epsilon {eps:g} is below cuDNN's minimum CUDNN_BN_MIN_EPSILON "
                 f"({CUDNN_MIN_EPSILON:g})")
@@ -345,8 +346,9 @@ def _train_cudnn(x, gamma, beta, mode, eps, momentum, rm, rv, stream):
     y = arrays.empty_like(x, stream)
     mean, invstd = (arrays.cuda_empty(gamma.shape, gamma.dtype, stream) for _ in range(2))
     rm, rv = _copy(rm, stream), _copy(rv, stream)
-    cb.forward_training(x, y, gamma, beta, mean, invstd, rm, rv, mode, eps, momentum,
-                        arrays.stream_pointer(stream))
+    if x.size:   # empty (C = 0; argument checks refuse an empty batch): nothing to compute
+        cb.forward_training(x, y, gamma, beta, mean, invstd, rm, rv, mode, eps, momentum,
+                            arrays.stream_pointer(stream))
     return y, mean, invstd, rm, rv
 
 
@@ -354,7 +356,9 @@ def _train_cudnn(x, gamma, beta, mode, eps, momentum, rm, rv, stream):
 def _inference_cudnn(x, gamma, beta, mean, var, mode, eps, stream):
     from ..cudnn import batchnorm as cb
     y = arrays.empty_like(x, stream)
-    cb.forward_inference(x, y, gamma, beta, mean, var, mode, eps, arrays.stream_pointer(stream))
+    if x.size:   # (cuDNN rejects empty tensors)
+        cb.forward_inference(x, y, gamma, beta, mean, var, mode, eps,
+                             arrays.stream_pointer(stream))
     return y
 
 
@@ -363,8 +367,12 @@ def _backward_cudnn(x, dy, gamma, mean, invstd, mode, eps, stream):
     from ..cudnn import batchnorm as cb
     dx = arrays.empty_like(x, stream)
     dgamma, dbeta = (arrays.cuda_empty(gamma.shape, gamma.dtype, stream) for _ in range(2))
-    cb.backward(x, dy, dx, gamma, dgamma, dbeta, mean, invstd, mode, eps,
-                arrays.stream_pointer(stream))
+    if x.size:
+        cb.backward(x, dy, dx, gamma, dgamma, dbeta, mean, invstd, mode, eps,
+                    arrays.stream_pointer(stream))
+    else:        # (C = 0 or no values per statistic) the parameter gradients sum nothing
+        arrays.zero_fill(dgamma, stream)
+        arrays.zero_fill(dbeta, stream)
     return dx, dgamma, dbeta
 
 

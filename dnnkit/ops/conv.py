@@ -191,9 +191,15 @@ def _cudnn_kw(opts, direction, stream):
 def _cudnn_forward(x, w, bias, geom, opts, stream):
     y = arrays.cuda_empty(geom.user_shape(geom.y_shape), x.dtype, stream)
     if y.size:
+        # an empty sum (no input channels, or an empty input padded out to a y): y = bias
+        # (cuDNN rejects empty tensors)
+        empty = _empty(geom)
+        if empty:
+            arrays.zero_fill(y, stream)
         kw = _cudnn_kw(opts, "fwd", stream)
         for (xp, yp), g in _pieces(geom, x, y):
-            note_algo(cconv.forward(xp, w, yp, g, **kw))
+            if not empty:
+                note_algo(cconv.forward(xp, w, yp, g, **kw))
             if bias is not None:
                 cconv.add_bias(yp, bias, g, arrays.stream_pointer(stream))
     return y
@@ -202,8 +208,7 @@ def _cudnn_forward(x, w, bias, geom, opts, stream):
 def _cudnn_backward_data(dy, w, geom, opts, stream):
     dx = arrays.cuda_empty(geom.user_shape(geom.x_shape), dy.dtype, stream)
     if dx.size and _empty(geom):          # no filters: the gradient is zero (cuDNN rejects it)
-        from . import conv_numba
-        return conv_numba._zeros(dx, stream)
+        return arrays.zero_fill(dx, stream)
     if dx.size:
         kw = _cudnn_kw(opts, "bwd_data", stream)
         for (dyp, dxp), g in _pieces(geom, dy, dx):
@@ -215,8 +220,7 @@ def _cudnn_backward_filter(x, dy, geom, opts, stream):
     """Pieces of the batch add their partial filter gradients (ops/split.py ``summed``)."""
     dw = arrays.cuda_empty(geom.user_shape(geom.w_shape), x.dtype, stream)
     if dw.size and _empty(geom):          # an empty batch: the sum over images is zero
-        from . import conv_numba
-        return conv_numba._zeros(dw, stream)
+        return arrays.zero_fill(dw, stream)
     if dw.size:
         kw = _cudnn_kw(opts, "bwd_filter", stream)
 
@@ -286,8 +290,7 @@ def _cudnn_backward_bias(dy, stream):
     """Pieces of the batch add their partial sums (ops/split.py ``summed``)."""
     db = arrays.cuda_empty((dy.shape[1],), dy.dtype, stream)
     if db.size and not dy.size:            # an empty batch or image: the sum is zero
-        from . import conv_numba
-        return conv_numba._zeros(db, stream)
+        return arrays.zero_fill(db, stream)
     if db.size:
         sp = arrays.stream_pointer(stream)
         split.summed(db, split.batch(math.prod(dy.shape[1:]), dy),

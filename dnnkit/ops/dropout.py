@@ -152,8 +152,6 @@ def _dropout_backward_numba(dy, state, stream):
 # ---------------------------------------------------------------- cuDNN
 
 def _supports_forward(x, p, seed, stream):
-    if x.size == 0:
-        return "cuDNN dropout does not take empty tensors"
     if x.size >= 2**31:
         return f"{x.size} elements exceed cuDNN's 32-bit tensor size"
     return None
@@ -170,7 +168,8 @@ def _supports_backward(dy, state, stream):
 def _dropout_cudnn(x, p, seed, stream):
     from ..cudnn import dropout as cd
     y = arrays.empty_like(x, stream)
-    saved = cd.forward(x, y, p, seed, stream)
+    # an empty x has nothing to drop (and cuDNN rejects empty tensors): no reserve space
+    saved = cd.forward(x, y, p, seed, stream) if x.size else None
     return y, DropoutState("cudnn", p, seed, x.shape, x.dtype, saved)
 
 
@@ -178,7 +177,8 @@ def _dropout_cudnn(x, p, seed, stream):
 def _dropout_backward_cudnn(dy, state, stream):
     from ..cudnn import dropout as cd
     dx = arrays.empty_like(dy, stream)
-    cd.backward(dy, dx, state.saved, stream)
+    if dy.size:           # (dy has the forward's shape: empty exactly when it had no mask)
+        cd.backward(dy, dx, state.saved, stream)
     return dx
 
 

@@ -194,7 +194,7 @@ def _backward_numba(x, y, dy, geom, mode, stream):
     planes = shape[0] * shape[1]
     if not y.size:   # N*C = 0: dx is empty too
         return dx
-    _, argmax, gather = _kernels(geom, mode)
+    _, argmax, gather, _ = _kernels(geom, mode)
     geo, acc, codes = geom.kernel_geo(), arrays.acc_array(x.dtype), arrays.flat(y)
     if _KERNEL_MODE[mode] == 0:
         # the arg-max of every output as its tap index (kernels/pool.py)
@@ -242,7 +242,21 @@ def _forward_cudnn(x, geom, mode, stream):
         for xp, yp in split.batch(_image(geom), x, y):
             cpool.forward(xp, yp, geom.window, geom.padding, geom.stride, mode,
                           arrays.stream_pointer(stream))
+        if _KERNEL_MODE[mode] == 0:
+            repair_max(x, y, geom, mode, stream)
     return y
+
+
+def repair_max(x, y, geom, mode, stream):
+    """y = IEEE's maximum again wherever y holds the lowest finite value of its type: cuDNN's
+    max pooling starts each window from that value, so a window of -inf gives it, not -inf
+    (measured on an H100, cuDNN 9.19: -3.4028235e+38 in float32, both max modes). One read
+    of y; a window is re-read from x only where y holds that value."""
+    shape, planes = geom.y_shape, geom.y_shape[0] * geom.y_shape[1]
+    acc = arrays.acc_array(x.dtype)
+    _launch(_kernels(geom, mode)[3], planes, math.prod(shape[2:]), stream,
+            (arrays.flat(x), arrays.flat(y), geom.kernel_geo(),
+             acc.dtype.type(np.finfo(x.dtype).min), planes, acc))
 
 
 @register("pool2d_backward", "cudnn", supports=_cudnn_supports)

@@ -245,6 +245,33 @@ def test_inference_takes_a_single_sample_and_empty_batch():
     assert e.shape == (0, 2, 3)
 
 
+@pytest.mark.parametrize("backend", backend_params())
+def test_empty_inputs_on_every_backend(monkeypatch, backend):
+    """Empty images (backward: the parameter gradients sum nothing, so they are 0, not
+    whatever the allocator handed out: outputs are NaN-poisoned here) and C = 0 (every output
+    empty) on each backend; cuDNN, which rejects empty tensors, is not called."""
+    from dnnkit import arrays
+
+    real = arrays.cuda_empty
+
+    def poisoned(shape, dtype, stream):
+        a = real(shape, dtype, stream)
+        if a.size:
+            a.copy_to_device(np.full(a.shape, np.nan, dtype), stream=stream)
+        return a
+    monkeypatch.setattr(arrays, "cuda_empty", poisoned)
+    x = np.zeros((2, 3, 0, 2), np.float32)
+    g, m, s = np.ones(3, np.float32), np.zeros(3, np.float32), np.ones(3, np.float32)
+    dx, dg, db = dnnkit.batch_norm_backward(x, x, g, m, s, backend=backend)
+    assert dx.shape == x.shape
+    np.testing.assert_array_equal(dg.copy_to_host(), np.zeros(3))
+    np.testing.assert_array_equal(db.copy_to_host(), np.zeros(3))
+    assert dnnkit.batch_norm_inference(x, g, g, m, s, backend=backend).shape == x.shape
+    x0, p0 = np.zeros((2, 0, 2, 2), np.float32), np.zeros(0, np.float32)
+    y, mean, invstd = dnnkit.batch_norm_train(x0, p0, p0, backend=backend)
+    assert (y.shape, mean.shape, invstd.shape) == ((2, 0, 2, 2), (0,), (0,))
+
+
 def test_small_epsilon_runs_numba_under_auto_and_refuses_cudnn():
     x = np.ones((4, 2), np.float32)
     g = np.ones(2, np.float32)

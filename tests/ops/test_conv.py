@@ -189,6 +189,12 @@ def test_empty_batch_and_no_filters(backend):
     assert dnnkit.conv2d_backward_data(dy0, w, x0.shape, backend=backend).shape == x0.shape
     db = dnnkit.conv_backward_bias(dy0, backend=backend).copy_to_host()
     assert db.shape == (2,) and not db.any()
+    # an empty input padded out to a y: the sum is over padding only, y is the bias
+    b = np.array([1.5, -2.0], np.float32)
+    y = dnnkit.conv2d(np.ones((1, 4, 0, 3), np.float32), np.ones((2, 4, 1, 1), np.float32), b,
+                      padding=(1, 0), backend=backend).copy_to_host()
+    assert y.shape == (1, 2, 2, 3) and \
+        np.array_equal(y, np.broadcast_to(b[None, :, None, None], y.shape))
 
 
 def test_select_backend_for_conv():

@@ -188,6 +188,42 @@ def test_nan_in_a_window_propagates(rng, mode, backend):
     assert R.rel_error(y[~nan], ref) <= 2e-6
 
 
+def _minus_inf_windows(dtype):
+    """x (1, 1, 4, 4) in 2x2/2 windows: all -inf; -inf and the lowest finite value; numbers;
+    -inf and 1. IEEE's maxima: -inf, lowest, the numbers' maximum, 1."""
+    lo = np.finfo(dtype).min
+    x = np.array([[-np.inf, -np.inf, -np.inf, lo], [-np.inf, -np.inf, -np.inf, -np.inf],
+                  [0.5, -2.0, -np.inf, 1.0], [0.25, 0.75, -np.inf, -np.inf]], dtype)
+    return x.reshape(1, 1, 4, 4), np.array([-np.inf, lo, 0.75, 1.0], dtype).reshape(1, 1, 2, 2)
+
+
+@pytest.mark.parametrize("backend", backend_params())
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("mode", ["max", "max_deterministic"])
+def test_max_of_a_window_of_minus_inf_is_minus_inf(mode, dtype, backend):
+    """IEEE on every backend: cuDNN's own answer (the lowest finite value) is repaired."""
+    x, want = _minus_inf_windows(dtype)
+    y = dnnkit.pool2d(x, 2, 2, 0, mode, backend=backend).copy_to_host()
+    np.testing.assert_array_equal(y, want)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_repair_of_cudnn_max_restores_minus_inf_only_where_ieee_says(dtype):
+    """The repair kernel alone (it runs after cuDNN, checked here without it): given y as
+    cuDNN computes it (lowest finite value for the all -inf window), it writes -inf there and
+    leaves every other output, the true lowest included."""
+    from numba import cuda
+
+    from dnnkit.ops import pool as P
+    x, want = _minus_inf_windows(dtype)
+    cudnn_y = want.copy()
+    cudnn_y[0, 0, 0, 0] = np.finfo(dtype).min
+    y = cuda.to_device(cudnn_y)
+    geom = P.make_geom("pool2d", 2, x.shape, 2, 2, 0)
+    P.repair_max(cuda.to_device(x), y, geom, "max", dnnkit.arrays.as_stream(None))
+    np.testing.assert_array_equal(y.copy_to_host(), want)
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_backward_with_nan_input_on_numba(rng, mode):
     """Numba: max routes a NaN window's dy to its first NaN (the input that made y NaN);
