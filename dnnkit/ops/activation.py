@@ -11,9 +11,11 @@
 Backward: dx = dy * f'(x). Where the slope is a choice, both backends take cuDNN's: relu 0 at
 x == 0; clipped_relu 0 at x == 0 and 1 at x == coef (PyTorch's hardtanh takes 0 there); elu 1
 at x == 0. NaN propagates forward (CUDNN_PROPAGATE_NAN); backward, a NaN dy always propagates,
-and a NaN x gives slope 0 for relu/clipped_relu, NaN otherwise. cuDNN: cudnnActivationForward/Backward;
-it has no stand-alone identity, so identity always runs on Numba. Arrays over cuDNN's 32-bit
-tensor limit run as flat pieces (ops/split.py).
+and a NaN x gives slope 0 for relu/clipped_relu, NaN otherwise. cuDNN:
+cudnnActivationForward/Backward; it has no stand-alone identity, so identity always runs on
+Numba, and its ELU backward takes the slope from y, which for alpha = 0 cannot tell x < 0 from
+x = 0: that case runs on Numba too. Arrays over cuDNN's 32-bit tensor limit run as flat pieces
+(ops/split.py).
 """
 
 import numpy as np
@@ -122,6 +124,14 @@ def _cudnn_supports(x, *rest):
     return None
 
 
+def _cudnn_backward_supports(x, y, dy, mode, coef, stream):
+    if mode == "elu" and coef == 0.0:
+        # measured on an H100 (cuDNN 9.19): slope 1 where y = 0, i.e. for every x < 0
+        return ("cuDNN's ELU backward takes the slope from y, and with alpha = 0 y is 0 for "
+                "every x <= 0: it cannot tell the slope 0 of x < 0 from the 1 of x = 0")
+    return _cudnn_supports(x, y, dy, mode, coef, stream)
+
+
 @register("activation", "cudnn", supports=_cudnn_supports)
 def _activation_cudnn(x, mode, coef, stream):
     y = arrays.empty_like(x, stream)
@@ -131,7 +141,7 @@ def _activation_cudnn(x, mode, coef, stream):
     return y
 
 
-@register("activation_backward", "cudnn", supports=_cudnn_supports)
+@register("activation_backward", "cudnn", supports=_cudnn_backward_supports)
 def _activation_backward_cudnn(x, y, dy, mode, coef, stream):
     dx = arrays.empty_like(x, stream)
     if x.size:

@@ -15,7 +15,10 @@ Masks differ between backends by design, each reproducible from its seed:
   (kept in ``state.seed``).
 - cuDNN: cudnnDropoutForward/Backward; the mask lives in cuDNN's reserve space, kept by the
   state. RNG states are initialised once per (device, seed, p) and restored before each call,
-  so here too the same seed gives the same mask (cudnn/dropout.py).
+  so here too the same seed gives the same mask (cudnn/dropout.py). cuDNN takes p as a
+  float32, so its scale is 1/(1 - float32(p)); where that is off by more than 4 ulps of the data
+  type (float64 for most p, float32 for p = 0.999; see ``cudnn_scale_error``) cuDNN is not used:
+  ``auto`` runs Numba, ``forced`` raises CudnnUnavailableError saying so.
 
 A state made by one backend cannot be used by the other: under ``auto`` the backward follows the
 state; ``backend="numba"`` with a cuDNN state raises ValueError, ``forced``/``"cudnn"`` with a
@@ -151,7 +154,19 @@ def _dropout_backward_numba(dy, state, stream):
 
 # ---------------------------------------------------------------- cuDNN
 
+def cudnn_scale_error(p):
+    """The relative error of cuDNN's scale 1/(1 - p): cudnnSetDropoutDescriptor takes p as a
+    float32, so the scale is 1/(1 - float32(p)) (0 for p = 0.5; 2.4e-7 for p = 0.9; 1.3e-5 for
+    p = 0.999)."""
+    p32 = float(np.float32(p))
+    return abs(p32 - p) / (1.0 - p32) if p32 < 1.0 else float("inf")
+
+
 def _supports_forward(x, p, seed, stream):
+    err, eps = cudnn_scale_error(p), float(np.finfo(x.dtype).eps)
+    if err > 4 * eps:
+        return (f"cuDNN takes p as a float32: its scale 1/(1 - p) for p = {p!r} is off by "
+                f"{err:.1e} relative, more than {x.dtype}'s precision allows ({4 * eps:.1e})")
     if x.size >= 2**31:
         return f"{x.size} elements exceed cuDNN's 32-bit tensor size"
     return None

@@ -204,3 +204,18 @@ def test_host_views_reach_the_device_with_canonical_strides():
     plain = np.ones((2, 3), np.float32)
     assert arrays.host_contiguous(plain) is plain
     np.testing.assert_array_equal(dnnkit.relu(view).copy_to_host(), [1.0])
+
+
+def test_elu_backward_with_alpha_0_does_not_use_cudnn():
+    """cuDNN's ELU backward reads the slope from y: with alpha = 0, y = 0 for every x <= 0 and
+    cuDNN gave slope 1 there (H100, cuDNN 9.19). Numba runs it under auto; forced says why."""
+    x = np.array([-1.0, 0.0, 2.0], np.float32)
+    chosen, why = dnnkit.select_backend("activation_backward", x, x, x, "elu", 0.0,
+                                        explain=True)
+    assert chosen == "numba" and "alpha = 0" in why, why
+    with pytest.raises(dnnkit.CudnnUnavailableError, match="activation_backward: .*alpha = 0"):
+        dnnkit.activation_backward(x, x, x, "elu", 0.0, backend="cudnn")
+    dx = dnnkit.activation_backward(x, np.maximum(x, 0), np.ones(3, np.float32), "elu", 0.0)
+    np.testing.assert_array_equal(dx.copy_to_host(), [0.0, 1.0, 1.0])
+    assert "alpha" not in dnnkit.select_backend("activation_backward", x, x, x, "elu", 0.5,
+                                                explain=True)[1]

@@ -146,6 +146,24 @@ def test_empty_input(backend):
     assert dnnkit.dropout_backward(np.zeros((0, 4), np.float32), state).shape == (0, 4)
 
 
+def test_cudnn_is_not_used_where_its_float32_p_changes_the_scale():
+    """cuDNN's scale is 1/(1 - float32(p)): exact for p = 0.5, off by 2.4e-7 for p = 0.9
+    (fine for float32, not for float64), 1.3e-5 for p = 0.999 (too much for float32 too)."""
+    from dnnkit.ops.dropout import cudnn_scale_error
+    assert cudnn_scale_error(0.5) == 0.0
+    assert 2.3e-7 < cudnn_scale_error(0.9) < 2.5e-7
+    assert 1.2e-5 < cudnn_scale_error(0.999) < 1.4e-5
+    for dtype, p in (("float64", 0.9), ("float32", 0.999)):
+        x = np.ones((2, 3), dtype)
+        chosen, why = dnnkit.select_backend("dropout", x, p, explain=True)
+        assert chosen == "numba" and "float32" in why and f"p = {p}" in why, why
+        with pytest.raises(dnnkit.CudnnUnavailableError, match=r"dropout: .*off by"):
+            dnnkit.dropout(x, p, seed=1, backend="cudnn")
+    for dtype, p in (("float64", 0.5), ("float32", 0.9), ("float16", 0.999)):
+        why = dnnkit.select_backend("dropout", np.ones(3, dtype), p, explain=True)[1]
+        assert "off by" not in why, why
+
+
 def test_state_from_another_backend_is_refused():
     x = np.ones((2, 3), np.float32)
     _, numba_state = dnnkit.dropout(x, 0.5, seed=1, backend="numba")
