@@ -118,7 +118,7 @@ def _template(shape, dtype):
     global _MemoryPointer, _DeviceNDArray
     from numba.cuda.cudadrv import devicearray, driver
     _MemoryPointer, _DeviceNDArray = driver.MemoryPointer, devicearray.DeviceNDArray
-    dtype = np.dtype(dtype)
+    asked, dtype = dtype, np.dtype(dtype)
     strides, n = [], dtype.itemsize          # C-contiguous strides, innermost first
     for s in reversed(shape):
         strides.append(n)
@@ -132,7 +132,9 @@ def _template(shape, dtype):
         del attrs["gpu_data"], attrs["stream"]
     if len(_templates) > 4096:
         _templates.clear()
-    t = _templates[(shape, dtype)] = (n, attrs)
+    # kept under the dtype as asked too: np.uint8 (the type) equals np.dtype("uint8") but does
+    # not hash like it, and a miss rebuilds the template (~5 us) on every call
+    t = _templates[(shape, dtype)] = _templates[(shape, asked)] = (n, attrs)
     return t
 
 
