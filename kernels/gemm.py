@@ -22,6 +22,16 @@ lets the convolution walk (image, position) columns straight through NCHW tensor
   - C (m x n):    C[i, j] = c[offc + i*ldc + g_C(j)].
 Offsets: offa = z1*a1 + z2*a2, offb = z1*b1 + z2*b2, offc = z1*c1 + z2*c2.
 
+Implicit convolution (``implicit=True``, layout 00 only): B is the im2col matrix of a
+convolution's input, read straight from x with no column buffer. Column j = (n, od, oh, ow)
+of the output, row k = (c, t, r, s) of the filter; ``table`` holds per row k four int32
+(dz, dy, dx, off): the tap's input offsets t'*dd, r'*dh, s'*dw (t' = T-1-t for a flipped
+kernel) and its address offset c*D*H*W + (dz*H + dy)*W + dx; ``cg`` = (O, OH*OW, OW, D, H, W,
+sd, sh, sw, pd, ph, pw, C*D*H*W). A thread decodes its staged column once per tile (the corner
+(od*sd - pd, oh*sh - ph, ow*sw - pw) and the image's base) and per element reads one table row
+(16 bytes, from cache) and checks the tap against the input's bounds (0 outside, as padding):
+B[k, j] = x[offb + base(j) + off(k)]. The other variants take a dummy table and cg.
+
 Pipeline: a BK-deep slab of A (stored k-major, BM+PAD per row) and of B (BN+PAD per row) per
 stage, two stages in dynamic shared memory (``shared_bytes``). While the block multiplies
 stage s, each thread holds its share of the next slab's global loads in registers, then writes
@@ -56,15 +66,19 @@ def _split(x, grp):
 
 
 @functools.lru_cache(maxsize=None)
-def gemm_kernel(ta, tb, wm, wn, tx, ty, min_blocks=1):
+def gemm_kernel(ta, tb, wm, wn, tx, ty, min_blocks=1, implicit=False):
     """The kernel for layout (ta, tb) with a (wm x wn)-per-thread tile and (tx, ty) threads.
     Staging needs NT = tx*ty threads to divide evenly: NT % BK == 0 for a k-fast operand, and
     NT % tile == 0 for the other (tile = BM or BN), with NT | BK*tile. ``min_blocks``: blocks
-    per SM the register allocation must leave room for (CUDA launch bounds)."""
+    per SM the register allocation must leave room for (CUDA launch bounds). ``implicit``: B
+    is a convolution's input read as its im2col matrix (layout 00; module docstring)."""
+    if implicit and (ta, tb) != (0, 0):
+        raise ValueError("gemm_kernel: the implicit convolution operand needs layout 00")
     bm, bn, nt = ty * wm, tx * wn, tx * ty
     sa, sb = bm + PAD, bn + PAD                 # shared row lengths
     stage = BK * (sa + sb)
     la, lb = bm * BK // nt, bn * BK // nt       # staged elements per thread per slab
+    ncols = 4 * bn if implicit else 1           # implicit: the tile's decoded columns
     for fast, tile in ((ta == 0, bm), (tb == 1, bn)):
         if (nt % BK if fast else nt % tile) or (BK * tile) % nt:
             raise ValueError(f"gemm_kernel: {nt} threads cannot stage a {tile} x {BK} slab")
@@ -86,6 +100,42 @@ def gemm_kernel(ta, tb, wm, wn, tx, ty, min_blocks=1):
             v = zero
             if r0 + r < rows and k0 + kk < kdim:
                 v = src[uint64(addr)] + zero
+            reg[q] = v
+
+    @cuda.jit(device=True, inline=True)
+    def corner(cols, j0, n, cg):
+        """cols[4r..4r+3] = (base, zb, yb, xb) of the tile's column j0 + r (r < BN): the
+        image's base plus the window corner's offset (negative where the corner is in the
+        padding), and the corner (od*sd - pd, oh*sh - ph, ow*sw - pw); past the last column
+        the corner's depth is far below 0, so every tap reads as padding. Kept in shared
+        memory, not registers, through the k loop: the fetches read it once a slab."""
+        t = cuda.threadIdx.y * tx + cuda.threadIdx.x
+        if t < bn:
+            jj = j0 + t
+            img, pos = jj // cg[0], jj % cg[0]
+            zb = (pos // cg[1]) * cg[6] - cg[9]
+            yb = ((pos % cg[1]) // cg[2]) * cg[7] - cg[10]
+            xb = (pos % cg[2]) * cg[8] - cg[11]
+            cols[4 * t] = img * cg[12] + (zb * cg[4] + yb) * cg[5] + xb
+            cols[4 * t + 1] = zb if jj < n else -(1 << 62)
+            cols[4 * t + 2], cols[4 * t + 3] = yb, xb
+
+    @cuda.jit(device=True, inline=True)
+    def fetch_conv(src, off, cols, table, cg, k0, kdim, count, reg, zero):
+        """reg[q] = B[k, j] of the implicit convolution for this thread's staged elements
+        (r, kk) = (t%BN, t//BN + NT//BN*q): column j = j0 + r from ``cols`` (``corner``), row
+        k = k0 + kk from ``table``; zero outside the input (padding) and the matrix."""
+        t = cuda.threadIdx.y * tx + cuda.threadIdx.x
+        r = t % bn
+        base, zb, yb, xb = cols[4 * r], cols[4 * r + 1], cols[4 * r + 2], cols[4 * r + 3]
+        for q in range(count):
+            k = k0 + t // bn + (nt // bn) * q
+            v = zero
+            if k < kdim:
+                e = uint64(4 * k)
+                iz, iy, ix = zb + table[e], yb + table[e + 1], xb + table[e + 2]
+                if 0 <= iz < cg[3] and 0 <= iy < cg[4] and 0 <= ix < cg[5]:
+                    v = src[uint64(off + base + table[e + 3])] + zero
             reg[q] = v
 
     @cuda.jit(device=True, inline=True)
@@ -119,9 +169,10 @@ def gemm_kernel(ta, tb, wm, wn, tx, ty, min_blocks=1):
         q, r = _split(k, grp)
         return q * gstride + r
 
-    def kernel(a, b, c, bias, dims, lds, grps, batch, beta, use_bias, acc):
+    def kernel(a, b, c, bias, dims, lds, grps, batch, beta, use_bias, acc, table, cg):
         # 16-byte aligned, so the fragment reads can be vector loads
         sh = cuda.shared.array(0, dtype=acc.dtype, alignment=SMEM_ALIGN)
+        cols = cuda.shared.array(ncols, dtype=int64)
         zero = acc[0]
         m, n, kdim = dims
         lda, ldb, ldc = lds
@@ -149,13 +200,19 @@ def gemm_kernel(ta, tb, wm, wn, tx, ty, min_blocks=1):
                     # fixed (non-k) offsets of the non-k-fast operands, once per tile
                     fa = 0 if ta == 0 else koffset(i0 + t % bm, ga, gsa)
                     fb = 0 if tb == 1 else koffset(j0 + t % bn, gb, gsb)
+                    if implicit:    # the tile's columns (n, od, oh, ow), decoded once
+                        corner(cols, j0, n, cg)
+                        cuda.syncthreads()
                     # k-fast operands: (quotient, remainder) of k = k0 + kk, walked per slab
                     aq, ar = _split(kk_a, ga)
                     bq, br = _split(kk_b, gb)
                     fetch(a, offa, lda, ta == 0, fa if ta else aq * gsa + ar, 0, kdim, m, i0,
                           la, bm, a_buf, zero)
-                    fetch(b, offb, ldb, tb == 1, bq * gsb + br if tb else fb, 0, kdim, n, j0,
-                          lb, bn, b_buf, zero)
+                    if implicit:
+                        fetch_conv(b, offb, cols, table, cg, 0, kdim, lb, b_buf, zero)
+                    else:
+                        fetch(b, offb, ldb, tb == 1, bq * gsb + br if tb else fb, 0, kdim, n,
+                              j0, lb, bn, b_buf, zero)
                     stash(sh, 0, ta == 0, la, bm, a_buf)
                     stash(sh, BK * sa, tb == 1, lb, bn, b_buf)
                     cuda.syncthreads()
@@ -175,8 +232,12 @@ def gemm_kernel(ta, tb, wm, wn, tx, ty, min_blocks=1):
                                     bq += 1
                             fetch(a, offa, lda, ta == 0, fa if ta else aq * gsa + ar, k0 + BK,
                                   kdim, m, i0, la, bm, a_buf, zero)
-                            fetch(b, offb, ldb, tb == 1, bq * gsb + br if tb else fb, k0 + BK,
-                                  kdim, n, j0, lb, bn, b_buf, zero)
+                            if implicit:
+                                fetch_conv(b, offb, cols, table, cg, k0 + BK, kdim, lb, b_buf,
+                                           zero)
+                            else:
+                                fetch(b, offb, ldb, tb == 1, bq * gsb + br if tb else fb,
+                                      k0 + BK, kdim, n, j0, lb, bn, b_buf, zero)
                         # Register double buffering: the fragments of row kk+1 are read
                         # while row kk multiplies (the last read runs one row past the slab,
                         # into padding, and is not used). Offsets are written as products
@@ -238,14 +299,18 @@ CONFIGS = {"large": (8, 8, 16, 16, 2), "small": (4, 8, 16, 16, 2), "sim": (2, 2,
 LAYOUTS = ((0, 0), (1, 0), (0, 1))
 VARIANTS = {f"gemm_{ta}{tb}_{cfg}_kernel": gemm_kernel(ta, tb, *CONFIGS[cfg])
             for ta, tb in LAYOUTS for cfg in CONFIGS}
+VARIANTS.update({f"gemm_00_{cfg}_implicit_kernel": gemm_kernel(0, 0, *CONFIGS[cfg], implicit=True)
+                 for cfg in CONFIGS})
+CG_LEN = 13     # the implicit convolution's cg tuple
 
 
 def SIGNATURES(t, acc):
-    from numba import int64
+    from numba import int32, int64
     from numba.core.types import UniTuple
     a, z = t[::1], acc[::1]
     ints = (UniTuple(int64, 3), UniTuple(int64, 3), UniTuple(int64, 6), UniTuple(int64, 8))
+    conv = (int32[::1], UniTuple(int64, CG_LEN))
     # The convolution's forward (layout 00) writes y in the data type; its gradients (10, 01)
     # write workspaces in the accumulation type. bias is read in the data type.
     return {name: (a, a, a if name.startswith("gemm_00") else z, a) + ints + (acc, int64, z)
-            for name in VARIANTS}
+            + conv for name in VARIANTS}

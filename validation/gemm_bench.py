@@ -23,7 +23,7 @@ PLAIN = (1 << 62, 0)
 def run_gemm(kern, cfg, a, b, c, m, n, k, ta, tb):
     from numba import cuda
 
-    from dnnkit.kernels.gemm import shared_bytes
+    from dnnkit.kernels.gemm import CG_LEN, shared_bytes
     wm, wn, tx, ty, _ = cfg
     bm, bn = ty * wm, tx * wn
     grid = (-(-n // bn), min(-(-m // bm), 65535), 1)
@@ -32,7 +32,7 @@ def run_gemm(kern, cfg, a, b, c, m, n, k, ta, tb):
     ldb = k if tb else n
     kern[grid, (tx, ty), 0, shared_bytes(wm, wn, tx, ty, 4)](
         a, b, c, c, (m, n, k), (lda, ldb, n), PLAIN * 3, (1, 1, 0, 0, 0, 0, 0, 0),
-        np.float32(0), 0, acc)
+        np.float32(0), 0, acc, cuda.to_device(np.zeros(4, np.int32)), (0,) * CG_LEN)
 
 
 def main():

@@ -1,5 +1,10 @@
 """The Numba backend of 2-D/3-D convolution: im2col + tiled GEMM, col2im for the data gradient.
 
+The forward reads x as its im2col matrix inside the GEMM (kernels/gemm.py ``implicit``: a
+per-geometry table of tap offsets, no column buffer, one GEMM per group over every image);
+``IMPLICIT = False`` (or an image whose channels of a group pass 2**31 elements) takes the
+column-buffer path below.
+
 Every array is 5-D here (dnnkit/geometry.py): x (N, C, D, H, W), w (K, C/G, T, R, S),
 y (N, K, OD, OH, OW), one float dtype throughout; kernels/conv.py has the math and
 kernels/gemm.py the GEMM. The batch goes through in chunks of images whose column buffer
@@ -90,11 +95,60 @@ def _im2col(x, col, geom, sz, n0, nc, stream):
            (src, col, _geo(geom), nc, arrays.acc_array(x.dtype)))
 
 
+_tables = {}        # (geometry, device) -> (table, cg) of the implicit forward
+# The forward reads x through the implicit GEMM (True) or through an im2col column buffer
+# (False); a module switch for side-by-side timing (validation/implicit_bench.py), not a flag.
+IMPLICIT = True
+
+
+def _implicit_operand(geom, sz):
+    """(table, cg) for kernels/gemm.py's implicit convolution: per filter row k = (c, t, r, s)
+    of a group the tap's input offsets (t'*dd, r'*dh, s'*dw) and its address offset in the
+    group's channels. None when an offset would not fit the table's int32."""
+    key = (geom, arrays.device_id())
+    got = _tables.get(key)
+    if got is not None or key in _tables:
+        return got
+    import numpy as np
+    c, d, h, w = geom.x_shape[1:]
+    cg_, t_, r_, s_ = geom.w_shape[1:]
+    dd, dh, dw = geom.dilation
+    if cg_ * d * h * w >= 2**31:
+        got = None
+    else:
+        cc, tt, rr, ss = (a.ravel() for a in np.meshgrid(
+            np.arange(cg_), np.arange(t_), np.arange(r_), np.arange(s_), indexing="ij"))
+        if geom.flip:       # a true convolution reads the kernel reversed
+            tt, rr, ss = t_ - 1 - tt, r_ - 1 - rr, s_ - 1 - ss
+        dz, dy, dx = tt * dd, rr * dh, ss * dw
+        off = cc * (d * h * w) + (dz * h + dy) * w + dx
+        table = np.stack([dz, dy, dx, off], axis=1).astype(np.int32).ravel()
+        od, oh, ow = geom.out_spatial
+        got = (arrays.constant(table, np.int32),
+               (sz.out, oh * ow, ow, d, h, w) + tuple(geom.stride) + tuple(geom.padding)
+               + (sz.image,))
+    if len(_tables) >= 256:
+        _tables.clear()
+    _tables[key] = got
+    return got
+
+
 def forward(x, w, bias, geom, stream):
     """y = conv(x, w) (+ bias), y shaped geom.y_shape."""
     y = arrays.cuda_empty(geom.y_shape, x.dtype, stream)
     sz = _Sizes(geom, x.dtype.itemsize)
     if sz.empty():
+        return y
+    conv = None if sz.pointwise or not IMPLICIT else _implicit_operand(geom, sz)
+    if conv is not None:
+        # B = im2col(x) read in place (kernels/gemm.py, implicit): column j = (n, o) of every
+        # image at once, group g's channels from g*Cg*D*H*W; C's column j at (j // O)*K*O + j % O
+        o, ko = sz.out, sz.k * sz.out
+        G.gemm("00", arrays.flat(w), arrays.flat(x), arrays.flat(y),
+               (sz.kg, sz.n * o, sz.rows), (sz.rows, 0, o), G.PLAIN * 2 + (o, ko),
+               (sz.groups, 1, sz.kg * sz.rows, 0, sz.image // sz.groups, 0,
+                sz.kg * o, 0), bias=None if bias is None else arrays.flat(bias), stream=stream,
+               conv=conv)
         return y
     col = None if sz.pointwise else arrays.cuda_empty(
         (sz.groups * sz.rows * sz.chunk * sz.out,), x.dtype, stream)

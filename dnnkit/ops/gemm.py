@@ -14,6 +14,8 @@ float64 for float64; C in the data type or in the accumulation type. Launch plan
 grid, tile) are remembered by shape: the per-step GEMMs of an RNN cost only their launch.
 """
 
+import numpy as np
+
 from .. import arrays
 from ..launch import launch
 
@@ -35,28 +37,35 @@ def gemm_config(m, n=1 << 30, batch=1):
 _plans = {}      # (layout, dims, batch sizes, dtype, device) -> (kernel, grid, block, shared, acc)
 
 
-def gemm(layout, a, b, c, dims, lds, grps, batch, *, beta=0.0, bias=None, stream, site=None):
+def gemm(layout, a, b, c, dims, lds, grps, batch, *, beta=0.0, bias=None, stream, site=None,
+         conv=None):
     """Launch kernels/gemm.py's kernel for ``layout`` (see its docstring for the arguments).
     a, b, c, bias: flat device arrays or ``launch.At`` offsets into them. ``site``: a
-    ``launch.Site`` for a loop's repeated call with arguments of unchanging types."""
-    key = (layout, dims, batch[0], batch[1], a.dtype, arrays.device_id())
+    ``launch.Site`` for a loop's repeated call with arguments of unchanging types. ``conv``:
+    (table, cg) of the implicit convolution (B read from x as its im2col matrix; layout 00)."""
+    key = (layout, dims, batch[0], batch[1], a.dtype, arrays.device_id(), conv is not None)
     plan = _plans.get(key)
     if plan is None:
         if len(_plans) >= 4096:
             _plans.clear()
-        plan = _plans[key] = _plan(layout, dims, batch, a.dtype)
-    kernel, grid, block, shared, acc = plan
+        plan = _plans[key] = _plan(layout, dims, batch, a.dtype, conv is not None)
+    kernel, grid, block, shared, acc, dummy = plan
+    table, cg = conv or dummy
     (site or launch)(kernel, grid, block, stream,
            (a, b, c, a if bias is None else bias, dims, lds, grps, batch,
-            acc.dtype.type(beta), int(bias is not None), acc), shared)
+            acc.dtype.type(beta), int(bias is not None), acc, table, cg), shared)
 
 
-def _plan(layout, dims, batch, dtype):
-    from ..kernels.gemm import CONFIGS, VARIANTS, shared_bytes
+def _plan(layout, dims, batch, dtype, implicit):
+    from ..kernels.gemm import CG_LEN, CONFIGS, VARIANTS, shared_bytes
     m, n, _ = dims
     name = gemm_config(m, n, batch[0] * batch[1])
     wm, wn, tx, ty, _ = CONFIGS[name]
     acc = arrays.acc_array(dtype)
     grid = (-(-n // (tx * wn)), min(-(-m // (ty * wm)), 65535), min(batch[0] * batch[1], 65535))
-    return (VARIANTS[f"gemm_{layout}_{name}_kernel"], grid, (tx, ty),
-            shared_bytes(wm, wn, tx, ty, acc.dtype.itemsize), acc)
+    # the implicit convolution's arguments, unused by the other variants: a 4-entry table
+    dummy = None if implicit else (arrays.constant(np.zeros(4), np.int32), (0,) * CG_LEN)
+    kernel = VARIANTS[f"gemm_{layout}_{name}_implicit_kernel" if implicit else
+                      f"gemm_{layout}_{name}_kernel"]
+    return (kernel, grid, (tx, ty), shared_bytes(wm, wn, tx, ty, acc.dtype.itemsize), acc,
+            dummy)
