@@ -98,8 +98,9 @@ def _five(a, shape5):
 
 def _numba_forward(x, w, bias, geom, opts, stream):
     from . import conv_numba   # imports numba: on first use
-    y = conv_numba.forward(_five(x, geom.x_shape), _five(w, geom.w_shape), bias, geom, stream)
-    note_algo("im2col+gemm")
+    y, algo = conv_numba.forward(_five(x, geom.x_shape), _five(w, geom.w_shape), bias, geom,
+                                 stream)
+    note_algo(algo)
     return y.reshape(*geom.user_shape(geom.y_shape))
 
 

@@ -1,9 +1,9 @@
 """The Numba backend of 2-D/3-D convolution: im2col + tiled GEMM, col2im for the data gradient.
 
-The forward reads x as its im2col matrix inside the GEMM (kernels/gemm.py ``implicit``: a
-per-geometry table of tap offsets, no column buffer, one GEMM per group over every image);
-``IMPLICIT = False`` (or an image whose channels of a group pass 2**31 elements) takes the
-column-buffer path below.
+With ``IMPLICIT = True`` the forward reads x as its im2col matrix inside the GEMM
+(kernels/gemm.py ``implicit``: a per-geometry table of tap offsets, no column buffer, one GEMM
+per group over every image; not where a group's channels of one image pass 2**31 elements).
+It is off until timed against the column-buffer path on a GPU (validation/implicit_bench.py).
 
 Every array is 5-D here (dnnkit/geometry.py): x (N, C, D, H, W), w (K, C/G, T, R, S),
 y (N, K, OD, OH, OW), one float dtype throughout; kernels/conv.py has the math and
@@ -98,7 +98,9 @@ def _im2col(x, col, geom, sz, n0, nc, stream):
 _tables = {}        # (geometry, device) -> (table, cg) of the implicit forward
 # The forward reads x through the implicit GEMM (True) or through an im2col column buffer
 # (False); a module switch for side-by-side timing (validation/implicit_bench.py), not a flag.
-IMPLICIT = True
+# Off: correct on the simulator (tests/ops/test_conv.py) but not yet timed on a GPU, where
+# ptxas reports more spills for it than for the plain GEMM (validation/NOTES.md).
+IMPLICIT = False
 
 
 def _implicit_operand(geom, sz):
@@ -134,11 +136,11 @@ def _implicit_operand(geom, sz):
 
 
 def forward(x, w, bias, geom, stream):
-    """y = conv(x, w) (+ bias), y shaped geom.y_shape."""
+    """(y, the algorithm's name): y = conv(x, w) (+ bias), shaped geom.y_shape."""
     y = arrays.cuda_empty(geom.y_shape, x.dtype, stream)
     sz = _Sizes(geom, x.dtype.itemsize)
     if sz.empty():
-        return y
+        return y, "im2col+gemm"
     conv = None if sz.pointwise or not IMPLICIT else _implicit_operand(geom, sz)
     if conv is not None:
         # B = im2col(x) read in place (kernels/gemm.py, implicit): column j = (n, o) of every
@@ -149,7 +151,7 @@ def forward(x, w, bias, geom, stream):
                (sz.groups, 1, sz.kg * sz.rows, 0, sz.image // sz.groups, 0,
                 sz.kg * o, 0), bias=None if bias is None else arrays.flat(bias), stream=stream,
                conv=conv)
-        return y
+        return y, "implicit_gemm"
     col = None if sz.pointwise else arrays.cuda_empty(
         (sz.groups * sz.rows * sz.chunk * sz.out,), x.dtype, stream)
     wf, yf = arrays.flat(w), arrays.flat(y)
@@ -165,7 +167,7 @@ def forward(x, w, bias, geom, stream):
         G.gemm("00", wf, b, yf[n0 * ko:], (sz.kg, nc * o, sz.rows), (sz.rows, ldb, o),
               G.PLAIN + gb + (o, ko), (sz.groups, 1, sz.kg * sz.rows, 0, b1, 0, sz.kg * o, 0),
               bias=None if bias is None else arrays.flat(bias), stream=stream)
-    return y
+    return y, "im2col+gemm"
 
 
 def backward_data(dy, w, geom, stream):

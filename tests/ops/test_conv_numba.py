@@ -121,7 +121,7 @@ def _run_all(rng, g, dtype):
     x, w, b, dy = (cuda.to_device(a) for a in host)
     x64, w64, b64, dy64 = (a.astype(np.float64) for a in host)
     s = cuda.default_stream()
-    got = {"forward": conv_numba.forward(x, w, b, g, s),
+    got = {"forward": conv_numba.forward(x, w, b, g, s)[0],
            "data": conv_numba.backward_data(dy, w, g, s),
            "filter": conv_numba.backward_filter(x, dy, g, s),
            "bias": conv_numba.backward_bias(dy, s)}
@@ -140,6 +140,32 @@ def _check(errors, dtype):
 @pytest.mark.parametrize("name", list(CASES))
 def test_matches_reference(rng, name, dtype):
     _check(_run_all(rng, CASES[name], dtype), dtype)
+
+
+@pytest.mark.parametrize("dtype", list(TOL))
+@pytest.mark.parametrize("name", list(CASES))
+def test_implicit_forward_matches_reference(rng, monkeypatch, name, dtype):
+    """The forward through the implicit GEMM (x read as its im2col matrix through the tap
+    table, no column buffer; off by default until timed on a GPU) on every geometry; 1x1
+    stride-1 unpadded ones keep the in-place path."""
+    monkeypatch.setattr(conv_numba, "IMPLICIT", True)
+    _check(_run_all(rng, CASES[name], dtype), dtype)
+    from numba import cuda
+    g = CASES[name]
+    x, w = (cuda.to_device(np.ones(sh, dtype)) for sh in (g.x_shape, g.w_shape))
+    algo = conv_numba.forward(x, w, None, g, cuda.default_stream())[1]
+    assert algo == ("im2col+gemm" if conv_numba._Sizes(g, 4).pointwise else "implicit_gemm")
+
+
+@pytest.mark.parametrize("config", ["small", "large"])
+def test_implicit_forward_on_gpu_gemm_tiles(rng, monkeypatch, config):
+    """The implicit forward with the GPU's tile configurations (256 threads; columns decoded
+    by the first 128 threads, edge tiles past the last column read as padding)."""
+    from dnnkit.ops import gemm
+    monkeypatch.setattr(gemm, "gemm_config", lambda *a: config)
+    monkeypatch.setattr(conv_numba, "IMPLICIT", True)
+    g = _geom((3, 3, 1, 4, 3), (5, 3, 1, 2, 2), (1, 1, 1), (0, 1, 0), (1, 1, 2))
+    _check(_run_all(rng, g, "float32"), "float32")
 
 
 @pytest.mark.parametrize("images", [1, 2])
