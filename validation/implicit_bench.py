@@ -41,13 +41,13 @@ def main():
             ref = torch.nn.functional.conv2d(torch.as_tensor(xh, dtype=torch.float64),
                                              torch.as_tensor(wh, dtype=torch.float64),
                                              **kw).numpy()
-        outs, times = {}, {}
+        outs, times, default = {}, {}, conv_numba.IMPLICIT
         for name, implicit in (("im2col", False), ("impl", True)):
             conv_numba.IMPLICIT = implicit
             outs[name] = dnnkit.conv2d(x, w, backend="numba", **kw).copy_to_host()
             times[name] = median_ms(lambda i: dnnkit.conv2d(x, w, backend="numba", **kw),
                                     args.reps)
-        conv_numba.IMPLICIT = True
+        conv_numba.IMPLICIT = default
         times["cudnn"] = median_ms(lambda i: dnnkit.conv2d(x, w, backend="cudnn", **kw),
                                    args.reps) if dnnkit.backends.status().cudnn_available else float("nan")
         if torch is None:
