@@ -22,15 +22,19 @@ lets the convolution walk (image, position) columns straight through NCHW tensor
   - C (m x n):    C[i, j] = c[offc + i*ldc + g_C(j)].
 Offsets: offa = z1*a1 + z2*a2, offb = z1*b1 + z2*b2, offc = z1*c1 + z2*c2.
 
-Implicit convolution (``implicit=True``, layout 00 only): B is the im2col matrix of a
-convolution's input, read straight from x with no column buffer. Column j = (n, od, oh, ow)
-of the output, row k = (c, t, r, s) of the filter; ``table`` holds per row k four int32
-(dz, dy, dx, off): the tap's input offsets t'*dd, r'*dh, s'*dw (t' = T-1-t for a flipped
-kernel) and its address offset c*D*H*W + (dz*H + dy)*W + dx; ``cg`` = (O, OH*OW, OW, D, H, W,
-sd, sh, sw, pd, ph, pw, C*D*H*W). A thread decodes its staged column once per tile (the corner
-(od*sd - pd, oh*sh - ph, ow*sw - pw) and the image's base) and per element reads one table row
-(16 bytes, from cache) and checks the tap against the input's bounds (0 outside, as padding):
-B[k, j] = x[offb + base(j) + off(k)]. The other variants take a dummy table and cg.
+Implicit convolution (``implicit=True``): B is a convolution's im2col matrix (layout 00, the
+forward: row (c, t, r, s), column (n, od, oh, ow)) or its transpose (layout 01, the filter
+gradient: row (n, od, oh, ow), column (c, t, r, s)), read straight from x with no column
+buffer. ``table`` holds per filter row (c, t, r, s) four int32 (dz, dy, dx, off): the tap's
+input offsets t'*dd, r'*dh, s'*dw (t' = T-1-t for a flipped kernel) and its address offset
+c*D*H*W + (dz*H + dy)*W + dx; ``cg`` = (O, OH*OW, OW, D, H, W, sd, sh, sw, pd, ph, pw,
+C*D*H*W). An output position decodes to its window's corner (od*sd - pd, oh*sh - ph,
+ow*sw - pw) and image base; an element then reads one table row (16 bytes, from cache) and
+checks the tap against the input's bounds (0 outside, as padding):
+B = x[offb + base(position) + off(filter row)]. Layout 00 decodes the tile's columns once per
+tile into shared memory (``corner``); layout 01's positions are its k, which a thread walks
+as (image, position) pairs like any grouped k-fast index (``gb`` = O) and decodes once per
+slab. The other variants take a dummy table and cg.
 
 Pipeline: a BK-deep slab of A (stored k-major, BM+PAD per row) and of B (BN+PAD per row) per
 stage, two stages in dynamic shared memory (``shared_bytes``). While the block multiplies
@@ -65,6 +69,27 @@ def _split(x, grp):
     return x // grp, x % grp
 
 
+@cuda.jit(device=True, inline=True)
+def _corner(pos, cg):
+    """The input corner (od*sd - pd, oh*sh - ph, ow*sw - pw) of output position ``pos``'s
+    window, and its offset (zb*H + yb)*W + xb (implicit convolution, module docstring)."""
+    zb = (pos // cg[1]) * cg[6] - cg[9]
+    yb = ((pos % cg[1]) // cg[2]) * cg[7] - cg[10]
+    xb = (pos % cg[2]) * cg[8] - cg[11]
+    return zb, yb, xb, (zb * cg[4] + yb) * cg[5] + xb
+
+
+@cuda.jit(device=True, inline=True)
+def _tap(src, at, zb, yb, xb, table, row, cg, zero):
+    """x at ``at`` + filter row ``row``'s offset for the window at corner (zb, yb, xb); zero
+    where the tap falls outside the input (padding)."""
+    e = uint64(4 * row)
+    iz, iy, ix = zb + table[e], yb + table[e + 1], xb + table[e + 2]
+    if 0 <= iz < cg[3] and 0 <= iy < cg[4] and 0 <= ix < cg[5]:
+        return src[uint64(at + table[e + 3])] + zero
+    return zero
+
+
 @functools.lru_cache(maxsize=None)
 def gemm_kernel(ta, tb, wm, wn, tx, ty, min_blocks=1, implicit=False):
     """The kernel for layout (ta, tb) with a (wm x wn)-per-thread tile and (tx, ty) threads.
@@ -72,13 +97,13 @@ def gemm_kernel(ta, tb, wm, wn, tx, ty, min_blocks=1, implicit=False):
     NT % tile == 0 for the other (tile = BM or BN), with NT | BK*tile. ``min_blocks``: blocks
     per SM the register allocation must leave room for (CUDA launch bounds). ``implicit``: B
     is a convolution's input read as its im2col matrix (layout 00; module docstring)."""
-    if implicit and (ta, tb) != (0, 0):
-        raise ValueError("gemm_kernel: the implicit convolution operand needs layout 00")
+    if implicit and ta != 0:
+        raise ValueError("gemm_kernel: the implicit convolution operand needs layout 00 or 01")
     bm, bn, nt = ty * wm, tx * wn, tx * ty
     sa, sb = bm + PAD, bn + PAD                 # shared row lengths
     stage = BK * (sa + sb)
     la, lb = bm * BK // nt, bn * BK // nt       # staged elements per thread per slab
-    ncols = 4 * bn if implicit else 1           # implicit: the tile's decoded columns
+    ncols = 4 * bn if implicit and tb == 0 else 1     # implicit 00: decoded tile columns
     for fast, tile in ((ta == 0, bm), (tb == 1, bn)):
         if (nt % BK if fast else nt % tile) or (BK * tile) % nt:
             raise ValueError(f"gemm_kernel: {nt} threads cannot stage a {tile} x {BK} slab")
@@ -113,10 +138,8 @@ def gemm_kernel(ta, tb, wm, wn, tx, ty, min_blocks=1, implicit=False):
         if t < bn:
             jj = j0 + t
             img, pos = jj // cg[0], jj % cg[0]
-            zb = (pos // cg[1]) * cg[6] - cg[9]
-            yb = ((pos % cg[1]) // cg[2]) * cg[7] - cg[10]
-            xb = (pos % cg[2]) * cg[8] - cg[11]
-            cols[4 * t] = img * cg[12] + (zb * cg[4] + yb) * cg[5] + xb
+            zb, yb, xb, at = _corner(pos, cg)
+            cols[4 * t] = img * cg[12] + at
             cols[4 * t + 1] = zb if jj < n else -(1 << 62)
             cols[4 * t + 2], cols[4 * t + 3] = yb, xb
 
@@ -130,13 +153,34 @@ def gemm_kernel(ta, tb, wm, wn, tx, ty, min_blocks=1, implicit=False):
         base, zb, yb, xb = cols[4 * r], cols[4 * r + 1], cols[4 * r + 2], cols[4 * r + 3]
         for q in range(count):
             k = k0 + t // bn + (nt // bn) * q
-            v = zero
-            if k < kdim:
-                e = uint64(4 * k)
-                iz, iy, ix = zb + table[e], yb + table[e + 1], xb + table[e + 2]
-                if 0 <= iz < cg[3] and 0 <= iy < cg[4] and 0 <= ix < cg[5]:
-                    v = src[uint64(off + base + table[e + 3])] + zero
-            reg[q] = v
+            reg[q] = _tap(src, off + base, zb, yb, xb, table, k, cg, zero) if k < kdim \
+                else zero
+
+    @cuda.jit(device=True, inline=True)
+    def fetch_conv_k(src, off, img_base, pos, table, cg, k0, kdim, j0, n, count, reg, zero):
+        """Layout 01: reg[q] = B[k, j] of the implicit filter gradient for this thread's
+        staged elements (r, kk) = (t//BK + NT//BK*q, t%BK): row k = k0 + kk is the output
+        position ``pos`` of the image at ``img_base`` (the caller walks them), column
+        j = j0 + r a filter row from ``table``."""
+        t = cuda.threadIdx.y * tx + cuda.threadIdx.x
+        zb, yb, xb, at = _corner(pos, cg)
+        kin = k0 + t % BK < kdim
+        for q in range(count):
+            j = j0 + t // BK + (nt // BK) * q
+            reg[q] = _tap(src, off + img_base + at, zb, yb, xb, table, j, cg, zero) \
+                if kin and j < n else zero
+
+    @cuda.jit(device=True, inline=True)
+    def fetch_b(b, offb, ldb, fb, bq, gsb, br, k0, kdim, n, j0, cols, table, cg, reg, zero):
+        """This thread's share of B's slab at k0 (``fetch``, or the implicit convolution's
+        ``fetch_conv`` / ``fetch_conv_k``)."""
+        if implicit and tb == 0:
+            fetch_conv(b, offb, cols, table, cg, k0, kdim, lb, reg, zero)
+        elif implicit:
+            fetch_conv_k(b, offb, bq * gsb, br, table, cg, k0, kdim, j0, n, lb, reg, zero)
+        else:
+            fetch(b, offb, ldb, tb == 1, bq * gsb + br if tb else fb, k0, kdim, n, j0, lb, bn,
+                  reg, zero)
 
     @cuda.jit(device=True, inline=True)
     def stash(sh, base, kfast, count, tile, reg):
@@ -200,7 +244,7 @@ def gemm_kernel(ta, tb, wm, wn, tx, ty, min_blocks=1, implicit=False):
                     # fixed (non-k) offsets of the non-k-fast operands, once per tile
                     fa = 0 if ta == 0 else koffset(i0 + t % bm, ga, gsa)
                     fb = 0 if tb == 1 else koffset(j0 + t % bn, gb, gsb)
-                    if implicit:    # the tile's columns (n, od, oh, ow), decoded once
+                    if implicit and tb == 0:    # the tile's columns (n, od, oh, ow)
                         corner(cols, j0, n, cg)
                         cuda.syncthreads()
                     # k-fast operands: (quotient, remainder) of k = k0 + kk, walked per slab
@@ -208,11 +252,8 @@ def gemm_kernel(ta, tb, wm, wn, tx, ty, min_blocks=1, implicit=False):
                     bq, br = _split(kk_b, gb)
                     fetch(a, offa, lda, ta == 0, fa if ta else aq * gsa + ar, 0, kdim, m, i0,
                           la, bm, a_buf, zero)
-                    if implicit:
-                        fetch_conv(b, offb, cols, table, cg, 0, kdim, lb, b_buf, zero)
-                    else:
-                        fetch(b, offb, ldb, tb == 1, bq * gsb + br if tb else fb, 0, kdim, n,
-                              j0, lb, bn, b_buf, zero)
+                    fetch_b(b, offb, ldb, fb, bq, gsb, br, 0, kdim, n, j0, cols, table, cg,
+                            b_buf, zero)
                     stash(sh, 0, ta == 0, la, bm, a_buf)
                     stash(sh, BK * sa, tb == 1, lb, bn, b_buf)
                     cuda.syncthreads()
@@ -232,12 +273,8 @@ def gemm_kernel(ta, tb, wm, wn, tx, ty, min_blocks=1, implicit=False):
                                     bq += 1
                             fetch(a, offa, lda, ta == 0, fa if ta else aq * gsa + ar, k0 + BK,
                                   kdim, m, i0, la, bm, a_buf, zero)
-                            if implicit:
-                                fetch_conv(b, offb, cols, table, cg, k0 + BK, kdim, lb, b_buf,
-                                           zero)
-                            else:
-                                fetch(b, offb, ldb, tb == 1, bq * gsb + br if tb else fb,
-                                      k0 + BK, kdim, n, j0, lb, bn, b_buf, zero)
+                            fetch_b(b, offb, ldb, fb, bq, gsb, br, k0 + BK, kdim, n, j0, cols,
+                                    table, cg, b_buf, zero)
                         # Register double buffering: the fragments of row kk+1 are read
                         # while row kk multiplies (the last read runs one row past the slab,
                         # into padding, and is not used). Offsets are written as products
@@ -299,8 +336,9 @@ CONFIGS = {"large": (8, 8, 16, 16, 2), "small": (4, 8, 16, 16, 2), "sim": (2, 2,
 LAYOUTS = ((0, 0), (1, 0), (0, 1))
 VARIANTS = {f"gemm_{ta}{tb}_{cfg}_kernel": gemm_kernel(ta, tb, *CONFIGS[cfg])
             for ta, tb in LAYOUTS for cfg in CONFIGS}
-VARIANTS.update({f"gemm_00_{cfg}_implicit_kernel": gemm_kernel(0, 0, *CONFIGS[cfg], implicit=True)
-                 for cfg in CONFIGS})
+VARIANTS.update({f"gemm_0{tb}_{cfg}_implicit_kernel":
+                 gemm_kernel(0, tb, *CONFIGS[cfg], implicit=True)
+                 for tb in (0, 1) for cfg in CONFIGS})
 CG_LEN = 13     # the implicit convolution's cg tuple
 
 

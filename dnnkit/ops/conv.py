@@ -113,9 +113,9 @@ def _numba_backward_data(dy, w, geom, opts, stream):
 
 def _numba_backward_filter(x, dy, geom, opts, stream):
     from . import conv_numba   # imports numba: on first use
-    dw = conv_numba.backward_filter(_five(x, geom.x_shape), _five(dy, geom.y_shape), geom,
-                                    stream)
-    note_algo("im2col+gemm")
+    dw, algo = conv_numba.backward_filter(_five(x, geom.x_shape), _five(dy, geom.y_shape),
+                                          geom, stream)
+    note_algo(algo)
     return dw.reshape(*geom.user_shape(geom.w_shape))
 
 

@@ -1,9 +1,10 @@
 """The Numba backend of 2-D/3-D convolution: im2col + tiled GEMM, col2im for the data gradient.
 
-With ``IMPLICIT = True`` the forward reads x as its im2col matrix inside the GEMM
-(kernels/gemm.py ``implicit``: a per-geometry table of tap offsets, no column buffer, one GEMM
-per group over every image; not where a group's channels of one image pass 2**31 elements).
-It is off until timed against the column-buffer path on a GPU (validation/implicit_bench.py).
+With ``IMPLICIT = True`` the forward and the filter gradient read x as its im2col matrix (or
+its transpose) inside the GEMM (kernels/gemm.py ``implicit``: a per-geometry table of tap
+offsets, no column buffer, every image in one pass; not where a group's channels of one image
+pass 2**31 elements). It is off until timed against the column-buffer path on a GPU
+(validation/implicit_bench.py).
 
 Every array is 5-D here (dnnkit/geometry.py): x (N, C, D, H, W), w (K, C/G, T, R, S),
 y (N, K, OD, OH, OW), one float dtype throughout; kernels/conv.py has the math and
@@ -96,9 +97,9 @@ def _im2col(x, col, geom, sz, n0, nc, stream):
 
 
 _tables = {}        # (geometry, device) -> (table, cg) of the implicit forward
-# The forward reads x through the implicit GEMM (True) or through an im2col column buffer
-# (False); a module switch for side-by-side timing (validation/implicit_bench.py), not a flag.
-# Off: correct on the simulator (tests/ops/test_conv.py) but not yet timed on a GPU, where
+# The forward and the filter gradient read x through the implicit GEMM (True) or through an
+# im2col column buffer (False): a module switch for side-by-side timing
+# (validation/implicit_bench.py), not a flag. Off: correct on the simulator (tests/ops/test_conv.py) but not yet timed on a GPU, where
 # ptxas reports more spills for it than for the plain GEMM (validation/NOTES.md).
 IMPLICIT = False
 
@@ -206,25 +207,29 @@ def _largest_divisor(n, cap):
     return d
 
 
-def _filter_parts(sz, dw_bytes):
+def _filter_parts(sz, dw_bytes, images=None):
     """Image slices reduced by separate blocks: enough blocks to fill the GPU, within the
-    workspace budget, dividing the chunk evenly."""
+    workspace budget, dividing the chunk (or ``images``) evenly."""
     from ..kernels.gemm import CONFIGS
     wm, wn, tx, ty, _ = CONFIGS[G.gemm_config(sz.kg, sz.rows, sz.groups)]
     blocks = -(-sz.kg // (ty * wm)) * -(-sz.rows // (tx * wn)) * sz.groups
     cap = min(max(1, TARGET_BLOCKS // blocks), COL_BUDGET_BYTES // dw_bytes)
-    return _largest_divisor(sz.chunk, cap)
+    return _largest_divisor(images or sz.chunk, cap)
 
 
 def backward_filter(x, dy, geom, stream):
-    """dw = the gradient of sum(conv(x, w) * dy) wrt w, shaped geom.w_shape."""
+    """(dw, the algorithm's name): dw = the gradient of sum(conv(x, w) * dy) wrt w, shaped
+    geom.w_shape."""
     dw = arrays.cuda_empty(geom.w_shape, x.dtype, stream)
     sz = _Sizes(geom, x.dtype.itemsize)
     if dw.size == 0:
-        return dw
+        return dw, "im2col+gemm"
     if sz.empty():
-        return _zeros(dw, stream)
+        return _zeros(dw, stream), "im2col+gemm"
     acc = arrays.acc_array(x.dtype)
+    conv = None if sz.pointwise or not IMPLICIT else _implicit_operand(geom, sz)
+    if conv is not None:
+        return _implicit_filter(x, dy, dw, conv, sz, acc, stream), "implicit_gemm"
     parts = _filter_parts(sz, dw.size * acc.dtype.itemsize)
     ws = arrays.cuda_empty((parts * dw.size,), acc.dtype, stream)
     col = None if sz.pointwise else arrays.cuda_empty(
@@ -248,6 +253,25 @@ def backward_filter(x, dy, geom, stream):
               (o, ko) + gb + G.PLAIN,
               (sz.groups, p, sz.kg * o, per * ko, b1, b2, sz.kg * sz.rows, dw.size),
               beta=0.0 if i == 0 else 1.0, stream=stream)
+    _elementwise(_kernels().conv_wsum_bwd_kernel, dw.size, stream,
+                 (ws, arrays.flat(dw), parts, dw.size, acc))
+    return dw, "im2col+gemm"
+
+
+def _implicit_filter(x, dy, dw, conv, sz, acc, stream):
+    """The filter gradient through the implicit GEMM (layout 01: B = im2col(x)^T read from x,
+    its k = (image, position) walked with ``gb`` = O): every image at once, in ``parts``
+    slices of whole images reduced by separate blocks and summed as in the column path."""
+    parts = _filter_parts(sz, dw.size * acc.dtype.itemsize, images=sz.n)
+    per, o, ko = sz.n // parts, sz.out, sz.k * sz.out
+    ws = arrays.cuda_empty((parts * dw.size,), acc.dtype, stream)
+    # ws[q, g*Kg + i, j] = sum_k dy_g[i, k] x-col[g*rows + j, q*per*O + k]: A's k at
+    # (k // O)*K*O + k % O; B's k = (image, position) at image stride C*D*H*W (offset of group
+    # g's channels and of slice q in the batch entry)
+    G.gemm("01", arrays.flat(dy), arrays.flat(x), ws, (sz.kg, sz.rows, per * o),
+           (o, 0, sz.rows), (o, ko) + (o, sz.image) + G.PLAIN,
+           (sz.groups, parts, sz.kg * o, per * ko, sz.image // sz.groups, per * sz.image,
+            sz.kg * sz.rows, dw.size), stream=stream, conv=conv)
     _elementwise(_kernels().conv_wsum_bwd_kernel, dw.size, stream,
                  (ws, arrays.flat(dw), parts, dw.size, acc))
     return dw

@@ -123,7 +123,7 @@ def _run_all(rng, g, dtype):
     s = cuda.default_stream()
     got = {"forward": conv_numba.forward(x, w, b, g, s)[0],
            "data": conv_numba.backward_data(dy, w, g, s),
-           "filter": conv_numba.backward_filter(x, dy, g, s),
+           "filter": conv_numba.backward_filter(x, dy, g, s)[0],
            "bias": conv_numba.backward_bias(dy, s)}
     want = {"forward": ref_forward(x64, w64, b64, g), "data": ref_backward_data(dy64, w64, g),
             "filter": ref_backward_filter(x64, dy64, g), "bias": ref_backward_bias(dy64)}
@@ -144,23 +144,26 @@ def test_matches_reference(rng, name, dtype):
 
 @pytest.mark.parametrize("dtype", list(TOL))
 @pytest.mark.parametrize("name", list(CASES))
-def test_implicit_forward_matches_reference(rng, monkeypatch, name, dtype):
-    """The forward through the implicit GEMM (x read as its im2col matrix through the tap
-    table, no column buffer; off by default until timed on a GPU) on every geometry; 1x1
-    stride-1 unpadded ones keep the in-place path."""
+def test_implicit_forward_and_filter_gradient_match_reference(rng, monkeypatch, name, dtype):
+    """The forward and the filter gradient through the implicit GEMM (x read as its im2col
+    matrix, or its transpose, through the tap table: no column buffer; off by default until
+    timed on a GPU) on every geometry; 1x1 stride-1 unpadded ones keep the in-place path."""
     monkeypatch.setattr(conv_numba, "IMPLICIT", True)
     _check(_run_all(rng, CASES[name], dtype), dtype)
     from numba import cuda
-    g = CASES[name]
-    x, w = (cuda.to_device(np.ones(sh, dtype)) for sh in (g.x_shape, g.w_shape))
-    algo = conv_numba.forward(x, w, None, g, cuda.default_stream())[1]
-    assert algo == ("im2col+gemm" if conv_numba._Sizes(g, 4).pointwise else "implicit_gemm")
+    g, s = CASES[name], cuda.default_stream()
+    x, w, dy = (cuda.to_device(np.ones(sh, dtype)) for sh in (g.x_shape, g.w_shape, g.y_shape))
+    want = "im2col+gemm" if conv_numba._Sizes(g, 4).pointwise else "implicit_gemm"
+    assert conv_numba.forward(x, w, None, g, s)[1] == want
+    assert conv_numba.backward_filter(x, dy, g, s)[1] == want
 
 
 @pytest.mark.parametrize("config", ["small", "large"])
-def test_implicit_forward_on_gpu_gemm_tiles(rng, monkeypatch, config):
-    """The implicit forward with the GPU's tile configurations (256 threads; columns decoded
-    by the first 128 threads, edge tiles past the last column read as padding)."""
+def test_implicit_paths_on_gpu_gemm_tiles(rng, monkeypatch, config):
+    """The implicit forward and filter gradient with the GPU's tile configurations (256
+    threads; forward columns decoded by the first 128 threads, edge tiles past the last
+    column read as padding; the filter gradient's (image, position) walk over several
+    images per slice)."""
     from dnnkit.ops import gemm
     monkeypatch.setattr(gemm, "gemm_config", lambda *a: config)
     monkeypatch.setattr(conv_numba, "IMPLICIT", True)
