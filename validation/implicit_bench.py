@@ -1,9 +1,9 @@
-"""The Numba convolution forward and filter gradient with and without the implicit GEMM, side
-by side in one run.
+"""The Numba convolution (forward, data and filter gradients) with and without the implicit
+GEMM, side by side in one run (the data gradient is implicit at stride 1 only).
 
     python -m validation.implicit_bench [--reps 20] [--batch 32]
 
-For each ResNet-50 layer of validation/conv_bench.py (float32) and each of the two passes: the
+For each ResNet-50 layer of validation/conv_bench.py (float32) and each of the three passes: the
 max relative error of both Numba paths against PyTorch's float64 result (against each other
 without PyTorch), then the time per call (median of CUDA-event timed samples after a warm-up)
 of the im2col + GEMM path, the implicit GEMM path (kernels/gemm.py ``implicit``: no column
@@ -27,6 +27,7 @@ def _reference(torch, xh, wh, dyh, kw):
         return None
     t = [torch.as_tensor(a, dtype=torch.float64) for a in (xh, wh, dyh)]
     return {"fwd": torch.nn.functional.conv2d(t[0], t[1], **kw).numpy(),
+            "bwd_data": torch.nn.grad.conv2d_input(t[0].shape, t[1], t[2], **kw).numpy(),
             "bwd_filter": torch.nn.grad.conv2d_weight(t[0], t[1].shape, t[2], **kw).numpy()}
 
 
@@ -53,6 +54,8 @@ def main():
         dy = cuda.to_device(dyh)
         refs = _reference(torch, xh, wh, dyh, kw)
         calls = {"fwd": lambda b: dnnkit.conv2d(x, w, backend=b, **kw),
+                 "bwd_data": lambda b: dnnkit.conv2d_backward_data(dy, w, x.shape, backend=b,
+                                                                   **kw),
                  "bwd_filter": lambda b: dnnkit.conv2d_backward_filter(x, dy, w.shape,
                                                                        backend=b, **kw)}
         for pas, call in calls.items():

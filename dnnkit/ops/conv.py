@@ -106,8 +106,9 @@ def _numba_forward(x, w, bias, geom, opts, stream):
 
 def _numba_backward_data(dy, w, geom, opts, stream):
     from . import conv_numba   # imports numba: on first use
-    dx = conv_numba.backward_data(_five(dy, geom.y_shape), _five(w, geom.w_shape), geom, stream)
-    note_algo("gemm+col2im")
+    dx, algo = conv_numba.backward_data(_five(dy, geom.y_shape), _five(w, geom.w_shape), geom,
+                                        stream)
+    note_algo(algo)
     return dx.reshape(*geom.user_shape(geom.x_shape))
 
 

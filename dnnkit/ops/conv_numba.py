@@ -1,9 +1,10 @@
 """The Numba backend of 2-D/3-D convolution: im2col + tiled GEMM, col2im for the data gradient.
 
 With ``IMPLICIT = True`` the forward and the filter gradient read x as its im2col matrix (or
-its transpose) inside the GEMM (kernels/gemm.py ``implicit``: a per-geometry table of tap
-offsets, no column buffer, every image in one pass; not where a group's channels of one image
-pass 2**31 elements). It is off until timed against the column-buffer path on a GPU
+its transpose) inside the GEMM, and a stride-1 data gradient reads dy as the column matrix of
+the convolution that it is (kernels/gemm.py ``implicit``: a per-geometry table of tap offsets,
+no column buffer, no col2im, every image in one pass; not where a group's channels of one
+image pass 2**31 elements). It is off until timed against the column-buffer path on a GPU
 (validation/implicit_bench.py).
 
 Every array is 5-D here (dnnkit/geometry.py): x (N, C, D, H, W), w (K, C/G, T, R, S),
@@ -104,32 +105,44 @@ _tables = {}        # (geometry, device) -> (table, cg) of the implicit forward
 IMPLICIT = False
 
 
-def _implicit_operand(geom, sz):
-    """(table, cg) for kernels/gemm.py's implicit convolution: per filter row k = (c, t, r, s)
-    of a group the tap's input offsets (t'*dd, r'*dh, s'*dw) and its address offset in the
-    group's channels. None when an offset would not fit the table's int32."""
-    key = (geom, arrays.device_id())
+def _implicit_operand(geom, sz, dgrad=False):
+    """(table, cg) for kernels/gemm.py's implicit convolution: per filter row (c, t, r, s) of
+    a group the tap's offsets (dz, dy, dx) from a window's corner and its address offset in
+    the group's channels of the array read (x; for ``dgrad`` dy). None when an offset would not
+    fit the table's int32, or (dgrad) for a stride above 1.
+
+    ``dgrad``: the data gradient of a stride-1 convolution is itself a convolution, of dy:
+    dx[c, i] = sum over (k, t, r, s) of w[k, c, t, r, s] dy[k, i + p - t'*d], so dy is read as
+    the column matrix with rows (k, t, r, s), taps at -t'*d from the corner i + p."""
+    key = (geom, dgrad, arrays.device_id())
     got = _tables.get(key)
     if got is not None or key in _tables:
         return got
     import numpy as np
-    c, d, h, w = geom.x_shape[1:]
-    cg_, t_, r_, s_ = geom.w_shape[1:]
+    t_, r_, s_ = geom.w_shape[2:]
+    if dgrad:
+        chans, (d, h, w), sign = sz.kg, geom.out_spatial, -1
+        positions, (pd, ph, pw) = geom.x_shape[2:], (-p for p in geom.padding)
+        stride, image = (1, 1, 1), sz.k * sz.out
+    else:
+        chans, (d, h, w), sign = geom.w_shape[1], geom.x_shape[2:], 1
+        positions, (pd, ph, pw) = geom.out_spatial, geom.padding
+        stride, image = geom.stride, sz.image
     dd, dh, dw = geom.dilation
-    if cg_ * d * h * w >= 2**31:
+    if chans * d * h * w >= 2**31 or (dgrad and max(geom.stride) != 1):
         got = None
     else:
         cc, tt, rr, ss = (a.ravel() for a in np.meshgrid(
-            np.arange(cg_), np.arange(t_), np.arange(r_), np.arange(s_), indexing="ij"))
+            np.arange(chans), np.arange(t_), np.arange(r_), np.arange(s_), indexing="ij"))
         if geom.flip:       # a true convolution reads the kernel reversed
             tt, rr, ss = t_ - 1 - tt, r_ - 1 - rr, s_ - 1 - ss
-        dz, dy, dx = tt * dd, rr * dh, ss * dw
+        dz, dy, dx = sign * tt * dd, sign * rr * dh, sign * ss * dw
         off = cc * (d * h * w) + (dz * h + dy) * w + dx
         table = np.stack([dz, dy, dx, off], axis=1).astype(np.int32).ravel()
-        od, oh, ow = geom.out_spatial
+        _, oh, ow = positions
         got = (arrays.constant(table, np.int32),
-               (sz.out, oh * ow, ow, d, h, w) + tuple(geom.stride) + tuple(geom.padding)
-               + (sz.image,))
+               (_prod(positions), oh * ow, ow, d, h, w) + tuple(stride) + (pd, ph, pw)
+               + (image,))
     if len(_tables) >= 256:
         _tables.clear()
     _tables[key] = got
@@ -172,14 +185,28 @@ def forward(x, w, bias, geom, stream):
 
 
 def backward_data(dy, w, geom, stream):
-    """dx = the gradient of sum(conv(x, w) * dy) wrt x, shaped geom.x_shape."""
+    """(dx, the algorithm's name): dx = the gradient of sum(conv(x, w) * dy) wrt x, shaped
+    geom.x_shape."""
     dx = arrays.cuda_empty(geom.x_shape, dy.dtype, stream)
     acc = arrays.acc_array(dy.dtype)
     sz = _Sizes(geom, acc.dtype.itemsize)
     if dx.size == 0:
-        return dx
+        return dx, "gemm+col2im"
     if sz.empty():
-        return _zeros(dx, stream)
+        return _zeros(dx, stream), "gemm+col2im"
+    conv = None if sz.pointwise or not IMPLICIT else _implicit_operand(geom, sz, dgrad=True)
+    if conv is not None:
+        # dx_g = W_g^T (Cg x Kg*TRS: row c at c*TRS, k = (k', trs) at k'*Cg*TRS + trs) times
+        # dy read as the column matrix of a stride-1 convolution (implicit); dx's column
+        # j = (n, i) at (j // DHW)*C*DHW + j % DHW. One batch entry per group.
+        dhw, trs = sz.image // sz.c, sz.rows // (sz.c // sz.groups)
+        cg_ = sz.c // sz.groups
+        G.gemm("00", arrays.flat(w), arrays.flat(dy), arrays.flat(dx),
+               (cg_, sz.n * dhw, sz.kg * trs), (trs, 0, dhw),
+               (trs, cg_ * trs) + G.PLAIN + (dhw, sz.image),
+               (sz.groups, 1, sz.kg * sz.rows, 0, sz.kg * sz.out, 0, cg_ * dhw, 0),
+               stream=stream, conv=conv)
+        return dx, "implicit_gemm"
     dcol = None if sz.pointwise else arrays.cuda_empty(
         (sz.groups * sz.rows * sz.chunk * sz.out,), acc.dtype, stream)
     wf, dyf, dxf = arrays.flat(w), arrays.flat(dy), arrays.flat(dx)
@@ -197,7 +224,7 @@ def backward_data(dy, w, geom, stream):
         if not sz.pointwise:
             _elementwise(_kernels().conv_col2im_bwd_kernel, nc * sz.image, stream,
                          (dcol, dxf[n0 * sz.image:(n0 + nc) * sz.image], _geo(geom), nc, acc))
-    return dx
+    return dx, "gemm+col2im"
 
 
 def _largest_divisor(n, cap):

@@ -122,7 +122,7 @@ def _run_all(rng, g, dtype):
     x64, w64, b64, dy64 = (a.astype(np.float64) for a in host)
     s = cuda.default_stream()
     got = {"forward": conv_numba.forward(x, w, b, g, s)[0],
-           "data": conv_numba.backward_data(dy, w, g, s),
+           "data": conv_numba.backward_data(dy, w, g, s)[0],
            "filter": conv_numba.backward_filter(x, dy, g, s)[0],
            "bias": conv_numba.backward_bias(dy, s)}
     want = {"forward": ref_forward(x64, w64, b64, g), "data": ref_backward_data(dy64, w64, g),
@@ -144,18 +144,23 @@ def test_matches_reference(rng, name, dtype):
 
 @pytest.mark.parametrize("dtype", list(TOL))
 @pytest.mark.parametrize("name", list(CASES))
-def test_implicit_forward_and_filter_gradient_match_reference(rng, monkeypatch, name, dtype):
-    """The forward and the filter gradient through the implicit GEMM (x read as its im2col
-    matrix, or its transpose, through the tap table: no column buffer; off by default until
-    timed on a GPU) on every geometry; 1x1 stride-1 unpadded ones keep the in-place path."""
+def test_implicit_paths_match_reference(rng, monkeypatch, name, dtype):
+    """The forward, the filter gradient (x read as its im2col matrix, or its transpose, through
+    the tap table: no column buffer) and the stride-1 data gradient (dy read as the column
+    matrix of a convolution) through the implicit GEMM, off by default until timed on a GPU,
+    on every geometry; 1x1 stride-1 unpadded ones keep the in-place path."""
     monkeypatch.setattr(conv_numba, "IMPLICIT", True)
     _check(_run_all(rng, CASES[name], dtype), dtype)
     from numba import cuda
     g, s = CASES[name], cuda.default_stream()
     x, w, dy = (cuda.to_device(np.ones(sh, dtype)) for sh in (g.x_shape, g.w_shape, g.y_shape))
-    want = "im2col+gemm" if conv_numba._Sizes(g, 4).pointwise else "implicit_gemm"
+    pointwise = conv_numba._Sizes(g, 4).pointwise
+    want = "im2col+gemm" if pointwise else "implicit_gemm"
     assert conv_numba.forward(x, w, None, g, s)[1] == want
     assert conv_numba.backward_filter(x, dy, g, s)[1] == want
+    # the data gradient: a convolution of dy only at stride 1
+    assert conv_numba.backward_data(dy, w, g, s)[1] == \
+        ("implicit_gemm" if not pointwise and max(g.stride) == 1 else "gemm+col2im")
 
 
 @pytest.mark.parametrize("config", ["small", "large"])
