@@ -99,6 +99,8 @@ def gemm_kernel(ta, tb, wm, wn, tx, ty, min_blocks=1, implicit=False):
     is a convolution's input read as its im2col matrix (layout 00; module docstring)."""
     if implicit and ta != 0:
         raise ValueError("gemm_kernel: the implicit convolution operand needs layout 00 or 01")
+    if implicit and tb == 0 and tx * ty < tx * wn:
+        raise ValueError(f"gemm_kernel: {tx * ty} threads cannot decode {tx * wn} columns")
     bm, bn, nt = ty * wm, tx * wn, tx * ty
     sa, sb = bm + PAD, bn + PAD                 # shared row lengths
     stage = BK * (sa + sb)
