@@ -158,7 +158,7 @@ class FakeCudnn:
         monkeypatch.setattr(handle, "get", lambda sp=0: ctypes.c_void_p(0xCAFE))
         monkeypatch.setattr(handle, "device_id", lambda: 0)
         monkeypatch.setattr(cr, "_device_lengths", self.device_lengths)
-        monkeypatch.setattr(cr, "_zero", lambda a, sp: self.zeroed.append((a, sp)))
+        monkeypatch.setattr(cr, "zero_fill", lambda a, s: self.zeroed.append((a, s)))
         monkeypatch.setattr(cr, "_copy", lambda *a: self.copies.append(a))
         monkeypatch.setattr(cr, "_reserve_array", lambda n, s: Dev((n,), "uint8"))
         monkeypatch.setattr(cr, "_scratch", self.scratch)

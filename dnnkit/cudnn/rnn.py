@@ -41,7 +41,7 @@ from ctypes import POINTER, c_float, c_int, c_int32, c_size_t, c_uint32, c_ulong
 
 import numpy as np
 
-from ..arrays import float_name, stream_pointer
+from ..arrays import float_name, stream_pointer, zero_fill
 from ..errors import DnnkitError
 from . import api, handle
 from .calls import _ptr
@@ -316,14 +316,6 @@ def _nbytes(a):
     return int(a.size) * np.dtype(a.dtype).itemsize
 
 
-def _zero(a, stream_ptr):
-    """Fill device array ``a`` with zero bytes, ordered on the stream."""
-    from cuda.bindings import driver
-    (err,) = driver.cuMemsetD8Async((_ptr(a) or 0), 0, _nbytes(a), stream_ptr)
-    if int(err) != 0:
-        raise DnnkitError(f"cuMemsetD8Async failed with {err} zeroing {_nbytes(a)} bytes")
-
-
 def _copy(dst_ptr, src, nbytes, stream_ptr):
     """Copy the first ``nbytes`` of device array ``src`` to the device address ``dst_ptr``,
     ordered on the stream."""
@@ -384,9 +376,9 @@ def backward(cfg, w, x, y, dy, dhy, dcy, hx, cx, dx, dhx, dcx, dw, saved, stream
     _check_weights(n, w)
     work, _ = temp_sizes(h, n, d, FWD_TRAINING)
     ctx = f"{n.ctx}, T {d.T}, N {d.N}"
-    _zero(dw, sp)
+    zero_fill(dw, stream)
     if d.padded:
-        _zero(dx, sp)
+        zero_fill(dx, stream)
     # cudnnRNNBackwardData_v8 writes into the reserve space (measured on an H200: a second
     # backward from the same reserve gave a different dx), so each backward runs on a copy and
     # the state stays reusable; the copy is one device-to-device pass over the reserve bytes.

@@ -193,7 +193,7 @@ def backward_data(dy, w, geom, stream):
     if dx.size == 0:
         return dx, "gemm+col2im"
     if sz.empty():
-        return _zeros(dx, stream), "gemm+col2im"
+        return arrays.zero_fill(dx, stream), "gemm+col2im"
     conv = None if sz.pointwise or not IMPLICIT else _implicit_operand(geom, sz, dgrad=True)
     if conv is not None:
         # dx_g = W_g^T (Cg x Kg*TRS: row c at c*TRS, k = (k', trs) at k'*Cg*TRS + trs) times
@@ -252,7 +252,7 @@ def backward_filter(x, dy, geom, stream):
     if dw.size == 0:
         return dw, "im2col+gemm"
     if sz.empty():
-        return _zeros(dw, stream), "im2col+gemm"
+        return arrays.zero_fill(dw, stream), "im2col+gemm"
     acc = arrays.acc_array(x.dtype)
     conv = None if sz.pointwise or not IMPLICIT else _implicit_operand(geom, sz)
     if conv is not None:
@@ -317,8 +317,3 @@ def backward_bias(dy, stream):
     launch(_kernels().conv_bias_bwd_kernel, min(k, 65535), (1, by), stream,
            (arrays.flat(dy), db, n, k, s, acc), by * acc.dtype.itemsize)
     return db
-
-
-def _zeros(a, stream):
-    """Fill ``a`` with zeros (an empty reduction: no images, outputs or filters)."""
-    return arrays.zero_fill(a, stream)
