@@ -151,7 +151,7 @@ class Optimizer:
                 if tuple(v.shape) != tuple(p.data.shape):
                     raise ValueError(f"{type(self).__name__}.load_state_dict: {k} of parameter "
                                      f"{i} has shape {v.shape}, the parameter {p.data.shape}")
-                v = cuda.to_device(np.ascontiguousarray(v, acc).reshape(-1))
+                v = cuda.to_device(arrays.host_contiguous(v.astype(acc, copy=False)).reshape(-1))
             out[k] = v
         return out
 

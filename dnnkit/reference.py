@@ -25,7 +25,9 @@ def activation(x, mode="relu", coef=0.0):
 
 def activation_backward(x, dy, mode="relu", coef=0.0):
     """dy * f'(x). At the kinks the slope is cuDNN's: relu 0 at x == 0, clipped_relu 1 at
-    x == coef (0 at x == 0), elu 1 at x == 0. A NaN x gives 0 for relu/clipped_relu."""
+    x == coef (0 at x == 0), elu 1 at x == 0. A NaN x gives 0 for relu/clipped_relu. relu and
+    clipped_relu select rather than multiply, as cuDNN and PyTorch: where their slope is 0, dx
+    is 0 even for a NaN or Inf dy."""
     x = np.asarray(x, dtype=np.float64)
     dy = np.asarray(dy, dtype=np.float64)
     with np.errstate(over="ignore"):
@@ -48,6 +50,8 @@ def activation_backward(x, dy, mode="relu", coef=0.0):
             d = np.ones_like(x)
         else:
             raise ValueError(f"unknown activation mode {mode!r}")
+    if mode in ("relu", "clipped_relu"):
+        return np.where(d != 0, dy, 0.0)
     return dy * d
 
 

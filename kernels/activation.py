@@ -70,6 +70,17 @@ def _derivative(v, w, mode, coef, zero):
     return one
 
 
+@cuda.jit(device=True, inline=True)
+def _chain(g, v, w, mode, coef, zero):
+    """dx = dy * f'(x). relu and clipped_relu select instead (dy where the slope is 1, else 0),
+    as cuDNN 9 and PyTorch do: a NaN or Inf dy where the slope is 0 gives 0, not 0 * Inf = NaN
+    (probed on an H100, validation/cudnn_conventions.py). The other modes multiply, as cuDNN."""
+    s = _derivative(v, w, mode, coef, zero)
+    if mode == RELU or mode == CLIPPED_RELU:
+        return g if s != zero else zero
+    return g * s
+
+
 # Four elements per thread per trip, all loads issued before the first value is used: with
 # one element's loads in flight per thread an SM holds ~8 KB of requests, too few to cover
 # HBM latency (the one-element loop ran at 64% of the copy rate on an H100); the tail takes
@@ -121,9 +132,9 @@ def _reads(mode):
 
 @cuda.jit(cache=True)
 def activation_bwd_kernel(x, y, dy, dx, mode, coef, acc):
-    """dx[i] = dy[i] * f'(x[i]) (f' from x and y, see _derivative); same thread mapping as the
-    forward kernel, all loads of a trip issued before the first slope. A NaN in dy always
-    propagates. Traffic: reads dy and only what the mode's slope needs (_reads: relu and
+    """dx[i] = dy[i] * f'(x[i]) (f' from x and y, see _derivative and _chain); same thread
+    mapping as the forward kernel, all loads of a trip issued before the first slope. A NaN in
+    dy propagates except where relu's or clipped_relu's slope is 0 (_chain). Traffic: reads dy and only what the mode's slope needs (_reads: relu and
     clipped_relu x, tanh and sigmoid y, elu and swish both, identity neither), writes dx."""
     zero = acc[0]
     rx, ry = _reads(mode)
@@ -132,16 +143,16 @@ def activation_bwd_kernel(x, y, dy, dx, mode, coef, acc):
         g0, g1, g2, g3 = _load4(dy, i, step, True, zero)
         v0, v1, v2, v3 = _load4(x, i, step, rx, zero)
         w0, w1, w2, w3 = _load4(y, i, step, ry, zero)
-        dx[uint64(i)] = g0 * _derivative(v0, w0, mode, coef, zero)
-        dx[uint64(i + step)] = g1 * _derivative(v1, w1, mode, coef, zero)
-        dx[uint64(i + 2 * step)] = g2 * _derivative(v2, w2, mode, coef, zero)
-        dx[uint64(i + 3 * step)] = g3 * _derivative(v3, w3, mode, coef, zero)
+        dx[uint64(i)] = _chain(g0, v0, w0, mode, coef, zero)
+        dx[uint64(i + step)] = _chain(g1, v1, w1, mode, coef, zero)
+        dx[uint64(i + 2 * step)] = _chain(g2, v2, w2, mode, coef, zero)
+        dx[uint64(i + 3 * step)] = _chain(g3, v3, w3, mode, coef, zero)
         i += UNROLL * step
     while i < n:
         j = uint64(i)
         v = x[j] + zero if rx else zero
         w = y[j] + zero if ry else zero
-        dx[j] = (dy[j] + zero) * _derivative(v, w, mode, coef, zero)
+        dx[j] = _chain(dy[j] + zero, v, w, mode, coef, zero)
         i += step
 
 

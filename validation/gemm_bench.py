@@ -1,7 +1,11 @@
 """The Numba GEMM kernel (kernels/gemm.py) alone: correctness against float64, then TFLOP/s
 of each tile configuration next to PyTorch's matmul (TF32 off) on the same inputs.
 
-    python -m validation.gemm_bench [--reps 30]
+    python -m validation.gemm_bench [--reps 30] [--configs "4,8,16,16,2;8,8,32,8,1"]
+                                    [--shapes "64,100352,576;512,1568,4608"] [--layouts nn,nt]
+
+A config is (wm, wn, tx, ty, min_blocks): a ty*wm x tx*wn tile of C per block of tx*ty threads
+(kernels/gemm.py); by default the ones below.
 
 Shapes are the GEMMs of the ResNet-50 convolutions of the convolution benchmark at batch 32
 (forward: m = K, n = N*OH*OW, k = C*R*S) and a square one. Layouts: nn (forward), tn (data
@@ -27,18 +31,40 @@ def run_gemm(kern, cfg, a, b, c, m, n, k, ta, tb):
     wm, wn, tx, ty, _ = cfg
     bm, bn = ty * wm, tx * wn
     grid = (-(-n // bn), min(-(-m // bm), 65535), 1)
-    acc = cuda.to_device(np.zeros(1, np.float32))
+    acc, table = _dummies()
     lda = m if ta else k
     ldb = k if tb else n
     kern[grid, (tx, ty), 0, shared_bytes(wm, wn, tx, ty, 4)](
         a, b, c, c, (m, n, k), (lda, ldb, n), PLAIN * 3, (1, 1, 0, 0, 0, 0, 0, 0),
-        np.float32(0), 0, acc, cuda.to_device(np.zeros(4, np.int32)), (0,) * CG_LEN)
+        np.float32(0), 0, acc, table, (0,) * CG_LEN)
+
+
+_DUMMIES = []
+
+
+def _dummies():
+    """The accumulation-type marker and the unused tap table, made once: a copy to the device
+    per call would sit inside the timed region (the first version of this script did that)."""
+    from numba import cuda
+    if not _DUMMIES:
+        _DUMMIES.extend([cuda.to_device(np.zeros(1, np.float32)),
+                         cuda.to_device(np.zeros(4, np.int32))])
+    return _DUMMIES
+
+
+def _tuples(text):
+    return [tuple(int(v) for v in part.split(",")) for part in text.split(";") if part]
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--reps", type=int, default=30)
+    ap.add_argument("--configs", default=None, help="';'-separated wm,wn,tx,ty,min_blocks")
+    ap.add_argument("--shapes", default=None, help="';'-separated m,n,k")
+    ap.add_argument("--layouts", default="nn,tn,nt")
     args = ap.parse_args()
+    configs = _tuples(args.configs) if args.configs else CONFIGS
+    shapes = _tuples(args.shapes) if args.shapes else SHAPES
     from numba import cuda
     import torch
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -46,9 +72,10 @@ def main():
     rng = np.random.default_rng(0)
     print(f"{'m':>5} {'n':>7} {'k':>5} {'lay':>3} {'config':>16} {'rel.err':>9} {'ms':>8} "
           f"{'TFLOP/s':>8} {'torch ms':>9} {'ratio':>6}")
-    for m, n, k in SHAPES:
+    for m, n, k in shapes:
         for ta, tb, lay in ((0, 0, "nn"), (1, 0, "tn"), (0, 1, "nt")):
-            if lay != "nn" and m in (4096, 128, 256):
+            if lay not in args.layouts.split(",") or (
+                    lay != "nn" and not args.shapes and m in (4096, 128, 256)):
                 continue
             ah = rng.standard_normal((k, m) if ta else (m, k)).astype(np.float32)
             bh = rng.standard_normal((n, k) if tb else (k, n)).astype(np.float32)
@@ -62,7 +89,7 @@ def main():
             opb = tb_.t() if tb else tb_
             t_torch = median_ms(lambda i: torch.matmul(opa, opb, out=tc), args.reps)
             flop = 2.0 * m * n * k
-            for cfg in CONFIGS:
+            for cfg in configs:
                 kern = gemm_kernel(ta, tb, *cfg)
                 run_gemm(kern, cfg, a, b, c, m, n, k, ta, tb)
                 got = c.copy_to_host().reshape(m, n)

@@ -76,7 +76,9 @@ def _device_target(cls, target, stream):
         raise TypeError(f"{cls}: target must be an array; got {type(target).__name__}") from e
     if h.dtype.kind not in "iu":
         raise TypeError(f"{cls}: target must hold integer class indices; got dtype {h.dtype}")
-    h = np.ascontiguousarray(h, dtype=np.int64)
+    # host_contiguous, not np.ascontiguousarray: a reversed or empty view keeps odd strides,
+    # which Numba's copy to a real GPU rejects (found by the fuzzer on an H100)
+    h = arrays.host_contiguous(h.astype(np.int64, copy=False))
     return cuda.to_device(h, stream=stream), h
 
 

@@ -11,6 +11,7 @@ forward that fell back to Numba is differentiated on Numba too.
 
 import numpy as np
 
+from .. import arrays
 from ..dispatch import trace
 from .parameter import Parameter
 
@@ -141,7 +142,7 @@ class Module:
             if src.shape != tuple(dst.shape):
                 raise ValueError(f"{type(self).__name__}.load_state_dict: {name} has shape "
                                  f"{src.shape}, the module's is {tuple(dst.shape)}")
-            dst.copy_to_device(np.ascontiguousarray(src, dtype=dst.dtype))
+            dst.copy_to_device(arrays.host_contiguous(src.astype(dst.dtype, copy=False)))
 
     def save(self, path):
         """The state as an .npz file."""

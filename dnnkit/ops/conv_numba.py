@@ -1,11 +1,11 @@
 """The Numba backend of 2-D/3-D convolution: im2col + tiled GEMM, col2im for the data gradient.
 
-With ``IMPLICIT = True`` the forward and the filter gradient read x as its im2col matrix (or
-its transpose) inside the GEMM, and a stride-1 data gradient reads dy as the column matrix of
-the convolution that it is (kernels/gemm.py ``implicit``: a per-geometry table of tap offsets,
-no column buffer, no col2im, every image in one pass; not where a group's channels of one
-image pass 2**31 elements). It is off until timed against the column-buffer path on a GPU
-(validation/implicit_bench.py).
+The implicit GEMM (kernels/gemm.py ``implicit``: a per-geometry table of tap offsets, no column
+buffer, no col2im, every image in one pass; not where a group's channels of one image pass
+2**31 elements) reads x as its im2col matrix (or its transpose) inside the GEMM for the
+forward and the filter gradient, and dy as the column matrix of the convolution that a
+stride-1 data gradient is. ``IMPLICIT`` picks it: True always, False never, None (default)
+where it measured faster (``_implicit_pays``).
 
 Every array is 5-D here (dnnkit/geometry.py): x (N, C, D, H, W), w (K, C/G, T, R, S),
 y (N, K, OD, OH, OW), one float dtype throughout; kernels/conv.py has the math and
@@ -98,11 +98,24 @@ def _im2col(x, col, geom, sz, n0, nc, stream):
 
 
 _tables = {}        # (geometry, device) -> (table, cg) of the implicit forward
-# The forward and the filter gradient read x through the implicit GEMM (True) or through an
-# im2col column buffer (False): a module switch for side-by-side timing
-# (validation/implicit_bench.py), not a flag. Off: correct on the simulator (tests/ops/test_conv.py) but not yet timed on a GPU, where
-# ptxas reports more spills for it than for the plain GEMM (validation/NOTES.md).
-IMPLICIT = False
+# The implicit GEMM (True), the column buffer (False) or the measured choice (None): a module
+# switch for side-by-side timing (validation/implicit_bench.py) and tests, not a user flag.
+IMPLICIT = None
+
+
+def _implicit_pays(geom, sz, dgrad):
+    """Whether the implicit GEMM beat im2col + GEMM here, by validation/implicit_bench.py on an
+    H100 (ResNet-50 layers, batch 32, float32; validation/NOTES.md): for a stride-1 3x3
+    forward or data gradient with at most 128 output channels per group (64 channels at 56^2:
+    0.87x and 0.48x the time; 128 at 28^2: 0.54x and 0.88x), where the column buffer's traffic
+    is large next to the GEMM's m = 64..128 rows of work. With 256 or 512 channels at 14^2 or 7^2
+    (1.08-1.95x), for the strided 7x7 stem (1.01-1.02x) and for every filter gradient
+    (1.18-1.68x) its costlier inner loop (a table read and bounds test per element, ptxas:
+    more spills) loses."""
+    if IMPLICIT is not None:
+        return IMPLICIT
+    rows = sz.c // sz.groups if dgrad else sz.kg      # the GEMM's m: channels it produces
+    return max(geom.stride) == 1 and sz.rows > sz.c // sz.groups and rows <= 128
 
 
 def _implicit_operand(geom, sz, dgrad=False):
@@ -155,7 +168,8 @@ def forward(x, w, bias, geom, stream):
     sz = _Sizes(geom, x.dtype.itemsize)
     if sz.empty():
         return y, "im2col+gemm"
-    conv = None if sz.pointwise or not IMPLICIT else _implicit_operand(geom, sz)
+    conv = (None if sz.pointwise or not _implicit_pays(geom, sz, False)
+            else _implicit_operand(geom, sz))
     if conv is not None:
         # B = im2col(x) read in place (kernels/gemm.py, implicit): column j = (n, o) of every
         # image at once, group g's channels from g*Cg*D*H*W; C's column j at (j // O)*K*O + j % O
@@ -194,7 +208,8 @@ def backward_data(dy, w, geom, stream):
         return dx, "gemm+col2im"
     if sz.empty():
         return arrays.zero_fill(dx, stream), "gemm+col2im"
-    conv = None if sz.pointwise or not IMPLICIT else _implicit_operand(geom, sz, dgrad=True)
+    conv = (None if sz.pointwise or not _implicit_pays(geom, sz, True)
+            else _implicit_operand(geom, sz, dgrad=True))
     if conv is not None:
         # dx_g = W_g^T (Cg x Kg*TRS: row c at c*TRS, k = (k', trs) at k'*Cg*TRS + trs) times
         # dy read as the column matrix of a stride-1 convolution (implicit); dx's column
@@ -254,7 +269,8 @@ def backward_filter(x, dy, geom, stream):
     if sz.empty():
         return arrays.zero_fill(dw, stream), "im2col+gemm"
     acc = arrays.acc_array(x.dtype)
-    conv = None if sz.pointwise or not IMPLICIT else _implicit_operand(geom, sz)
+    # the filter gradient: implicit only when asked for (IMPLICIT = True; _implicit_pays)
+    conv = None if sz.pointwise or IMPLICIT is not True else _implicit_operand(geom, sz)
     if conv is not None:
         return _implicit_filter(x, dy, dw, conv, sz, acc, stream), "implicit_gemm"
     parts = _filter_parts(sz, dw.size * acc.dtype.itemsize)

@@ -137,14 +137,16 @@ def test_device_input_is_used_without_copy_and_output_is_device():
 
 @pytest.mark.parametrize("backend", backend_params())
 def test_slopes_at_kinks_and_nan_follow_cudnn(backend):
-    """Probed with the real cuDNN 9.19 on an H200 (validation/cudnn_conventions.py)."""
-    x = np.array([-1.0, 0.0, 0.5, 2.0, 3.0, np.nan, 1.0], np.float32)
+    """Probed with the real cuDNN 9.19 on an H200 and an H100 (validation/cudnn_conventions.py).
+    The last four: a NaN/Inf dy where the slope is 0; relu and clipped_relu select (0, as
+    PyTorch), elu multiplies."""
+    x = np.array([-1.0, 0.0, 0.5, 2.0, 3.0, np.nan, 1.0, -1.0, 3.0, np.nan, 0.0], np.float32)
     dy = np.ones_like(x)
-    dy[-1] = np.nan
+    dy[6:] = [np.nan, np.inf, np.nan, np.inf, np.inf]
     expected = {
-        "relu": [0, 0, 1, 1, 1, 0, np.nan],
-        "clipped_relu": [0, 0, 1, 1, 0, 0, np.nan],
-        "elu": [2 * np.exp(-1.0), 1, 1, 1, 1, np.nan, np.nan],
+        "relu": [0, 0, 1, 1, 1, 0, np.nan, 0, np.nan, 0, 0],
+        "clipped_relu": [0, 0, 1, 1, 0, 0, np.nan, 0, 0, 0, 0],
+        "elu": [2 * np.exp(-1.0), 1, 1, 1, 1, np.nan, np.nan, np.inf, np.nan, np.nan, np.inf],
     }
     for mode, want in expected.items():
         y = dnnkit.activation(x, mode, 2.0, backend=backend).copy_to_host()

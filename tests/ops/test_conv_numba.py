@@ -142,13 +142,49 @@ def test_matches_reference(rng, name, dtype):
     _check(_run_all(rng, CASES[name], dtype), dtype)
 
 
+@pytest.mark.parametrize("name", list(CASES))
+def test_column_buffer_paths_match_reference(rng, monkeypatch, name):
+    """im2col + GEMM and GEMM + col2im everywhere (IMPLICIT = False): the default takes the
+    implicit GEMM on the stride-1 geometries here, so they need this to be covered."""
+    monkeypatch.setattr(conv_numba, "IMPLICIT", False)
+    _check(_run_all(rng, CASES[name], "float32"), "float32")
+
+
+def test_default_takes_the_implicit_gemm_where_it_measured_faster():
+    """IMPLICIT = None (the default): the implicit GEMM for a stride-1 forward or data gradient
+    of more than one tap with at most 128 channels out per group; the column buffer for
+    strided ones, for more channels, for 1x1 kernels and for every filter gradient
+    (validation/implicit_bench.py on an H100)."""
+    from numba import cuda
+    assert conv_numba.IMPLICIT is None
+    s = cuda.default_stream()
+
+    def algos(x, w, stride=1, padding=1):
+        g = _geom(x, w, stride, (0, padding, padding), nd=2)
+        a, b, d = (cuda.to_device(np.ones(sh, np.float32))
+                   for sh in (g.x_shape, g.w_shape, g.y_shape))
+        return (conv_numba.forward(a, b, None, g, s)[1],
+                conv_numba.backward_data(d, b, g, s)[1],
+                conv_numba.backward_filter(a, d, g, s)[1])
+
+    im = ("im2col+gemm", "gemm+col2im", "im2col+gemm")
+    assert algos((1, 2, 1, 3, 3), (3, 2, 1, 3, 3)) == ("implicit_gemm", "implicit_gemm",
+                                                      "im2col+gemm")
+    assert algos((1, 2, 1, 4, 4), (3, 2, 1, 3, 3), stride=(1, 2, 2)) == im
+    assert algos((1, 2, 1, 3, 3), (3, 2, 1, 1, 1), padding=1) == im           # one tap
+    # 129 channels out: the column buffer forward; the data gradient makes 2 channels
+    assert algos((1, 2, 1, 2, 2), (129, 2, 1, 3, 3)) == ("im2col+gemm", "implicit_gemm",
+                                                        "im2col+gemm")
+    assert algos((1, 129, 1, 2, 2), (2, 129, 1, 3, 3)) == ("implicit_gemm", "gemm+col2im",
+                                                          "im2col+gemm")
+
+
 @pytest.mark.parametrize("dtype", list(TOL))
 @pytest.mark.parametrize("name", list(CASES))
 def test_implicit_paths_match_reference(rng, monkeypatch, name, dtype):
     """The forward, the filter gradient (x read as its im2col matrix, or its transpose, through
     the tap table: no column buffer) and the stride-1 data gradient (dy read as the column
-    matrix of a convolution) through the implicit GEMM, off by default until timed on a GPU,
-    on every geometry; 1x1 stride-1 unpadded ones keep the in-place path."""
+    matrix of a convolution) through the implicit GEMM (IMPLICIT = True) on every geometry; 1x1 stride-1 unpadded ones keep the in-place path."""
     monkeypatch.setattr(conv_numba, "IMPLICIT", True)
     _check(_run_all(rng, CASES[name], dtype), dtype)
     from numba import cuda
