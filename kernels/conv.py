@@ -122,16 +122,20 @@ def conv_bias_bwd_kernel(dy, db, n, k, s, acc):
 
 
 @cuda.jit(cache=True)
-def conv_wsum_bwd_kernel(ws, dw, parts, size, acc):
-    """dw[i] = sum_{p < parts} ws[p*size + i]: the split-batch partial filter gradients summed
-    in a fixed order and cast to dw's type. Thread mapping: grid-stride loop, one element per
-    thread, coalesced. Traffic: ws read once, dw written once."""
+def conv_partsum_fwd_kernel(ws, out, parts, size, bias, per, k, acc):
+    """out[i] = sum_{p < parts} ws[p*size + i] (+ bias[(i // per) % k] when per > 0): the
+    partial sums of a split GEMM added in a fixed order (deterministic) and cast to out's
+    type. Serves the split-k forward (y with its bias; y flat (n, k, per)) and the split-batch
+    filter gradient (dw, per = 0). Thread mapping: grid-stride loop, one element per thread,
+    coalesced. Traffic: ws read once, out written once (bias from cache)."""
     zero = acc[0]
     for i in range(cuda.grid(1), size, cuda.gridsize(1)):
         total = zero
         for p in range(parts):
             total += ws[p * size + i]
-        dw[i] = total
+        if per > 0:
+            total += bias[(i // per) % k] + zero
+        out[i] = total
 
 
 def SIGNATURES(t, acc):
@@ -143,5 +147,5 @@ def SIGNATURES(t, acc):
         "conv_im2col_fwd_kernel": (a, a, geo, int64, z),
         "conv_col2im_bwd_kernel": (z, a, geo, int64, z),
         "conv_bias_bwd_kernel": (a, a, int64, int64, int64, z),
-        "conv_wsum_bwd_kernel": (z, a, int64, int64, z),
+        "conv_partsum_fwd_kernel": (z, a, int64, int64, a, int64, int64, z),
     }

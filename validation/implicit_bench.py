@@ -1,7 +1,7 @@
 """The Numba convolution (forward, data and filter gradients) with and without the implicit
 GEMM, side by side in one run (the data gradient is implicit at stride 1 only).
 
-    python -m validation.implicit_bench [--reps 20] [--batch 32]
+    python -m validation.implicit_bench [--reps 20] [--batch 32] [--split 1,2,3,4,6]
 
 For each ResNet-50 layer of validation/conv_bench.py (float32) and each of the three passes: the
 max relative error of both Numba paths against PyTorch's float64 result (against each other
@@ -9,6 +9,10 @@ without PyTorch), then the time per call (median of CUDA-event timed samples aft
 of the im2col + GEMM path, the implicit GEMM path (kernels/gemm.py ``implicit``: no column
 buffer) and cuDNN, and the ratios implicit / im2col and cuDNN / implicit (issue 8's targets:
 Numba >= 0.5 of cuDNN's throughput forward, >= 0.4 for the gradients).
+
+``--split``: instead, the column-buffer forward with its k split into each given number of
+parts (``conv_numba.SPLIT_K``; the largest divisor of the rows up to it), and the default
+rule's choice, per layer: error and ms.
 """
 
 import argparse
@@ -35,7 +39,10 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--split", default="", help="comma-separated part counts (forward only)")
     args = ap.parse_args()
+    if args.split:
+        return split_sweep(args, [int(v) for v in args.split.split(",")])
     from numba import cuda
     torch = _torch()
     have_cudnn = dnnkit.backends.status().cudnn_available
@@ -73,6 +80,34 @@ def main():
                   f"{err['impl']:9.2e} {times['im2col']:9.3f} {times['impl']:8.3f} "
                   f"{times['cudnn']:8.3f} {times['impl'] / times['im2col']:11.2f} "
                   f"{times['cudnn'] / times['impl']:10.2f}", flush=True)
+
+
+def split_sweep(args, counts):
+    """The forward (im2col + GEMM) per layer with SPLIT_K = each count, then the rule's."""
+    from numba import cuda
+    rng = np.random.default_rng(0)
+    print(f"{'C':>4} {'K':>4} {'HW':>4} {'k':>2} {'s':>2} {'parts':>6} {'err':>9} {'ms':>8}")
+    for c, k, hw, ks, st, pad in RESNET50:
+        kw = dict(stride=st, padding=pad)
+        xh = rng.standard_normal((args.batch, c, hw, hw)).astype(np.float32)
+        wh = (rng.standard_normal((k, c, ks, ks)) / math.sqrt(c * ks * ks)).astype(np.float32)
+        bh = rng.standard_normal(k).astype(np.float32)
+        x, w, b = cuda.to_device(xh), cuda.to_device(wh), cuda.to_device(bh)
+        saved = conv_numba.IMPLICIT, conv_numba.SPLIT_K
+        conv_numba.IMPLICIT = False
+        ref = None
+        try:
+            for parts in counts + [None]:
+                conv_numba.SPLIT_K = parts
+                y = dnnkit.conv2d(x, w, b, backend="numba", **kw).copy_to_host()
+                ref = y.astype(np.float64) if ref is None else ref
+                err = float(np.abs(y - ref).max() / np.abs(ref).max())
+                ms = median_ms(lambda i: dnnkit.conv2d(x, w, b, backend="numba", **kw),
+                               args.reps)
+                print(f"{c:4d} {k:4d} {hw:4d} {ks:2d} {st:2d} {str(parts or 'rule'):>6} "
+                      f"{err:9.2e} {ms:8.3f}", flush=True)
+        finally:
+            conv_numba.IMPLICIT, conv_numba.SPLIT_K = saved
 
 
 if __name__ == "__main__":

@@ -184,6 +184,11 @@ def forward(x, w, bias, geom, stream):
         (sz.groups * sz.rows * sz.chunk * sz.out,), x.dtype, stream)
     wf, yf = arrays.flat(w), arrays.flat(y)
     o, ko = sz.out, sz.k * sz.out
+    acc = arrays.acc_array(x.dtype)
+    parts = _k_parts(sz, acc.dtype.itemsize * y.size)
+    kp = sz.rows // parts
+    # split k: part q of the sum over rows goes to ws[q] (accumulation type), summed below
+    ws = None if parts == 1 else arrays.cuda_empty((parts * y.size,), acc.dtype, stream)
     for n0, nc in sz.chunks():
         if sz.pointwise:    # B = x: column j = (n, o) at (j // O)*C*O + j % O, row c at c*O
             b, ldb, gb, b1 = arrays.flat(x)[n0 * sz.image:], o, (o, sz.image), sz.rows * o
@@ -191,11 +196,44 @@ def forward(x, w, bias, geom, stream):
             _im2col(x, col, geom, sz, n0, nc, stream)
             b, ldb, gb, b1 = col, nc * o, G.PLAIN, sz.rows * nc * o
         # y[n, g*Kg + i, o] = sum_k W_g[i, k] col[g*rows + k, n*O + o]: C's column j = (n, o)
-        # lives at (j // O)*K*O + j % O. One batch entry per group.
-        G.gemm("00", wf, b, yf[n0 * ko:], (sz.kg, nc * o, sz.rows), (sz.rows, ldb, o),
-              G.PLAIN + gb + (o, ko), (sz.groups, 1, sz.kg * sz.rows, 0, b1, 0, sz.kg * o, 0),
-              bias=None if bias is None else arrays.flat(bias), stream=stream)
+        # lives at (j // O)*K*O + j % O. Batch entries (group, part): part q sums the k in
+        # [q*kp, (q+1)*kp) (A's columns, B's rows from there) into ws[q].
+        G.gemm("00", wf, b, yf[n0 * ko:] if ws is None else ws[n0 * ko:],
+               (sz.kg, nc * o, kp), (sz.rows, ldb, o), G.PLAIN + gb + (o, ko),
+               (sz.groups, parts, sz.kg * sz.rows, kp, b1, kp * ldb, sz.kg * o, y.size),
+               bias=None if bias is None or ws is not None else arrays.flat(bias),
+               stream=stream)
+    if ws is not None:
+        _elementwise(_kernels().conv_partsum_fwd_kernel, y.size, stream,
+                     (ws, yf, parts, y.size, yf if bias is None else arrays.flat(bias),
+                      0 if bias is None else o, sz.k, acc))
     return y, "im2col+gemm"
+
+
+# Split k (the forward's sum over C/G*T*R*S rows) where the GEMM alone makes less than one
+# wave of blocks: the ResNet-50 layers with 512 channels at 7^2 (104 blocks of 64 x 128 on 132
+# SMs, at most 2 resident each) and 256 at 14^2 (196). Each part keeps >= MIN_K_PER_PART of
+# the sum (the pipeline's fill and drain amortised); the partial outputs cost parts x y in the
+# accumulation type, written once and read once. SPLIT_K: a fixed number of parts (the largest
+# divisor of rows up to it; validation/implicit_bench.py --split), None for this rule.
+WAVE_BLOCKS = 132 * 2
+MIN_K_PER_PART = 256
+SPLIT_K = None
+
+
+def _k_parts(sz, part_bytes):
+    """How many parts the forward's k = rows splits into (a divisor of rows)."""
+    if SPLIT_K is not None:
+        return _largest_divisor(sz.rows, SPLIT_K)
+    from ..kernels.gemm import CONFIGS
+    n = sz.chunk * sz.out
+    wm, wn, tx, ty, _ = CONFIGS[G.gemm_config(sz.kg, n, sz.groups)]
+    blocks = -(-sz.kg // (ty * wm)) * -(-n // (tx * wn)) * sz.groups
+    if blocks >= WAVE_BLOCKS or sz.rows < 2 * MIN_K_PER_PART:
+        return 1
+    cap = min(-(-WAVE_BLOCKS // blocks), sz.rows // MIN_K_PER_PART,
+              COL_BUDGET_BYTES // max(1, part_bytes))
+    return _largest_divisor(sz.rows, cap)
 
 
 def backward_data(dy, w, geom, stream):
@@ -296,8 +334,8 @@ def backward_filter(x, dy, geom, stream):
               (o, ko) + gb + G.PLAIN,
               (sz.groups, p, sz.kg * o, per * ko, b1, b2, sz.kg * sz.rows, dw.size),
               beta=0.0 if i == 0 else 1.0, stream=stream)
-    _elementwise(_kernels().conv_wsum_bwd_kernel, dw.size, stream,
-                 (ws, arrays.flat(dw), parts, dw.size, acc))
+    _elementwise(_kernels().conv_partsum_fwd_kernel, dw.size, stream,
+                 (ws, arrays.flat(dw), parts, dw.size, arrays.flat(dw), 0, 1, acc))
     return dw, "im2col+gemm"
 
 
@@ -315,8 +353,8 @@ def _implicit_filter(x, dy, dw, conv, sz, acc, stream):
            (o, 0, sz.rows), (o, ko) + (o, sz.image) + G.PLAIN,
            (sz.groups, parts, sz.kg * o, per * ko, sz.image // sz.groups, per * sz.image,
             sz.kg * sz.rows, dw.size), stream=stream, conv=conv)
-    _elementwise(_kernels().conv_wsum_bwd_kernel, dw.size, stream,
-                 (ws, arrays.flat(dw), parts, dw.size, acc))
+    _elementwise(_kernels().conv_partsum_fwd_kernel, dw.size, stream,
+                 (ws, arrays.flat(dw), parts, dw.size, arrays.flat(dw), 0, 1, acc))
     return dw
 
 

@@ -150,6 +150,37 @@ def test_column_buffer_paths_match_reference(rng, monkeypatch, name):
     _check(_run_all(rng, CASES[name], "float32"), "float32")
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("name", list(CASES))
+def test_split_k_forward_matches_reference(rng, monkeypatch, name, dtype):
+    """The column-buffer forward with its sum over rows split in parts (SPLIT_K = 3: the
+    largest divisor of rows up to 3) into an accumulation-type workspace, summed with the
+    bias by conv_partsum_fwd_kernel."""
+    monkeypatch.setattr(conv_numba, "IMPLICIT", False)
+    monkeypatch.setattr(conv_numba, "SPLIT_K", 3)
+    g = CASES[name]
+    assert conv_numba._k_parts(conv_numba._Sizes(g, 4), 4) == \
+        max(d for d in (1, 2, 3) if conv_numba._Sizes(g, 4).rows % d == 0)
+    _check(_run_all(rng, g, dtype), dtype)
+
+
+def test_split_k_rule_fills_one_wave():
+    """The rule (SPLIT_K = None) at the GPU's 64 x 128 tiles on the ResNet-50 layers at
+    batch 32: 512 channels at 7^2 make 104 blocks (3 parts), 256 at 14^2 196 (2 parts);
+    64 at 56^2 fills the GPU alone (1)."""
+    from unittest import mock
+    from dnnkit.ops import gemm
+
+    def parts(c, k, hw):
+        g = _geom((32, c, 1, hw, hw), (k, c, 1, 3, 3), padding=(0, 1, 1), nd=2)
+        sz = conv_numba._Sizes(g, 4)
+        return conv_numba._k_parts(sz, 4 * 32 * k * hw * hw)
+
+    with mock.patch.object(gemm, "gemm_config", lambda *a: "small"):
+        assert (parts(512, 512, 7), parts(256, 256, 14), parts(64, 64, 56)) == (3, 2, 1)
+        assert parts(8, 8, 2) == 1          # 72 rows: too short a sum to split
+
+
 def test_default_takes_the_implicit_gemm_where_it_measured_faster():
     """IMPLICIT = None (the default): the implicit GEMM for a stride-1 forward or data gradient
     of more than one tap with at most 128 channels out per group; the column buffer for
