@@ -218,7 +218,8 @@ def test_default_takes_the_implicit_gemm_where_it_measured_faster():
 def test_implicit_paths_match_reference(rng, monkeypatch, name, dtype):
     """The forward, the filter gradient (x read as its im2col matrix, or its transpose, through
     the tap table: no column buffer) and the stride-1 data gradient (dy read as the column
-    matrix of a convolution) through the implicit GEMM (IMPLICIT = True) on every geometry; 1x1 stride-1 unpadded ones keep the in-place path."""
+    matrix of a convolution) through the implicit GEMM (IMPLICIT = True) on every geometry;
+    1x1 stride-1 unpadded ones keep the in-place path."""
     monkeypatch.setattr(conv_numba, "IMPLICIT", True)
     _check(_run_all(rng, CASES[name], dtype), dtype)
     from numba import cuda
