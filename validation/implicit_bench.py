@@ -11,8 +11,9 @@ buffer) and cuDNN, and the ratios implicit / im2col and cuDNN / implicit (issue 
 Numba >= 0.5 of cuDNN's throughput forward, >= 0.4 for the gradients).
 
 ``--split``: instead, the column-buffer forward with its k split into each given number of
-parts (``conv_numba.SPLIT_K``; the largest divisor of the rows up to it), and the default
-rule's choice, per layer: error and ms.
+parts (``conv_numba.SPLIT_K``; the largest divisor of the rows up to it), then the filter
+gradient in each given number of image slices (``conv_numba.FILTER_PARTS``), each with the
+default rule's choice last, per layer: error (against the first count) and ms.
 """
 
 import argparse
@@ -83,32 +84,39 @@ def main():
 
 
 def split_sweep(args, counts):
-    """The forward (im2col + GEMM) per layer with SPLIT_K = each count, then the rule's."""
+    """The forward (im2col + GEMM) per layer with SPLIT_K = each count, then the filter
+    gradient with FILTER_PARTS = each count; the rule's choice last."""
     from numba import cuda
     rng = np.random.default_rng(0)
-    print(f"{'C':>4} {'K':>4} {'HW':>4} {'k':>2} {'s':>2} {'parts':>6} {'err':>9} {'ms':>8}")
+    print(f"{'C':>4} {'K':>4} {'HW':>4} {'k':>2} {'s':>2} {'pass':>10} {'parts':>6} {'err':>9} "
+          f"{'ms':>8}")
     for c, k, hw, ks, st, pad in RESNET50:
         kw = dict(stride=st, padding=pad)
         xh = rng.standard_normal((args.batch, c, hw, hw)).astype(np.float32)
         wh = (rng.standard_normal((k, c, ks, ks)) / math.sqrt(c * ks * ks)).astype(np.float32)
         bh = rng.standard_normal(k).astype(np.float32)
         x, w, b = cuda.to_device(xh), cuda.to_device(wh), cuda.to_device(bh)
-        saved = conv_numba.IMPLICIT, conv_numba.SPLIT_K
+        dy = cuda.to_device(rng.standard_normal(
+            dnnkit.conv2d(x, w, backend="numba", **kw).shape).astype(np.float32))
+        calls = {"fwd": ("SPLIT_K", lambda: dnnkit.conv2d(x, w, b, backend="numba", **kw)),
+                 "bwd_filter": ("FILTER_PARTS", lambda: dnnkit.conv2d_backward_filter(
+                     x, dy, w.shape, backend="numba", **kw))}
+        saved = conv_numba.IMPLICIT, conv_numba.SPLIT_K, conv_numba.FILTER_PARTS
         conv_numba.IMPLICIT = False
-        ref = None
         try:
-            for parts in counts + [None]:
-                conv_numba.SPLIT_K = parts
-                y = dnnkit.conv2d(x, w, b, backend="numba", **kw).copy_to_host()
-                ref = y.astype(np.float64) if ref is None else ref
-                err = float(np.abs(y - ref).max() / np.abs(ref).max())
-                ms = median_ms(lambda i: dnnkit.conv2d(x, w, b, backend="numba", **kw),
-                               args.reps)
-                print(f"{c:4d} {k:4d} {hw:4d} {ks:2d} {st:2d} {str(parts or 'rule'):>6} "
-                      f"{err:9.2e} {ms:8.3f}", flush=True)
+            for pas, (switch, call) in calls.items():
+                ref = None
+                for parts in counts + [None]:
+                    setattr(conv_numba, switch, parts)
+                    y = call().copy_to_host()
+                    ref = y.astype(np.float64) if ref is None else ref
+                    err = float(np.abs(y - ref).max() / np.abs(ref).max())
+                    ms = median_ms(lambda i: call(), args.reps)
+                    print(f"{c:4d} {k:4d} {hw:4d} {ks:2d} {st:2d} {pas:>10} "
+                          f"{str(parts or 'rule'):>6} {err:9.2e} {ms:8.3f}", flush=True)
+                setattr(conv_numba, switch, None)
         finally:
-            conv_numba.IMPLICIT, conv_numba.SPLIT_K = saved
-
+            conv_numba.IMPLICIT, conv_numba.SPLIT_K, conv_numba.FILTER_PARTS = saved
 
 if __name__ == "__main__":
     main()

@@ -34,7 +34,7 @@ COL_BUDGET_BYTES = 256 << 20
 _SIM = bool(config.ENABLE_CUDASIM)
 ELEM_THREADS = 32 if _SIM else 256
 IM2COL_SPAN = 2 if _SIM else 16    # images (and channels) per im2col grid dimension
-TARGET_BLOCKS = 132 * 4      # filter gradient: split images until ~4 blocks per H100/H200 SM
+FILTER_PARTS = None         # filter gradient image slices: None = _filter_parts' rule
 
 
 def _kernels():
@@ -231,13 +231,30 @@ def _k_parts(sz, part_bytes):
     """How many parts the forward's k = rows splits into (a divisor of rows)."""
     if SPLIT_K is not None:
         return _largest_divisor(sz.rows, SPLIT_K)
-    from ..kernels.gemm import CONFIGS
     n = sz.chunk * sz.out
-    wm, wn, tx, ty, _ = CONFIGS[G.gemm_config(sz.kg, n, sz.groups)]
-    blocks = -(-sz.kg // (ty * wm)) * -(-n // (tx * wn)) * sz.groups
-    top = min(MAX_PARTS, sz.rows // MIN_K_PER_PART, COL_BUDGET_BYTES // max(1, part_bytes))
-    fills = {p: blocks * p / (-(-blocks * p // WAVE_BLOCKS) * WAVE_BLOCKS)
-             for p in range(1, max(1, top) + 1) if sz.rows % p == 0}
+    return _fill_parts(sz.kg, n, sz.groups, sz.rows,
+                       min(MAX_PARTS, sz.rows // MIN_K_PER_PART,
+                           COL_BUDGET_BYTES // max(1, part_bytes)))
+
+
+def _blocks(m, n, batch):
+    """Blocks of the GEMM's launch for an m x n product ``batch`` times (its tile
+    configuration depends on the batch too: ops/gemm.py gemm_config)."""
+    from ..kernels.gemm import CONFIGS
+    wm, wn, tx, ty, _ = CONFIGS[G.gemm_config(m, n, batch)]
+    return -(-m // (ty * wm)) * -(-n // (tx * wn)) * batch
+
+
+def _fill_parts(m, n, groups, total, top):
+    """The number of parts p (a divisor of ``total``, at most ``top``) of an m x n GEMM per
+    group whose groups * p batch of blocks fills its last wave best (WAVE_BLOCKS per wave);
+    ties within 0.02 go to more parts (shorter blocks balance better), and 1 unless a split
+    fills 0.02 more."""
+    fills = {}
+    for p in range(1, max(1, top) + 1):
+        if total % p == 0:
+            b = _blocks(m, n, groups * p)
+            fills[p] = b / (-(-b // WAVE_BLOCKS) * WAVE_BLOCKS)
     best = max(fills.values())
     if best <= fills[1] + 0.02:
         return 1
@@ -296,13 +313,15 @@ def _largest_divisor(n, cap):
 
 
 def _filter_parts(sz, dw_bytes, images=None):
-    """Image slices reduced by separate blocks: enough blocks to fill the GPU, within the
-    workspace budget, dividing the chunk (or ``images``) evenly."""
-    from ..kernels.gemm import CONFIGS
-    wm, wn, tx, ty, _ = CONFIGS[G.gemm_config(sz.kg, sz.rows, sz.groups)]
-    blocks = -(-sz.kg // (ty * wm)) * -(-sz.rows // (tx * wn)) * sz.groups
-    cap = min(max(1, TARGET_BLOCKS // blocks), COL_BUDGET_BYTES // dw_bytes)
-    return _largest_divisor(images or sz.chunk, cap)
+    """Image slices reduced by separate blocks, dividing the chunk (or ``images``) evenly: the
+    count whose blocks fill the last wave best (_fill_parts), each slice >= MIN_K_PER_PART
+    (image, position) columns, within the workspace budget. FILTER_PARTS: a fixed count (the
+    largest divisor up to it), None for this rule."""
+    total = images or sz.chunk
+    if FILTER_PARTS is not None:
+        return _largest_divisor(total, FILTER_PARTS)
+    return _fill_parts(sz.kg, sz.rows, sz.groups, total,
+                       min(total * sz.out // MIN_K_PER_PART, COL_BUDGET_BYTES // dw_bytes))
 
 
 def backward_filter(x, dy, geom, stream):

@@ -165,7 +165,7 @@ def test_split_k_forward_matches_reference(rng, monkeypatch, name, dtype):
 
 
 def test_split_k_rule_fills_one_wave():
-    """The rule (SPLIT_K = None) at the GPU's 64 x 128 tiles on the ResNet-50 layers at
+    """The rule (SPLIT_K = None) at the GPU's tiles on the ResNet-50 layers at
     batch 32 (the counts measured fastest on an H100): 512 channels at 7^2 make 104 blocks
     (8 parts: 832 blocks fill 0.79 of their last wave, as 2, 4 and 6 do; 3 only 0.59), 256 at
     14^2 196 (8), 128 at 28^2 392 (4: each part keeps >= 256 of the 1152 rows); 64 at 56^2
@@ -178,10 +178,40 @@ def test_split_k_rule_fills_one_wave():
         sz = conv_numba._Sizes(g, 4)
         return conv_numba._k_parts(sz, 4 * 32 * k * hw * hw)
 
-    with mock.patch.object(gemm, "gemm_config", lambda *a: "small"):
+    # ops/gemm.py's tile choice as on a GPU (on the simulator it answers "sim")
+    with mock.patch.object(gemm.arrays, "simulator", lambda: False):
         assert (parts(512, 512, 7), parts(256, 256, 14), parts(128, 128, 28),
                 parts(64, 64, 56)) == (8, 8, 4, 1)
         assert parts(8, 8, 2) == 1          # 72 rows: too short a sum to split
+
+
+@pytest.mark.parametrize("implicit", [False, True])
+@pytest.mark.parametrize("name", list(CASES))
+def test_filter_gradient_in_image_slices_matches_reference(rng, monkeypatch, name, implicit):
+    """The filter gradient reduced in FILTER_PARTS = 2 slices of whole images (the largest
+    divisor of the batch up to 2) by separate blocks, summed by conv_partsum_fwd_kernel, on
+    both paths (the rule keeps tiny problems whole)."""
+    monkeypatch.setattr(conv_numba, "IMPLICIT", implicit)
+    monkeypatch.setattr(conv_numba, "FILTER_PARTS", 2)
+    _check(_run_all(rng, CASES[name], "float32"), "float32")
+
+
+def test_filter_split_rule_fills_one_wave():
+    """The filter gradient's image slices (FILTER_PARTS = None) on the ResNet-50 3x3 layers at
+    batch 32: the count whose blocks fill their last wave best, each slice >= 256 columns:
+    128 channels at 28^2 32 slices (0.73 of the last wave), 256 at 14^2 16 (0.87), 512 at 7^2
+    4 (two images of 49 positions a slice: 0.87)."""
+    from unittest import mock
+    from dnnkit.ops import gemm
+
+    def parts(c, hw):
+        g = _geom((32, c, 1, hw, hw), (c, c, 1, 3, 3), padding=(0, 1, 1), nd=2)
+        sz = conv_numba._Sizes(g, 4)
+        return conv_numba._filter_parts(sz, 4 * c * c * 9)
+
+    # ops/gemm.py's tile choice as on a GPU (on the simulator it answers "sim")
+    with mock.patch.object(gemm.arrays, "simulator", lambda: False):
+        assert (parts(128, 28), parts(256, 14), parts(512, 7)) == (32, 16, 4)
 
 
 def test_default_takes_the_implicit_gemm_where_it_measured_faster():
@@ -254,6 +284,7 @@ def test_batch_in_chunks(rng, monkeypatch, images):
     g = _geom((3, 4, 1, 4, 5), (4, 2, 1, 2, 3), (1, 1, 2), (0, 1, 1), groups=2, flip=True)
     per_image = 4 * 6 * int(np.prod(g.out_spatial)) * 4      # C*T*R*S * O * sizeof(float32)
     monkeypatch.setattr(conv_numba, "COL_BUDGET_BYTES", images * per_image + 1)
+    monkeypatch.setattr(conv_numba, "FILTER_PARTS", 2)
     assert conv_numba._Sizes(g, 4).chunk == images
     _check(_run_all(rng, g, "float32"), "float32")
 
