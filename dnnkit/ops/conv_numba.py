@@ -34,6 +34,7 @@ COL_BUDGET_BYTES = 256 << 20
 _SIM = bool(config.ENABLE_CUDASIM)
 ELEM_THREADS = 32 if _SIM else 256
 IM2COL_SPAN = 2 if _SIM else 16    # images (and channels) per im2col grid dimension
+TARGET_BLOCKS = 132 * 4      # filter gradient: split images until ~4 blocks per H100/H200 SM
 FILTER_PARTS = None         # filter gradient image slices: None = _filter_parts' rule
 
 
@@ -313,15 +314,17 @@ def _largest_divisor(n, cap):
 
 
 def _filter_parts(sz, dw_bytes, images=None):
-    """Image slices reduced by separate blocks, dividing the chunk (or ``images``) evenly: the
-    count whose blocks fill the last wave best (_fill_parts), each slice >= MIN_K_PER_PART
-    (image, position) columns, within the workspace budget. FILTER_PARTS: a fixed count (the
-    largest divisor up to it), None for this rule."""
+    """Image slices reduced by separate blocks, dividing the chunk (or ``images``) evenly:
+    enough blocks for ~TARGET_BLOCKS, within the workspace budget. FILTER_PARTS: a fixed
+    count (the largest divisor up to it), None for this rule. (The forward's last-wave rule,
+    _fill_parts, would take more slices on the 128-512-channel layers, e.g. 4 instead of 1 at
+    512 channels 7^2; untimed, so not used yet: validation/implicit_bench.py --split.)"""
     total = images or sz.chunk
     if FILTER_PARTS is not None:
         return _largest_divisor(total, FILTER_PARTS)
-    return _fill_parts(sz.kg, sz.rows, sz.groups, total,
-                       min(total * sz.out // MIN_K_PER_PART, COL_BUDGET_BYTES // dw_bytes))
+    cap = min(max(1, TARGET_BLOCKS // _blocks(sz.kg, sz.rows, sz.groups)),
+              COL_BUDGET_BYTES // dw_bytes)
+    return _largest_divisor(total, cap)
 
 
 def backward_filter(x, dy, geom, stream):
