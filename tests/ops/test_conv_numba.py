@@ -286,12 +286,15 @@ def test_implicit_paths_on_gpu_gemm_tiles(rng, monkeypatch, config):
 @pytest.mark.parametrize("images", [1, 2])
 def test_batch_in_chunks(rng, monkeypatch, images):
     """A column budget of `images` images: N = 3 runs as chunks of 2 + 1 (the filter gradient's
-    image split then differs in the last chunk) or 1 + 1 + 1."""
+    image split then differs in the last chunk) or 1 + 1 + 1; the forward (strided: the
+    column buffer) with its k split in 2, each chunk writing its images' partial sums."""
     g = _geom((3, 4, 1, 4, 5), (4, 2, 1, 2, 3), (1, 1, 2), (0, 1, 1), groups=2, flip=True)
     per_image = 4 * 6 * int(np.prod(g.out_spatial)) * 4      # C*T*R*S * O * sizeof(float32)
     monkeypatch.setattr(conv_numba, "COL_BUDGET_BYTES", images * per_image + 1)
     monkeypatch.setattr(conv_numba, "FILTER_PARTS", 2)
+    monkeypatch.setattr(conv_numba, "SPLIT_K", 2)
     assert conv_numba._Sizes(g, 4).chunk == images
+    assert conv_numba._k_parts(conv_numba._Sizes(g, 4), 4) == 2
     _check(_run_all(rng, g, "float32"), "float32")
 
 
