@@ -97,8 +97,10 @@ def binder(op, backend):
 def _fast_find(op, args, backend, kw):
     """(the call's memo signature, its memoised entry) (dnnkit/fastpath.py); (None, None) when
     this call must take the full path: inside a trace or the profiler, with DEBUG logging, or
-    with several devices (the full path picks the device)."""
-    if _local.__dict__.get("traces") or getattr(profiling._local, "stack", None) or \
+    with several devices (the full path picks the device). The thread-locals are read through
+    __dict__: getattr of an attribute a thread never set raises and catches AttributeError
+    inside, 0.35 us of a memoised call's ~1.5 us of dispatch (measured on the CI machine)."""
+    if _local.__dict__.get("traces") or profiling._local.__dict__.get("stack") or \
             not (_one_device or _single_device()) or log.isEnabledFor(logging.DEBUG):
         return None, None
     return fastpath.find(op, args, backend, kw)

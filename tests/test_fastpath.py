@@ -66,6 +66,24 @@ def test_a_repeated_call_skips_checks_and_binding_and_uses_its_own_arrays(counte
     assert (n["prepare"], n["bind"]) == (3, 3)
 
 
+def test_calls_inside_the_profiler_take_the_full_path(counted):
+    """dnnkit.profile() times every call (the dispatcher's full path records it): a memoised
+    signature is not used inside it, in this thread, and is used again after it."""
+    op, n = counted
+    a = _dev([1.0, 2.0])
+    op(a, 1.0)
+    op(a, 1.0)
+    assert n["prepare"] == 1
+    with dnnkit.profile() as prof:
+        op(a, 1.0)
+        op(a, 1.0)
+    assert n["prepare"] == 3
+    assert sum(row.calls for row in prof.rows.values()) == 2
+    hits = fastpath.stats["hits"]
+    op(a, 1.0)
+    assert n["prepare"] == 3 and fastpath.stats["hits"] == hits + 1
+
+
 def test_bad_arguments_are_checked_on_every_call(counted):
     op, n = counted
     a = _dev([1.0, 2.0])
