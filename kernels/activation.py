@@ -134,8 +134,9 @@ def _reads(mode):
 def activation_bwd_kernel(x, y, dy, dx, mode, coef, acc):
     """dx[i] = dy[i] * f'(x[i]) (f' from x and y, see _derivative and _chain); same thread
     mapping as the forward kernel, all loads of a trip issued before the first slope. A NaN in
-    dy propagates except where relu's or clipped_relu's slope is 0 (_chain). Traffic: reads dy and only what the mode's slope needs (_reads: relu and
-    clipped_relu x, tanh and sigmoid y, elu and swish both, identity neither), writes dx."""
+    dy propagates except where relu's or clipped_relu's slope is 0 (_chain). Traffic: reads dy
+    and only what the mode's slope needs (_reads: relu and clipped_relu x, tanh and sigmoid y,
+    elu and swish both, identity neither), writes dx."""
     zero = acc[0]
     rx, ry = _reads(mode)
     i, step, n = cuda.grid(1), cuda.gridsize(1), dx.size

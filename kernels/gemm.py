@@ -341,6 +341,11 @@ VARIANTS = {f"gemm_{ta}{tb}_{cfg}_kernel": gemm_kernel(ta, tb, *CONFIGS[cfg])
 VARIANTS.update({f"gemm_0{tb}_{cfg}_implicit_kernel":
                  gemm_kernel(0, tb, *CONFIGS[cfg], implicit=True)
                  for tb in (0, 1) for cfg in CONFIGS})
+# The split-k forward (ops/conv_numba.py) writes layout 00's C into an accumulation-type
+# workspace: the same kernels again under these names, so that the PTX checks compile them
+# with that signature too (float16 data, float32 C).
+VARIANTS.update({f"gemm_00_{cfg}_acc_kernel": VARIANTS[f"gemm_00_{cfg}_kernel"]
+                 for cfg in ("small", "large")})
 CG_LEN = 13     # the implicit convolution's cg tuple
 
 
@@ -350,7 +355,9 @@ def SIGNATURES(t, acc):
     a, z = t[::1], acc[::1]
     ints = (UniTuple(int64, 3), UniTuple(int64, 3), UniTuple(int64, 6), UniTuple(int64, 8))
     conv = (int32[::1], UniTuple(int64, CG_LEN))
-    # The convolution's forward (layout 00) writes y in the data type; its gradients (10, 01)
-    # write workspaces in the accumulation type. bias is read in the data type.
-    return {name: (a, a, a if name.startswith("gemm_00") else z, a) + ints + (acc, int64, z)
-            + conv for name in VARIANTS}
+    # The convolution's forward (layout 00) writes y in the data type, or with its k split
+    # (the *_acc names) a workspace in the accumulation type, as its gradients (10, 01) do.
+    # bias is read in the data type.
+    def c(name):
+        return a if name.startswith("gemm_00") and not name.endswith("_acc_kernel") else z
+    return {name: (a, a, c(name), a) + ints + (acc, int64, z) + conv for name in VARIANTS}

@@ -40,7 +40,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--batch", type=int, default=32)
-    ap.add_argument("--split", default="", help="comma-separated part counts (forward only)")
+    ap.add_argument("--split", default="",
+                    help="comma-separated part counts (forward k split, filter-gradient slices)")
     args = ap.parse_args()
     if args.split:
         return split_sweep(args, [int(v) for v in args.split.split(",")])

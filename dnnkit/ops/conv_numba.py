@@ -5,15 +5,19 @@ buffer, no col2im, every image in one pass; not where a group's channels of one 
 2**31 elements) reads x as its im2col matrix (or its transpose) inside the GEMM for the
 forward and the filter gradient, and dy as the column matrix of the convolution that a
 stride-1 data gradient is. ``IMPLICIT`` picks it: True always, False never, None (default)
-where it measured faster (``_implicit_pays``).
+where it measured faster (``_implicit_pays``: stride-1 undilated ungrouped 2-D 3x3 forward
+and data gradients with at most 128 channels out).
 
 Every array is 5-D here (dnnkit/geometry.py): x (N, C, D, H, W), w (K, C/G, T, R, S),
 y (N, K, OD, OH, OW), one float dtype throughout; kernels/conv.py has the math and
 kernels/gemm.py the GEMM. The batch goes through in chunks of images whose column buffer
 (G*rows x n*O elements; rows = C/G*T*R*S, O = OD*OH*OW) fits in ``COL_BUDGET_BYTES`` (one image
-at a time if even one does not fit). Each chunk is one GEMM per group whose n dimension runs
-over every (image, position) column of the chunk, so small images still fill whole tiles: the
-GEMM's grouped indexing reads dy and writes y straight in NCHW order. The forward and the
+at a time if even one does not fit). Each chunk is one GEMM batched over the groups whose n
+dimension runs over every (image, position) column of the chunk, so small images still fill
+whole tiles: the GEMM's grouped indexing reads dy and writes y straight in NCHW order. Where
+the forward's blocks would leave the GPU's last wave mostly empty, its sum over the rows is
+split too (``_k_parts``: batched over (group, part) into an accumulation-type workspace,
+summed with the bias by conv_partsum_fwd_kernel). The forward and the
 filter gradient keep the column buffer in the data type (im2col only copies, so this is exact);
 the data gradient's buffer, a GEMM result, is in the accumulation type.
 
@@ -115,8 +119,11 @@ def _implicit_pays(geom, sz, dgrad):
     more spills) loses."""
     if IMPLICIT is not None:
         return IMPLICIT
-    rows = sz.c // sz.groups if dgrad else sz.kg      # the GEMM's m: channels it produces
-    return max(geom.stride) == 1 and sz.rows > sz.c // sz.groups and rows <= 128
+    # only what was measured: 2-D 3x3, undilated, ungrouped, stride 1 (5x5, 1x3, 3-D, dilated
+    # and grouped kernels keep the column buffer until timed)
+    rows = sz.c if dgrad else sz.k                    # the GEMM's m: channels it produces
+    return (tuple(geom.w_shape[2:]) == (1, 3, 3) and sz.groups == 1
+            and max(geom.stride) == 1 and max(geom.dilation) == 1 and rows <= 128)
 
 
 def _implicit_operand(geom, sz, dgrad=False):
@@ -213,15 +220,18 @@ def forward(x, w, bias, geom, stream):
 
 # Split k (the forward's sum over C/G*T*R*S rows) so that the GEMM's blocks fill whole waves:
 # part counts p (divisors of rows, up to MAX_PARTS, each part >= MIN_K_PER_PART of the sum)
-# are scored by the share of the last wave they fill, blocks*p / (waves * WAVE_BLOCKS); the
-# best wins, ties (within 0.02) going to more parts; no split unless it fills 0.02 more.
+# are scored by the share of the last wave their blocks fill (counted at the tile
+# configuration the batch of groups * p launches with; WAVE_BLOCKS per wave); the best wins,
+# ties (within 0.02) going to more parts; no split unless it fills 0.02 more.
 # Measured on an H100 (float32, batch 32, validation/implicit_bench.py --split; ms with the
 # column buffer for p = 1 / the rule's p, bias included): 512 channels at 7^2
-# (104 blocks of 64 x 128) 1.317 / 0.959 (p = 8); 256 at 14^2 (196 blocks) 0.978 / 0.722
+# (104 blocks of 64 x 128 unsplit) 1.317 / 0.959 (p = 8: 416 blocks of 128 x 128, 0.79 of
+# their last wave, as p = 2 and 4; p = 3 fills 0.59); 256 at 14^2 (196 blocks) 0.978 / 0.722
 # (p = 8); 128 at 28^2 (392) 1.039 / 0.793 (p = 4); 64 at 56^2 (784 blocks, 0.99 of a wave
 # filled) stays whole: splitting it measured 10-24% slower. The partial outputs cost p x y in
 # the accumulation type, written once and read once. SPLIT_K: a fixed number of parts (the
-# largest divisor of rows up to it), None for this rule.
+# largest divisor of rows up to it; a switch for tests and validation/implicit_bench.py, so
+# it skips the budget and MIN_K_PER_PART), None for this rule.
 WAVE_BLOCKS = 132 * 2       # SMs of an H100 x the GEMM's 2 resident blocks per SM
 MIN_K_PER_PART = 256
 MAX_PARTS = 8

@@ -162,14 +162,21 @@ def test_split_k_forward_matches_reference(rng, monkeypatch, name, dtype):
     assert conv_numba._k_parts(conv_numba._Sizes(g, 4), 4) == \
         max(d for d in (1, 2, 3) if conv_numba._Sizes(g, 4).rows % d == 0)
     _check(_run_all(rng, g, dtype), dtype)
+    # without a bias (the sum kernel's per = 0 branch)
+    from numba import cuda
+    xh, wh = (rng.standard_normal(s).astype(dtype) for s in (g.x_shape, g.w_shape))
+    y = conv_numba.forward(cuda.to_device(xh), cuda.to_device(wh), None, g,
+                           cuda.default_stream())[0].copy_to_host()
+    want = ref_forward(xh.astype(np.float64), wh.astype(np.float64), None, g)
+    assert reference.rel_error(y, want) <= TOL[dtype]
 
 
 def test_split_k_rule_fills_one_wave():
     """The rule (SPLIT_K = None) at the GPU's tiles on the ResNet-50 layers at
     batch 32 (the counts measured fastest on an H100): 512 channels at 7^2 make 104 blocks
-    (8 parts: 832 blocks fill 0.79 of their last wave, as 2, 4 and 6 do; 3 only 0.59), 256 at
-    14^2 196 (8), 128 at 28^2 392 (4: each part keeps >= 256 of the 1152 rows); 64 at 56^2
-    fills 0.99 of its wave alone (1)."""
+    of 64 x 128 (8 parts: 416 blocks of 128 x 128 fill 0.79 of their last wave, as 2 and 4
+    parts do; 3 and 6 only 0.59), 256 at 14^2 196 (8), 128 at 28^2 392 (4: each part keeps
+    >= 256 of the 1152 rows); 64 at 56^2 fills 0.99 of its wave alone (1)."""
     from unittest import mock
     from dnnkit.ops import gemm
 
@@ -221,9 +228,9 @@ def test_filter_split_rule():
 
 
 def test_default_takes_the_implicit_gemm_where_it_measured_faster():
-    """IMPLICIT = None (the default): the implicit GEMM for a stride-1 forward or data gradient
-    of more than one tap with at most 128 channels out per group; the column buffer for
-    strided ones, for more channels, for 1x1 kernels and for every filter gradient
+    """IMPLICIT = None (the default): the implicit GEMM for a stride-1 undilated ungrouped 2-D
+    3x3 forward or data gradient with at most 128 channels out; the column buffer for strided
+    ones, for more channels, for other kernels and for every filter gradient
     (validation/implicit_bench.py on an H100)."""
     from numba import cuda
     assert conv_numba.IMPLICIT is None
@@ -242,6 +249,9 @@ def test_default_takes_the_implicit_gemm_where_it_measured_faster():
                                                       "im2col+gemm")
     assert algos((1, 2, 1, 4, 4), (3, 2, 1, 3, 3), stride=(1, 2, 2)) == im
     assert algos((1, 2, 1, 3, 3), (3, 2, 1, 1, 1), padding=1) == im           # one tap
+    assert algos((1, 2, 1, 5, 5), (3, 2, 1, 5, 5), padding=2) == im           # not timed: 5x5
+    g = _geom((1, 2, 1, 3, 3), (2, 1, 1, 3, 3), padding=(0, 1, 1), groups=2, nd=2)
+    assert not conv_numba._implicit_pays(g, conv_numba._Sizes(g, 4), False)  # nor grouped
     # 129 channels out: the column buffer forward; the data gradient makes 2 channels
     assert algos((1, 2, 1, 2, 2), (129, 2, 1, 3, 3)) == ("im2col+gemm", "implicit_gemm",
                                                         "im2col+gemm")
