@@ -105,8 +105,8 @@ def _walker(per_window, SD, SH, SW, repair=False):
 
 @functools.lru_cache(maxsize=None)
 def pool_kernels(mode, window, stride):
-    """(forward, argmax, backward, repair) kernels for ``mode`` (MAX, AVG_INC, AVG_EXC, SUM), ``window`` and
-    ``stride`` (3-tuples, depth first; a 2-D pooling has depth 1)."""
+    """(forward, argmax, backward, repair) kernels for ``mode`` (MAX, AVG_INC, AVG_EXC, SUM),
+    ``window`` and ``stride`` (3-tuples, depth first; a 2-D pooling has depth 1)."""
     KD, KH, KW = (int(v) for v in window)
     SD, SH, SW = (int(v) for v in stride)
     KSIZE = KD * KH * KW

@@ -28,6 +28,9 @@ when K x rows alone does not) into a float32/float64 workspace (parts x w.size, 
 pass is deterministic.
 """
 
+import functools
+import math
+
 from numba import config
 
 from .. import arrays
@@ -111,7 +114,7 @@ IMPLICIT = None
 def _implicit_pays(geom, sz, dgrad):
     """Whether the implicit GEMM beat im2col + GEMM here, by validation/implicit_bench.py on an
     H100 (ResNet-50 layers, batch 32, float32; validation/NOTES.md): for a stride-1 3x3
-    forward or data gradient with at most 128 output channels per group (64 channels at 56^2:
+    forward or data gradient with at most 128 output channels (64 channels at 56^2:
     0.87x and 0.48x the time; 128 at 28^2: 0.54x and 0.88x), where the column buffer's traffic
     is large next to the GEMM's m = 64..128 rows of work. With 256 or 512 channels at 14^2 or 7^2
     (1.08-1.95x), for the strided 7x7 stem (1.01-1.02x) and for every filter gradient
@@ -250,17 +253,21 @@ def _k_parts(sz, part_bytes):
 
 def _blocks(m, n, batch):
     """Blocks of the GEMM's launch for an m x n product ``batch`` times (its tile
-    configuration depends on the batch too: ops/gemm.py gemm_config)."""
-    from ..kernels.gemm import CONFIGS
-    wm, wn, tx, ty, _ = CONFIGS[G.gemm_config(m, n, batch)]
-    return -(-m // (ty * wm)) * -(-n // (tx * wn)) * batch
+    configuration depends on the batch too: ops/gemm.py)."""
+    return math.prod(G.launch_grid(m, n, batch)[1])
 
 
 def _fill_parts(m, n, groups, total, top):
     """The number of parts p (a divisor of ``total``, at most ``top``) of an m x n GEMM per
     group whose groups * p batch of blocks fills its last wave best (WAVE_BLOCKS per wave);
     ties within 0.02 go to more parts (shorter blocks balance better), and 1 unless a split
-    fills 0.02 more."""
+    fills 0.02 more. Every forward asks: remembered per shape (and per simulator/GPU, whose
+    tiles differ)."""
+    return _fill_parts_of(m, n, groups, total, top, arrays.simulator())
+
+
+@functools.lru_cache(maxsize=1024)
+def _fill_parts_of(m, n, groups, total, top, _simulator):
     fills = {}
     for p in range(1, max(1, top) + 1):
         if total % p == 0:

@@ -34,6 +34,15 @@ def gemm_config(m, n=1 << 30, batch=1):
     return "large" if m > 64 and large_blocks >= 2 * 132 else "small"
 
 
+def launch_grid(m, n, batch=1):
+    """(configuration name, grid) of the launch for an m x n product ``batch`` times (blocks
+    beyond a grid dimension's 65535 loop inside the kernel)."""
+    from ..kernels.gemm import CONFIGS
+    name = gemm_config(m, n, batch)
+    wm, wn, tx, ty, _ = CONFIGS[name]
+    return name, (-(-n // (tx * wn)), min(-(-m // (ty * wm)), 65535), min(batch, 65535))
+
+
 _plans = {}      # (layout, dims, batch sizes, dtype, device) -> (kernel, grid, block, shared, acc)
 
 
@@ -59,10 +68,9 @@ def gemm(layout, a, b, c, dims, lds, grps, batch, *, beta=0.0, bias=None, stream
 def _plan(layout, dims, batch, dtype, implicit):
     from ..kernels.gemm import CG_LEN, CONFIGS, VARIANTS, shared_bytes
     m, n, _ = dims
-    name = gemm_config(m, n, batch[0] * batch[1])
+    name, grid = launch_grid(m, n, batch[0] * batch[1])
     wm, wn, tx, ty, _ = CONFIGS[name]
     acc = arrays.acc_array(dtype)
-    grid = (-(-n // (tx * wn)), min(-(-m // (ty * wm)), 65535), min(batch[0] * batch[1], 65535))
     # the implicit convolution's arguments, unused by the other variants: a 4-entry table
     dummy = None if implicit else (arrays.constant(np.zeros(4), np.int32), (0,) * CG_LEN)
     kernel = VARIANTS[f"gemm_{layout}_{name}_implicit_kernel" if implicit else
