@@ -49,19 +49,26 @@ Traffic: A is read ceil(n/BN) times and B ceil(m/BM) times (mostly from L2), C w
 
 import functools
 
-from numba import config, cuda, int64, uint64
+from numba import config, cuda, int64, uint32, uint64
+
+from .tensorcore import mma_tf32, tf32_split
 
 BK = 8      # slab depth
 PAD = 4     # shared row padding (words): k-fast staging stores hit 32 distinct banks
+# With tensor cores (tc), lanes 4g + q read rows q (and q+4) at column g: rows 8 words apart
+# (mod 32) put the 32 lanes on 32 distinct banks.
+TC_PAD = 8
+TC_BK = 16  # two mma k-steps per slab
 # 16-byte aligned shared memory for vector loads; the simulator takes no alignment
 SMEM_ALIGN = None if config.ENABLE_CUDASIM else 16
 
 
-def shared_bytes(wm, wn, tx, ty, itemsize):
-    """Dynamic shared memory of one block: two stages of an A and a B slab, and one row of
-    padding that the fragment prefetch reads past the last slab."""
-    sa, sb = ty * wm + PAD, tx * wn + PAD
-    return (2 * BK + 1) * (sa + sb) * itemsize
+def shared_bytes(wm, wn, tx, ty, itemsize, bk=BK, tc=False):
+    """Dynamic shared memory of one block: two stages of an A and a B slab (``bk`` deep), and
+    one row of padding that the fragment prefetch reads past the last slab."""
+    pad = TC_PAD if tc else PAD
+    sa, sb = ty * wm + pad, tx * wn + pad
+    return (2 * bk + 1) * (sa + sb) * itemsize
 
 
 @cuda.jit(device=True, inline=True)
@@ -80,23 +87,35 @@ def _corner(pos, cg):
 
 
 @cuda.jit(device=True, inline=True)
-def _tap(src, at, zb, yb, xb, table, row, cg, zero):
-    """x at ``at`` + filter row ``row``'s offset for the window at corner (zb, yb, xb); zero
-    where the tap falls outside the input (padding)."""
+def _tap(reg, q, src, at, zb, yb, xb, table, row, cg):
+    """reg[q] = x at ``at`` + filter row ``row``'s offset for the window at corner
+    (zb, yb, xb); zero where the tap falls outside the input (padding)."""
     e = uint64(4 * row)
     iz, iy, ix = zb + table[e], yb + table[e + 1], xb + table[e + 2]
     if 0 <= iz < cg[3] and 0 <= iy < cg[4] and 0 <= ix < cg[5]:
-        return src[uint64(at + table[e + 3])] + zero
-    return zero
+        reg[q] = src[uint64(at + table[e + 3])]
+    else:
+        reg[q] = 0
 
 
 @functools.lru_cache(maxsize=None)
-def gemm_kernel(ta, tb, wm, wn, tx, ty, min_blocks=1, implicit=False):
+def gemm_kernel(ta, tb, wm, wn, tx, ty, min_blocks=1, implicit=False, bk=BK, tc=False):
     """The kernel for layout (ta, tb) with a (wm x wn)-per-thread tile and (tx, ty) threads.
     Staging needs NT = tx*ty threads to divide evenly: NT % BK == 0 for a k-fast operand, and
     NT % tile == 0 for the other (tile = BM or BN), with NT | BK*tile. ``min_blocks``: blocks
     per SM the register allocation must leave room for (CUDA launch bounds). ``implicit``: B
-    is a convolution's input read as its im2col matrix (layout 00; module docstring)."""
+    is a convolution's input read as its im2col matrix (layout 00; module docstring). ``bk``:
+    the slab depth (even; below, BK stands for it). ``tc``: the products on tensor cores
+    (3xTF32, kernels/tensorcore.py; float32 accumulation only): warp w of the 8 computes
+    a (wm*8) x (wn*4) piece of the tile, fragment layouts of ``mma.m16n8k8``."""
+    BK = bk     # noqa: N806 -- the closures below take it as a compile-time constant
+    PAD = TC_PAD if tc else globals()["PAD"]   # noqa: N806
+    if bk % (8 if tc else 2):
+        raise ValueError(f"gemm_kernel: slab depth {bk} is not a multiple of {8 if tc else 2}")
+    if tc and (tx, ty) != (16, 16):
+        raise ValueError(f"gemm_kernel: tensor cores take 16 x 16 threads, not {tx} x {ty}")
+    wmt, wnt = wm // 2, wn // 2     # tc: a warp's 16 x 8 mma tiles down and across
+    nfa, nfb = 4 * wmt, 2 * wnt     # tc: a lane's A and B fragment words per k-step
     if implicit and ta != 0:
         raise ValueError("gemm_kernel: the implicit convolution operand needs layout 00 or 01")
     if implicit and tb == 0 and tx * ty < tx * wn:
@@ -111,23 +130,39 @@ def gemm_kernel(ta, tb, wm, wn, tx, ty, min_blocks=1, implicit=False):
             raise ValueError(f"gemm_kernel: {nt} threads cannot stage a {tile} x {BK} slab")
 
     @cuda.jit(device=True, inline=True)
-    def fetch(src, off, ld, kfast, fixed, k0, kdim, rows, r0, count, tile, reg, zero):
-        """reg[q] = this thread's q-th element of the slab at k0 (zero outside the operand).
-        k-fast: element (r, kk) = (t//BK + nt//BK*q, t%BK), the offset of its k ``fixed``
-        (walked by the caller); otherwise (r, kk) = (t%tile, t//tile + nt//tile*q), its r offset
-        ``fixed``."""
+    def rows_at(off, ld, kfast, fixed, rows, r0, count, tile, roff):
+        """Once per tile, the offsets of this thread's staged rows (-1 past the operand's
+        rows), so that a slab's fetch is one add and one load per element. k-fast: element
+        (r, kk) = (t//BK + nt//BK*q, t%BK), roff[q] = off + (r0 + r)*ld; otherwise
+        (r, kk) = (t%tile, t//tile + nt//tile*q) share one row, roff[0] = off + ``fixed``
+        (the row's offset)."""
         t = cuda.threadIdx.y * tx + cuda.threadIdx.x
+        if kfast:
+            for q in range(count):
+                r = r0 + t // BK + (nt // BK) * q
+                roff[q] = off + r * ld if r < rows else -1
+        else:
+            roff[0] = off + fixed if r0 + t % tile < rows else -1
+
+    @cuda.jit(device=True, inline=True)
+    def fetch(src, roff, ld, kfast, fixed, k0, kdim, count, tile, reg):
+        """reg[q] = this thread's q-th element of the slab at k0 (``rows_at``; zero outside
+        the operand), in the data type: nothing uses the loaded value until ``stash``, so the
+        load's latency hides behind the multiplications of the current slab (a conversion
+        here would wait for it). k-fast: ``fixed`` is the offset of the element's k (walked
+        by the caller)."""
+        t = cuda.threadIdx.y * tx + cuda.threadIdx.x
+        kin = k0 + t % BK < kdim
         for q in range(count):
             if kfast:
-                r, kk = t // BK + (nt // BK) * q, t % BK
-                addr = off + (r0 + r) * ld + fixed
+                ok, addr = kin and roff[q] >= 0, roff[q] + fixed
             else:
-                r, kk = t % tile, t // tile + (nt // tile) * q
-                addr = off + (k0 + kk) * ld + fixed
-            v = zero
-            if r0 + r < rows and k0 + kk < kdim:
-                v = src[uint64(addr)] + zero
-            reg[q] = v
+                kk = k0 + t // tile + (nt // tile) * q
+                ok, addr = kk < kdim and roff[0] >= 0, roff[0] + kk * ld
+            if ok:
+                reg[q] = src[uint64(addr)]
+            else:
+                reg[q] = 0
 
     @cuda.jit(device=True, inline=True)
     def corner(cols, j0, n, cg):
@@ -146,7 +181,7 @@ def gemm_kernel(ta, tb, wm, wn, tx, ty, min_blocks=1, implicit=False):
             cols[4 * t + 2], cols[4 * t + 3] = yb, xb
 
     @cuda.jit(device=True, inline=True)
-    def fetch_conv(src, off, cols, table, cg, k0, kdim, count, reg, zero):
+    def fetch_conv(src, off, cols, table, cg, k0, kdim, count, reg):
         """reg[q] = B[k, j] of the implicit convolution for this thread's staged elements
         (r, kk) = (t%BN, t//BN + NT//BN*q): column j = j0 + r from ``cols`` (``corner``), row
         k = k0 + kk from ``table``; zero outside the input (padding) and the matrix."""
@@ -155,11 +190,13 @@ def gemm_kernel(ta, tb, wm, wn, tx, ty, min_blocks=1, implicit=False):
         base, zb, yb, xb = cols[4 * r], cols[4 * r + 1], cols[4 * r + 2], cols[4 * r + 3]
         for q in range(count):
             k = k0 + t // bn + (nt // bn) * q
-            reg[q] = _tap(src, off + base, zb, yb, xb, table, k, cg, zero) if k < kdim \
-                else zero
+            if k < kdim:
+                _tap(reg, q, src, off + base, zb, yb, xb, table, k, cg)
+            else:
+                reg[q] = 0
 
     @cuda.jit(device=True, inline=True)
-    def fetch_conv_k(src, off, img_base, pos, table, cg, k0, kdim, j0, n, count, reg, zero):
+    def fetch_conv_k(src, off, img_base, pos, table, cg, k0, kdim, j0, n, count, reg):
         """Layout 01: reg[q] = B[k, j] of the implicit filter gradient for this thread's
         staged elements (r, kk) = (t//BK + NT//BK*q, t%BK): row k = k0 + kk is the output
         position ``pos`` of the image at ``img_base`` (the caller walks them), column
@@ -169,20 +206,21 @@ def gemm_kernel(ta, tb, wm, wn, tx, ty, min_blocks=1, implicit=False):
         kin = k0 + t % BK < kdim
         for q in range(count):
             j = j0 + t // BK + (nt // BK) * q
-            reg[q] = _tap(src, off + img_base + at, zb, yb, xb, table, j, cg, zero) \
-                if kin and j < n else zero
+            if kin and j < n:
+                _tap(reg, q, src, off + img_base + at, zb, yb, xb, table, j, cg)
+            else:
+                reg[q] = 0
 
     @cuda.jit(device=True, inline=True)
-    def fetch_b(b, offb, ldb, fb, bq, gsb, br, k0, kdim, n, j0, cols, table, cg, reg, zero):
+    def fetch_b(b, offb, roff, ldb, bq, gsb, br, k0, kdim, n, j0, cols, table, cg, reg):
         """This thread's share of B's slab at k0 (``fetch``, or the implicit convolution's
         ``fetch_conv`` / ``fetch_conv_k``)."""
         if implicit and tb == 0:
-            fetch_conv(b, offb, cols, table, cg, k0, kdim, lb, reg, zero)
+            fetch_conv(b, offb, cols, table, cg, k0, kdim, lb, reg)
         elif implicit:
-            fetch_conv_k(b, offb, bq * gsb, br, table, cg, k0, kdim, j0, n, lb, reg, zero)
+            fetch_conv_k(b, offb, bq * gsb, br, table, cg, k0, kdim, j0, n, lb, reg)
         else:
-            fetch(b, offb, ldb, tb == 1, bq * gsb + br if tb else fb, k0, kdim, n, j0, lb, bn,
-                  reg, zero)
+            fetch(b, roff, ldb, tb == 1, bq * gsb + br, k0, kdim, lb, bn, reg)
 
     @cuda.jit(device=True, inline=True)
     def stash(sh, base, kfast, count, tile, reg):
@@ -192,7 +230,7 @@ def gemm_kernel(ta, tb, wm, wn, tx, ty, min_blocks=1, implicit=False):
                 r, kk = t // BK + (nt // BK) * q, t % BK
             else:
                 r, kk = t % tile, t // tile + (nt // tile) * q
-            sh[uint64(base + kk * (tile + PAD) + r)] = reg[q]
+            sh[uint64(base + kk * (tile + PAD) + r)] = reg[q]    # to the accumulation type
 
     @cuda.jit(device=True, inline=True)
     def frag(sh, p, half, count, reg):
@@ -211,6 +249,44 @@ def gemm_kernel(ta, tb, wm, wn, tx, ty, min_blocks=1, implicit=False):
                 c_reg[i, j] += av[i] * bv[j]
 
     @cuda.jit(device=True, inline=True)
+    def mma_slab(sh, pa, pb, c_reg, zero):
+        """tc: c_reg += this warp's piece of the slab's product, 3xTF32 (kernels/tensorcore.py).
+        ``pa`` / ``pb``: shared offsets of A's row g of the warp's rows and of B's column g of
+        its columns, both at k row q of the slab (lane 4g + q). The warp's wmt x wnt tiles of
+        16 x 8 (c_reg[2mt:2mt+2, 2nt:2nt+2]) take wmt + wnt fragment loads per k-step and
+        3*wmt*wnt mma."""
+        ah = cuda.local.array(nfa, dtype=uint32)    # big and small halves of A, B
+        al = cuda.local.array(nfa, dtype=uint32)
+        bh = cuda.local.array(nfb, dtype=uint32)
+        bl = cuda.local.array(nfb, dtype=uint32)
+        for ks in range(0, BK, 8):
+            for mt in range(wmt):
+                for r in range(4):      # A[g + 8*(r%2), q + 4*(r//2)]
+                    v = sh[uint64(pa + (ks + (r // 2) * 4) * sa + mt * 16 + (r % 2) * 8)]
+                    ah[4 * mt + r], al[4 * mt + r] = tf32_split(v)
+            for nt in range(wnt):
+                for r in range(2):      # B[q + 4*r, g]
+                    v = sh[uint64(pb + (ks + r * 4) * sb + nt * 8)]
+                    bh[2 * nt + r], bl[2 * nt + r] = tf32_split(v)
+            for mt in range(wmt):
+                for nt in range(wnt):
+                    i, j, e, f = 2 * mt, 2 * nt, 4 * mt, 2 * nt
+                    # A k-step's sum starts from zero, the small terms first, and is added
+                    # to c_reg in IEEE float32: the tensor core's own accumulation truncates,
+                    # which into the running sum would bias it by ~2^-23 of |c| per mma
+                    # (measured: errors growing with k, 10x float32's at k = 4608).
+                    d0, d1, d2, d3 = mma_tf32(al[e], al[e + 1], al[e + 2], al[e + 3], bh[f],
+                                              bh[f + 1], zero, zero, zero, zero)
+                    d0, d1, d2, d3 = mma_tf32(ah[e], ah[e + 1], ah[e + 2], ah[e + 3], bl[f],
+                                              bl[f + 1], d0, d1, d2, d3)
+                    d0, d1, d2, d3 = mma_tf32(ah[e], ah[e + 1], ah[e + 2], ah[e + 3], bh[f],
+                                              bh[f + 1], d0, d1, d2, d3)
+                    c_reg[i, j] += d0
+                    c_reg[i, j + 1] += d1
+                    c_reg[i + 1, j] += d2
+                    c_reg[i + 1, j + 1] += d3
+
+    @cuda.jit(device=True, inline=True)
     def koffset(k, grp, gstride):
         q, r = _split(k, grp)
         return q * gstride + r
@@ -226,13 +302,20 @@ def gemm_kernel(ta, tb, wm, wn, tx, ty, min_blocks=1, implicit=False):
         nz1, nz2, a1, a2, b1, b2, c1, c2 = batch
         x, y = cuda.threadIdx.x, cuda.threadIdx.y
         t = y * tx + x
+        # tc: warp (wy, wx) of 2 x 4, lane 4g + q (mma_slab); the thread's first C row and
+        # column within the tile (_store)
+        wy, wx, g, q = t // 128, (t // 32) % 4, (t % 32) // 4, t % 4
+        i1 = wy * (wmt * 16) + g if tc else y * (wm // 2)
+        j1 = wx * (wnt * 8) + 2 * q if tc else x * (wn // 2)
         c_reg = cuda.local.array((wm, wn), dtype=acc.dtype)
         ra0 = cuda.local.array(wm, dtype=acc.dtype)    # fragments of A and B, two rows
         rb0 = cuda.local.array(wn, dtype=acc.dtype)
         ra1 = cuda.local.array(wm, dtype=acc.dtype)
         rb1 = cuda.local.array(wn, dtype=acc.dtype)
-        a_buf = cuda.local.array(la, dtype=acc.dtype)
-        b_buf = cuda.local.array(lb, dtype=acc.dtype)
+        a_buf = cuda.local.array(la, dtype=a.dtype)     # the next slab, as loaded
+        b_buf = cuda.local.array(lb, dtype=b.dtype)
+        roffa = cuda.local.array(la if ta == 0 else 1, dtype=int64)    # rows_at
+        roffb = cuda.local.array(lb if tb == 1 else 1, dtype=int64)
         # the k of this thread's k-fast staging elements is k0 + t % BK
         kk_a, kk_b = t % BK, t % BK
         for z in range(cuda.blockIdx.z, nz1 * nz2, cuda.gridDim.z):
@@ -246,16 +329,18 @@ def gemm_kernel(ta, tb, wm, wn, tx, ty, min_blocks=1, implicit=False):
                     # fixed (non-k) offsets of the non-k-fast operands, once per tile
                     fa = 0 if ta == 0 else koffset(i0 + t % bm, ga, gsa)
                     fb = 0 if tb == 1 else koffset(j0 + t % bn, gb, gsb)
+                    rows_at(offa, lda, ta == 0, fa, m, i0, la, bm, roffa)
+                    if not implicit:
+                        rows_at(offb, ldb, tb == 1, fb, n, j0, lb, bn, roffb)
                     if implicit and tb == 0:    # the tile's columns (n, od, oh, ow)
                         corner(cols, j0, n, cg)
                         cuda.syncthreads()
                     # k-fast operands: (quotient, remainder) of k = k0 + kk, walked per slab
                     aq, ar = _split(kk_a, ga)
                     bq, br = _split(kk_b, gb)
-                    fetch(a, offa, lda, ta == 0, fa if ta else aq * gsa + ar, 0, kdim, m, i0,
-                          la, bm, a_buf, zero)
-                    fetch_b(b, offb, ldb, fb, bq, gsb, br, 0, kdim, n, j0, cols, table, cg,
-                            b_buf, zero)
+                    fetch(a, roffa, lda, ta == 0, aq * gsa + ar, 0, kdim, la, bm, a_buf)
+                    fetch_b(b, offb, roffb, ldb, bq, gsb, br, 0, kdim, n, j0, cols, table, cg,
+                            b_buf)
                     stash(sh, 0, ta == 0, la, bm, a_buf)
                     stash(sh, BK * sa, tb == 1, lb, bn, b_buf)
                     cuda.syncthreads()
@@ -273,49 +358,56 @@ def gemm_kernel(ta, tb, wm, wn, tx, ty, min_blocks=1, implicit=False):
                                 while br >= gb:
                                     br -= gb
                                     bq += 1
-                            fetch(a, offa, lda, ta == 0, fa if ta else aq * gsa + ar, k0 + BK,
-                                  kdim, m, i0, la, bm, a_buf, zero)
-                            fetch_b(b, offb, ldb, fb, bq, gsb, br, k0 + BK, kdim, n, j0, cols,
-                                    table, cg, b_buf, zero)
-                        # Register double buffering: the fragments of row kk+1 are read
-                        # while row kk multiplies (the last read runs one row past the slab,
-                        # into padding, and is not used). Offsets are written as products
-                        # of constants so LLVM can prove the 16-byte alignment of the
-                        # vector loads.
-                        pa = phase * stage + y * (wm // 2)
-                        pb = phase * stage + BK * sa + x * (wn // 2)
-                        frag(sh, pa, bm // 2, wm, ra0)
-                        frag(sh, pb, bn // 2, wn, rb0)
-                        for kk in range(0, BK, 2):
-                            frag(sh, pa + (kk + 1) * sa, bm // 2, wm, ra1)
-                            frag(sh, pb + (kk + 1) * sb, bn // 2, wn, rb1)
-                            outer(c_reg, ra0, rb0)
-                            frag(sh, pa + (kk + 2) * sa, bm // 2, wm, ra0)
-                            frag(sh, pb + (kk + 2) * sb, bn // 2, wn, rb0)
-                            outer(c_reg, ra1, rb1)
+                            fetch(a, roffa, lda, ta == 0, aq * gsa + ar, k0 + BK, kdim, la,
+                                  bm, a_buf)
+                            fetch_b(b, offb, roffb, ldb, bq, gsb, br, k0 + BK, kdim, n, j0,
+                                    cols, table, cg, b_buf)
+                        if tc:
+                            mma_slab(sh, phase * stage + q * sa + wy * (wmt * 16) + g,
+                                     phase * stage + BK * sa + q * sb + wx * (wnt * 8) + g,
+                                     c_reg, zero)
+                        else:
+                            # Register double buffering: the fragments of row kk+1 are read
+                            # while row kk multiplies (the last read runs one row past the
+                            # slab, into padding, and is not used). Offsets are written as
+                            # products of constants so LLVM can prove the 16-byte alignment
+                            # of the vector loads.
+                            pa = phase * stage + y * (wm // 2)
+                            pb = phase * stage + BK * sa + x * (wn // 2)
+                            frag(sh, pa, bm // 2, wm, ra0)
+                            frag(sh, pb, bn // 2, wn, rb0)
+                            for kk in range(0, BK, 2):
+                                frag(sh, pa + (kk + 1) * sa, bm // 2, wm, ra1)
+                                frag(sh, pb + (kk + 1) * sb, bn // 2, wn, rb1)
+                                outer(c_reg, ra0, rb0)
+                                frag(sh, pa + (kk + 2) * sa, bm // 2, wm, ra0)
+                                frag(sh, pb + (kk + 2) * sb, bn // 2, wn, rb0)
+                                outer(c_reg, ra1, rb1)
                         if more:
                             nxt = (1 - phase) * stage
                             stash(sh, nxt, ta == 0, la, bm, a_buf)
                             stash(sh, nxt + BK * sa, tb == 1, lb, bn, b_buf)
                             phase = 1 - phase
                         cuda.syncthreads()
-                    _store(c, z1 * c1 + z2 * c2, ldc, gc, gsc, m, n, i0 + y * (wm // 2),
-                           j0 + x * (wn // 2), c_reg, beta, bias, z1 * m, use_bias, zero)
+                    _store(c, z1 * c1 + z2 * c2, ldc, gc, gsc, m, n, i0 + i1, j0 + j1, c_reg,
+                           beta, bias, z1 * m, use_bias, zero)
 
     @cuda.jit(device=True, inline=True)
     def _store(c, off, ldc, gc, gsc, m, n, i1, j1, c_reg, beta, bias, boff, use_bias, zero):
-        """C rows i1 + (i // hm)*BM/2 + i % hm and columns j1 + (j // hn)*BN/2 + j % hn
-        (hm, hn = wm/2, wn/2: the fragment layout): c = c_reg (+ bias) (+ beta*c, read only
-        when beta != 0, so an uninitialised c may hold NaN). The column offsets are computed
-        first, so the store loops unroll and c_reg stays in registers."""
-        hm, hn = wm // 2, wn // 2
+        """C rows i1 + (i // hm)*sm + (i % hm)*um and columns j1 + (j // hn)*sn + j % hn
+        (the fragment layout: hm, sm, um = wm/2, BM/2, 1 and hn, sn = wn/2, BN/2; with tensor
+        cores 2, 16, 8 and 2, 8): c = c_reg (+ bias) (+ beta*c, read only when beta != 0, so
+        an uninitialised c may hold NaN). The column offsets are computed first, so the store
+        loops unroll and c_reg stays in registers."""
+        hm, sm, um = (2, 16, 8) if tc else (wm // 2, bm // 2, 1)
+        hn, sn = (2, 8) if tc else (wn // 2, bn // 2)
         cols = cuda.local.array(wn, dtype=int64)
         for j in range(wn):
-            gj = j1 + (j // hn) * (bn // 2) + j % hn
+            gj = j1 + (j // hn) * sn + j % hn
             q, r = _split(gj, gc)
             cols[j] = off + q * gsc + r if gj < n else -1
         for i in range(wm):
-            gi = i1 + (i // hm) * (bm // 2) + i % hm
+            gi = i1 + (i // hm) * sm + (i % hm) * um
             if gi < m:
                 add = bias[gi + boff] + zero if use_bias else zero
                 for j in range(wn):
@@ -334,23 +426,36 @@ def gemm_kernel(ta, tb, wm, wn, tx, ty, min_blocks=1, implicit=False):
 
 # Tile configurations (wm, wn, tx, ty, min_blocks) the ops choose from (dnnkit/ops/gemm.py);
 # "sim" keeps the CUDA simulator (one Python thread per CUDA thread) to 16 threads a block.
-CONFIGS = {"large": (8, 8, 16, 16, 2), "small": (4, 8, 16, 16, 2), "sim": (2, 2, 4, 4, 1)}
+# The tc_ ones multiply on tensor cores (3xTF32, slabs TC_BK deep; float32 accumulation, sm_80
+# and later, not in the simulator); the large one needs 255 registers, so 1 block per SM.
+CONFIGS = {"large": (8, 8, 16, 16, 2), "small": (4, 8, 16, 16, 2), "sim": (2, 2, 4, 4, 1),
+           "tc_large": (8, 8, 16, 16, 1), "tc_small": (4, 8, 16, 16, 2)}
+
+
+def config_options(name):
+    """gemm_kernel's and shared_bytes's keyword arguments beyond the tile for config ``name``."""
+    return dict(bk=TC_BK, tc=True) if name.startswith("tc_") else {}
+
+
 LAYOUTS = ((0, 0), (1, 0), (0, 1))
-VARIANTS = {f"gemm_{ta}{tb}_{cfg}_kernel": gemm_kernel(ta, tb, *CONFIGS[cfg])
+VARIANTS = {f"gemm_{ta}{tb}_{cfg}_kernel": gemm_kernel(ta, tb, *CONFIGS[cfg],
+                                                       **config_options(cfg))
             for ta, tb in LAYOUTS for cfg in CONFIGS}
 VARIANTS.update({f"gemm_0{tb}_{cfg}_implicit_kernel":
-                 gemm_kernel(0, tb, *CONFIGS[cfg], implicit=True)
+                 gemm_kernel(0, tb, *CONFIGS[cfg], implicit=True, **config_options(cfg))
                  for tb in (0, 1) for cfg in CONFIGS})
 # The split-k forward (ops/conv_numba.py) writes layout 00's C into an accumulation-type
 # workspace: the same kernels again under these names, so that the PTX checks compile them
 # with that signature too (float16 data, float32 C).
 VARIANTS.update({f"gemm_00_{cfg}_acc_kernel": VARIANTS[f"gemm_00_{cfg}_kernel"]
-                 for cfg in ("small", "large")})
+                 for cfg in CONFIGS if cfg != "sim"})
+# Tensor cores take float32 only: these have no float64 signature.
+NO_FLOAT64 = tuple(name for name in VARIANTS if "_tc_" in name)
 CG_LEN = 13     # the implicit convolution's cg tuple
 
 
 def SIGNATURES(t, acc):
-    from numba import int32, int64
+    from numba import float64, int32, int64
     from numba.core.types import UniTuple
     a, z = t[::1], acc[::1]
     ints = (UniTuple(int64, 3), UniTuple(int64, 3), UniTuple(int64, 6), UniTuple(int64, 8))
@@ -360,4 +465,5 @@ def SIGNATURES(t, acc):
     # bias is read in the data type.
     def c(name):
         return a if name.startswith("gemm_00") and not name.endswith("_acc_kernel") else z
-    return {name: (a, a, c(name), a) + ints + (acc, int64, z) + conv for name in VARIANTS}
+    return {name: (a, a, c(name), a) + ints + (acc, int64, z) + conv for name in VARIANTS
+            if not (acc == float64 and name in NO_FLOAT64)}

@@ -53,7 +53,10 @@ def test_every_kernel_compiles_for_sm90():
     assert sorted(set(k.split("/")[0] for k in result)) == sorted(names)
     assert len(names) >= 4
     index32 = {n for m in K._modules for n in getattr(m, "INDEX32", ())}
+    no_f64 = {n for m in K._modules for n in getattr(m, "NO_FLOAT64", ())}
     for key, v in result.items():
+        if v == "no signature" and key.endswith("/float64") and key.split("/")[0] in no_f64:
+            continue        # declared float32-only (tensor cores)
         assert v != "no signature", key
         assert v["ok"], key
         if key.split("/")[0] not in index32:

@@ -4,7 +4,8 @@ of each tile configuration next to PyTorch's matmul (TF32 off) on the same input
     python -m validation.gemm_bench [--reps 30] [--configs "4,8,16,16,2;8,8,32,8,1"]
                                     [--shapes "64,100352,576;512,1568,4608"] [--layouts nn,nt]
 
-A config is (wm, wn, tx, ty, min_blocks): a ty*wm x tx*wn tile of C per block of tx*ty threads
+A config is (wm, wn, tx, ty, min_blocks[, bk[, tc]]): a ty*wm x tx*wn tile of C per block of
+tx*ty threads, slabs bk deep (default 8), on tensor cores (3xTF32) where tc is 1
 (kernels/gemm.py); by default the ones below.
 
 Shapes are the GEMMs of the ResNet-50 convolutions of the convolution benchmark at batch 32
@@ -20,7 +21,7 @@ from dnnkit.timing import median_ms
 
 SHAPES = [(64, 100352, 576), (128, 25088, 1152), (256, 6272, 2304), (512, 1568, 4608),
           (4096, 4096, 4096)]
-CONFIGS = [(8, 8, 16, 16, 1), (8, 8, 16, 16, 2), (4, 8, 16, 16, 1), (4, 8, 16, 16, 2)]
+CONFIGS = [(8, 8, 16, 16, 2), (4, 8, 16, 16, 2), (8, 8, 16, 16, 1, 16, 1), (4, 8, 16, 16, 2, 16, 1)]
 PLAIN = (1 << 62, 0)
 
 
@@ -28,15 +29,21 @@ def run_gemm(kern, cfg, a, b, c, m, n, k, ta, tb):
     from numba import cuda
 
     from dnnkit.kernels.gemm import CG_LEN, shared_bytes
-    wm, wn, tx, ty, _ = cfg
+    wm, wn, tx, ty = cfg[:4]
+    bk, tc = _extra(cfg)
     bm, bn = ty * wm, tx * wn
     grid = (-(-n // bn), min(-(-m // bm), 65535), 1)
     acc, table = _dummies()
     lda = m if ta else k
     ldb = k if tb else n
-    kern[grid, (tx, ty), 0, shared_bytes(wm, wn, tx, ty, 4)](
+    kern[grid, (tx, ty), 0, shared_bytes(wm, wn, tx, ty, 4, bk, tc)](
         a, b, c, c, (m, n, k), (lda, ldb, n), PLAIN * 3, (1, 1, 0, 0, 0, 0, 0, 0),
         np.float32(0), 0, acc, table, (0,) * CG_LEN)
+
+
+def _extra(cfg):
+    """(slab depth, tensor cores) of a config tuple."""
+    return (cfg[5] if len(cfg) > 5 else 8), bool(cfg[6] if len(cfg) > 6 else 0)
 
 
 _DUMMIES = []
@@ -70,7 +77,7 @@ def main():
     torch.backends.cuda.matmul.allow_tf32 = False
     from dnnkit.kernels.gemm import gemm_kernel
     rng = np.random.default_rng(0)
-    print(f"{'m':>5} {'n':>7} {'k':>5} {'lay':>3} {'config':>16} {'rel.err':>9} {'ms':>8} "
+    print(f"{'m':>5} {'n':>7} {'k':>5} {'lay':>3} {'config':>18} {'rel.err':>9} {'ms':>8} "
           f"{'TFLOP/s':>8} {'torch ms':>9} {'ratio':>6}")
     for m, n, k in shapes:
         for ta, tb, lay in ((0, 0, "nn"), (1, 0, "tn"), (0, 1, "nt")):
@@ -90,13 +97,14 @@ def main():
             t_torch = median_ms(lambda i: torch.matmul(opa, opb, out=tc), args.reps)
             flop = 2.0 * m * n * k
             for cfg in configs:
-                kern = gemm_kernel(ta, tb, *cfg)
+                bk, tc = _extra(cfg)
+                kern = gemm_kernel(ta, tb, *cfg[:5], bk=bk, tc=tc)
                 run_gemm(kern, cfg, a, b, c, m, n, k, ta, tb)
                 got = c.copy_to_host().reshape(m, n)
                 err = np.abs(got - ref).max() / np.abs(ref).max()
                 ms = median_ms(lambda i: run_gemm(kern, cfg, a, b, c, m, n, k, ta, tb),
                                args.reps)
-                print(f"{m:5d} {n:7d} {k:5d} {lay:>3} {str(cfg):>16} {err:9.2e} {ms:8.3f} "
+                print(f"{m:5d} {n:7d} {k:5d} {lay:>3} {str(cfg):>18} {err:9.2e} {ms:8.3f} "
                       f"{flop / ms / 1e9:8.2f} {t_torch:9.3f} {t_torch / ms:6.2f}", flush=True)
 
 

@@ -12,6 +12,14 @@ fast index (``PLAIN`` for none), ``batch`` = (nz1, nz2, a1, a2, b1, b2, c1, c2) 
 kernels/gemm.py for the exact addressing. Accumulation in float32 for float16/float32 data,
 float64 for float64; C in the data type or in the accumulation type. Launch plans (kernel,
 grid, tile) are remembered by shape: the per-step GEMMs of an RNN cost only their launch.
+
+Tensor cores. Where ``TENSOR_CORES`` is true (the default), the data float32 or float16 and
+the GPU of compute capability 8.0 or later, the products run on tensor cores as 3xTF32
+(kernels/tensorcore.py): each float32 product split into three TF32 products, each k-step's
+sum added to the accumulator in float32, for errors of float32's order (max error / max |C|
+against float64 about 1e-6 to 1e-5 at k = 576 to 4608, where FP32 FMA gives 1e-6 to 3e-6:
+validation/gemm_bench.py). Set it False for plain FP32 FMA (IEEE Inf arithmetic: with tensor
+cores an Inf operand gives NaN). The simulator and float64 always take FP32 FMA.
 """
 
 import numpy as np
@@ -20,6 +28,7 @@ from .. import arrays
 from ..launch import launch
 
 PLAIN = (1 << 62, 0)         # an ungrouped GEMM index (kernels/gemm.py)
+TENSOR_CORES = True          # 3xTF32 on tensor cores where it can (module docstring)
 NO_BATCH = (1, 1, 0, 0, 0, 0, 0, 0)
 
 
@@ -52,7 +61,8 @@ def gemm(layout, a, b, c, dims, lds, grps, batch, *, beta=0.0, bias=None, stream
     a, b, c, bias: flat device arrays or ``launch.At`` offsets into them. ``site``: a
     ``launch.Site`` for a loop's repeated call with arguments of unchanging types. ``conv``:
     (table, cg) of the implicit convolution (B read from x as its im2col matrix; layout 00)."""
-    key = (layout, dims, batch[0], batch[1], a.dtype, arrays.device_id(), conv is not None)
+    key = (layout, dims, batch[0], batch[1], a.dtype, arrays.device_id(), conv is not None,
+           TENSOR_CORES)
     plan = _plans.get(key)
     if plan is None:
         if len(_plans) >= 4096:
@@ -65,15 +75,31 @@ def gemm(layout, a, b, c, dims, lds, grps, batch, *, beta=0.0, bias=None, stream
             acc.dtype.type(beta), int(bias is not None), acc, table, cg), shared)
 
 
+def tensor_cores(dtype):
+    """Whether this device's GEMMs of ``dtype`` data run on tensor cores (module docstring)."""
+    if not TENSOR_CORES or arrays.simulator() or np.dtype(dtype) == np.float64:
+        return False
+    cc = _capability.get(arrays.device_id())
+    if cc is None:
+        from numba import cuda
+        cc = _capability[arrays.device_id()] = tuple(cuda.get_current_device().compute_capability)
+    return cc >= (8, 0)
+
+
+_capability = {}    # device ordinal -> compute capability
+
+
 def _plan(layout, dims, batch, dtype, implicit):
-    from ..kernels.gemm import CG_LEN, CONFIGS, VARIANTS, shared_bytes
+    from ..kernels.gemm import CG_LEN, CONFIGS, VARIANTS, config_options, shared_bytes
     m, n, _ = dims
     name, grid = launch_grid(m, n, batch[0] * batch[1])
+    if tensor_cores(dtype):
+        name = "tc_" + name         # the same tiles (kernels/gemm.py CONFIGS)
     wm, wn, tx, ty, _ = CONFIGS[name]
     acc = arrays.acc_array(dtype)
     # the implicit convolution's arguments, unused by the other variants: a 4-entry table
     dummy = None if implicit else (arrays.constant(np.zeros(4), np.int32), (0,) * CG_LEN)
     kernel = VARIANTS[f"gemm_{layout}_{name}_implicit_kernel" if implicit else
                       f"gemm_{layout}_{name}_kernel"]
-    return (kernel, grid, (tx, ty), shared_bytes(wm, wn, tx, ty, acc.dtype.itemsize), acc,
-            dummy)
+    return (kernel, grid, (tx, ty),
+            shared_bytes(wm, wn, tx, ty, acc.dtype.itemsize, **config_options(name)), acc, dummy)
