@@ -41,7 +41,6 @@ COL_BUDGET_BYTES = 256 << 20
 _SIM = bool(config.ENABLE_CUDASIM)
 ELEM_THREADS = 32 if _SIM else 256
 IM2COL_SPAN = 2 if _SIM else 16    # images (and channels) per im2col grid dimension
-TARGET_BLOCKS = 132 * 4      # filter gradient: split images until ~4 blocks per H100/H200 SM
 FILTER_PARTS = None         # filter gradient image slices: None = _filter_parts' rule
 
 
@@ -331,17 +330,20 @@ def _largest_divisor(n, cap):
 
 
 def _filter_parts(sz, dw_bytes, images=None):
-    """Image slices reduced by separate blocks, dividing the chunk (or ``images``) evenly:
-    enough blocks for ~TARGET_BLOCKS, within the workspace budget. FILTER_PARTS: a fixed
-    count (the largest divisor up to it), None for this rule. (The forward's last-wave rule,
-    _fill_parts, would take more slices on the 128-512-channel layers, e.g. 4 instead of 1 at
-    512 channels 7^2; untimed, so not used yet: validation/implicit_bench.py --split.)"""
+    """Image slices reduced by separate blocks, dividing the chunk (or ``images``) evenly: the
+    forward's last-wave rule (_fill_parts), each slice's sum at least MIN_K_PER_PART long
+    (images x output positions) and within the workspace budget (one dw in the accumulation
+    type per slice). Measured on an H100 with the tensor-core GEMM (validation/implicit_bench.py
+    --split, ms at the rule's count / the best): 128 channels at 28^2 32 slices, 0.827 (best);
+    256 at 14^2 16, 0.814 (best); 512 at 7^2 4, 0.849 / 0.832 at 2, where the earlier rule
+    (blocks for ~4 per SM) took 16 / 4 / 1 slices: 0.893 / 0.905 / 0.888 ms, and 16 slices
+    at 512 channels (no length floor) 1.072. FILTER_PARTS: a fixed count (the largest divisor
+    up to it), None for this rule."""
     total = images or sz.chunk
     if FILTER_PARTS is not None:
         return _largest_divisor(total, FILTER_PARTS)
-    cap = min(max(1, TARGET_BLOCKS // _blocks(sz.kg, sz.rows, sz.groups)),
-              COL_BUDGET_BYTES // dw_bytes)
-    return _largest_divisor(total, cap)
+    top = min(total, max(1, COL_BUDGET_BYTES // dw_bytes), total * sz.out // MIN_K_PER_PART)
+    return _fill_parts(sz.kg, sz.rows, sz.groups, total, top)
 
 
 def backward_filter(x, dy, geom, stream):
