@@ -37,7 +37,8 @@ for dt in DTYPES:
         mul32 = sum(1 for i, l in enumerate(lines)
                     if re.match(r"(mul|mad)\.lo\.[su]32\b", l)
                     and not re.match(r"div\.[su]32\b", lines[i - 1]))
-        out[f"{name}/{dt}"] = {"ok": ".target sm_90" in ptx, "f64": f64, "mul32": mul32}
+        out[f"{name}/{dt}"] = {"ok": ".target sm_90" in ptx, "f64": f64, "mul32": mul32,
+                               "mma": ptx.count("mma.sync.aligned.m16n8k8")}
 print(json.dumps(out))
 """
 
@@ -59,6 +60,8 @@ def test_every_kernel_compiles_for_sm90():
             continue        # declared float32-only (tensor cores)
         assert v != "no signature", key
         assert v["ok"], key
+        # the tensor-core GEMMs (and only they) multiply with mma: 3 per 16 x 8 tile per k-step
+        assert (v["mma"] > 0) == (key.split("/")[0] in no_f64), key
         if key.split("/")[0] not in index32:
             assert v["mul32"] == 0, f"{key}: {v['mul32']} 32-bit integer multiplies"
         if not key.endswith("float64"):
