@@ -45,6 +45,11 @@ Staging maps consecutive threads to consecutive global addresses (the fast index
 row padding keeps the transposing stores of k-fast operands free of bank conflicts.
 Traffic: A is read ceil(n/BN) times and B ceil(m/BM) times (mostly from L2), C written once
 (read too where beta != 0). Accumulation in acc's type (float32 for float16 data).
+
+Tensor cores (``tc=True``, the tc_ configurations): the same staging, slabs TC_BK deep and rows
+padded by TC_PAD; the multiply is ``mma_slab``, 3xTF32 mma (kernels/tensorcore.py) with each
+8-deep k-step's sum added to the accumulators in float32, and ``_store`` maps the mma fragment
+layout to C.
 """
 
 import functools
@@ -54,11 +59,16 @@ from numba import config, cuda, int64, uint32, uint64
 from .tensorcore import mma_tf32, tf32_split
 
 BK = 8      # slab depth
-PAD = 4     # shared row padding (words): k-fast staging stores hit 32 distinct banks
+SIMT_PAD = 4    # shared row padding (words): k-fast staging stores hit 32 distinct banks
 # With tensor cores (tc), lanes 4g + q read rows q (and q+4) at column g: rows 8 words apart
 # (mod 32) put the 32 lanes on 32 distinct banks.
 TC_PAD = 8
 TC_BK = 16  # two mma k-steps per slab
+
+
+def _pad(tc):
+    """Shared row padding (words) of the FP32 FMA or the tensor-core kernel."""
+    return TC_PAD if tc else SIMT_PAD
 # 16-byte aligned shared memory for vector loads; the simulator takes no alignment
 SMEM_ALIGN = None if config.ENABLE_CUDASIM else 16
 
@@ -66,8 +76,7 @@ SMEM_ALIGN = None if config.ENABLE_CUDASIM else 16
 def shared_bytes(wm, wn, tx, ty, itemsize, bk=BK, tc=False):
     """Dynamic shared memory of one block: two stages of an A and a B slab (``bk`` deep), and
     one row of padding that the fragment prefetch reads past the last slab."""
-    pad = TC_PAD if tc else PAD
-    sa, sb = ty * wm + pad, tx * wn + pad
+    sa, sb = ty * wm + _pad(tc), tx * wn + _pad(tc)
     return (2 * bk + 1) * (sa + sb) * itemsize
 
 
@@ -109,7 +118,7 @@ def gemm_kernel(ta, tb, wm, wn, tx, ty, min_blocks=1, implicit=False, bk=BK, tc=
     (3xTF32, kernels/tensorcore.py; float32 accumulation only): warp w of the 8 computes
     a (wm*8) x (wn*4) piece of the tile, fragment layouts of ``mma.m16n8k8``."""
     BK = bk     # noqa: N806 -- the closures below take it as a compile-time constant
-    PAD = TC_PAD if tc else globals()["PAD"]   # noqa: N806
+    PAD = _pad(tc)  # noqa: N806
     if bk % (8 if tc else 2):
         raise ValueError(f"gemm_kernel: slab depth {bk} is not a multiple of {8 if tc else 2}")
     if tc and (tx, ty) != (16, 16):

@@ -79,10 +79,11 @@ def tensor_cores(dtype):
     """Whether this device's GEMMs of ``dtype`` data run on tensor cores (module docstring)."""
     if not TENSOR_CORES or arrays.simulator() or np.dtype(dtype) == np.float64:
         return False
-    cc = _capability.get(arrays.device_id())
+    dev = arrays.device_id()
+    cc = _capability.get(dev)
     if cc is None:
         from numba import cuda
-        cc = _capability[arrays.device_id()] = tuple(cuda.get_current_device().compute_capability)
+        cc = _capability[dev] = tuple(cuda.get_current_device().compute_capability)
     return cc >= (8, 0)
 
 
