@@ -51,7 +51,7 @@ Accumulation in acc's type (float32 for float16 data, see kernels/__init__.py).
 import functools
 import math
 
-from numba import cuda, float32
+from numba import boolean, cuda, float32, int64, uint64
 
 MAX, AVG_INC, AVG_EXC, SUM = 0, 1, 2, 3
 MODE_NAMES = {MAX: "max", AVG_INC: "avginc", AVG_EXC: "avgexc", SUM: "sum"}
@@ -77,10 +77,9 @@ def _walk(g, n, planes, flat):
 def _walker(per_window, SD, SH, SW, repair=False):
     """A device function ``f(x, out, geo, planes, flat, zero, lowest)`` setting
     out[o] = per_window(x, plane base, d, h, w, z0, y0, x0, zero) for every output o (window
-    corner (z0, y0, x0) from the strides SD, SH, SW), one plane per trip. (Two planes per trip,
-    both windows' loads issued before either store, was slower on an H200: 0.37 vs 0.23 ms for
-    max 3/2/1 at 64x64x112x112.) ``repair``: only where out[o] <= ``lowest`` (the lowest
-    finite value of out's type, in zero's type), reading out once and writing it rarely."""
+    corner (z0, y0, x0) from the strides SD, SH, SW), one plane per trip. ``repair``: only
+    where out[o] <= ``lowest`` (the lowest finite value of out's type, in zero's type),
+    reading out once and writing it rarely."""
 
     @cuda.jit(device=True, inline=True)
     def walk(x, out, geo, planes, flat, zero, lowest):
@@ -94,7 +93,7 @@ def _walker(per_window, SD, SH, SW, repair=False):
             y0 = ((q % ohw) // ow_) * SH - ph
             x0 = (q % ow_) * SW - pw
             while pl < pend:
-                o = pl * opl + q
+                o = uint64(pl * opl + q)
                 if not repair or out[o] + zero <= lowest:
                     out[o] = per_window(x, pl * ipl, d_, h_, w_, z0, y0, x0, zero)
                 pl += pstep
@@ -112,28 +111,53 @@ def pool_kernels(mode, window, stride):
     KSIZE = KD * KH * KW
     # outputs covering one input along a dimension: at most ceil(K / S)
     CD, CH, CW = -(-KD // SD), -(-KH // SH), -(-KW // SW)
+    NC = CD * CH * CW
+
+    # Loads first. A window's taps (a gather's candidates) are loaded in chunks of up to 32
+    # into registers, every load of a chunk before the first compare, each at its coordinates
+    # clamped into the plane (always in bounds; uint64 indices skip Numba's negative-index
+    # wraparound) and masked after the load. (A load behind ``if inside:``, or a fold on
+    # ``and``/``or`` short-circuits, branched on the previous tap's value and held the next
+    # load back until it landed: one memory round trip per tap.) Larger windows stream in
+    # chunks of 8: an unrolled chunk, a loop over chunks.
+    CHUNK = KSIZE if KSIZE <= 32 else 8
+    SPAN = CHUNK * -(-KSIZE // CHUNK)
+    GCHUNK = NC if NC <= 32 else 8
+    GSPAN = GCHUNK * -(-NC // GCHUNK)
+
+    @cuda.jit(device=True, inline=True)
+    def fold(x, base, d_, h_, w_, z0, y0, x0, zero):
+        """(max, arg-max tap, sum) over the window at (z0, y0, x0) (unclipped corner) of the
+        plane at ``base``, taps in scan order. The arg-max is the first maximum, or the first
+        NaN (the max is the value there; -inf for a window of -inf); the tap index is
+        (a*KH + b)*KW + c. Unused results compile away."""
+        vals = cuda.local.array(CHUNK, x.dtype)
+        ins = cuda.local.array(CHUNK, boolean)
+        m = zero - float32(math.inf)
+        total = zero
+        best = -1
+        for k0 in range(0, SPAN, CHUNK):
+            for i in range(CHUNK):
+                k = k0 + i
+                z, yy, xx = z0 + k // (KH * KW), y0 + (k // KW) % KH, x0 + k % KW
+                vals[i] = x[uint64(base + (min(max(z, 0), d_ - 1) * h_
+                                           + min(max(yy, 0), h_ - 1)) * w_
+                                   + min(max(xx, 0), w_ - 1))]
+                ins[i] = ((k < KSIZE) & (z >= 0) & (z < d_) & (yy >= 0) & (yy < h_)
+                          & (xx >= 0) & (xx < w_))
+            for i in range(CHUNK):
+                v = vals[i] + zero
+                # & and |, not and/or: no branch on the loaded value
+                take = ins[i] & ((best < 0) | (v > m) | ((v != v) & (m == m)))
+                m = v if take else m
+                best = k0 + i if take else best
+                total += v if ins[i] else zero
+        return m, best, total
 
     @cuda.jit(device=True, inline=True)
     def window_value(x, base, d_, h_, w_, z0, y0, x0, zero):
-        """The pooled value of the window at (z0, y0, x0) (unclipped corner) of the plane at
-        ``base``: every tap issued at once, out-of-range ones predicated off."""
-        m = zero - float32(math.inf)
-        total = zero
-        for a in range(KD):
-            z = z0 + a
-            for b in range(KH):
-                yy = y0 + b
-                for c in range(KW):
-                    xx = x0 + c
-                    if 0 <= z < d_ and 0 <= yy < h_ and 0 <= xx < w_:
-                        v = x[base + (z * h_ + yy) * w_ + xx] + zero
-                        if mode == MAX:
-                            # strictly greater: the first maximum stays; a NaN replaces a
-                            # number once (m starts at -inf: an all -inf window gives -inf)
-                            if v > m or (v != v and m == m):
-                                m = v
-                        else:
-                            total += v
+        """The pooled value of the window at (z0, y0, x0) of the plane at ``base``."""
+        m, _, total = fold(x, base, d_, h_, w_, z0, y0, x0, zero)
         if mode == MAX:
             return m
         if mode == AVG_INC:
@@ -145,29 +169,11 @@ def pool_kernels(mode, window, stride):
 
     @cuda.jit(device=True, inline=True)
     def window_argmax(x, base, d_, h_, w_, z0, y0, x0, zero):
-        """The tap index (a*KH + b)*KW + c of the window's arg-max: its first maximum in scan
-        order, or its first NaN (the forward's rule)."""
-        m = zero
-        best = -1
-        for a in range(KD):
-            z = z0 + a
-            for b in range(KH):
-                yy = y0 + b
-                for c in range(KW):
-                    xx = x0 + c
-                    if 0 <= z < d_ and 0 <= yy < h_ and 0 <= xx < w_:
-                        v = x[base + (z * h_ + yy) * w_ + xx] + zero
-                        # the first tap; then strictly greater, or the first NaN
-                        if best < 0 or v > m or (v != v and m == m):
-                            m = v
-                            best = (a * KH + b) * KW + c
-        return best
+        """The tap index of the window's arg-max (the forward's rule, ``fold``)."""
+        return fold(x, base, d_, h_, w_, z0, y0, x0, zero)[1]
 
-    def walker(per_window):
-        """A device function setting out[o] = per_window(...) for every output o."""
-        return _walker(per_window, SD, SH, SW)
-
-    value_walker, argmax_walker = walker(window_value), walker(window_argmax)
+    value_walker = _walker(window_value, SD, SH, SW)
+    argmax_walker = _walker(window_argmax, SD, SH, SW)
     repair_walker = _walker(window_value, SD, SH, SW, repair=True)
 
     @cuda.jit(cache=True)
@@ -192,38 +198,45 @@ def pool_kernels(mode, window, stride):
         as ``forward``."""
         argmax_walker(x, codes, geo, planes, flat, acc[0], acc[0])
 
-
     @cuda.jit(device=True, inline=True)
     def gradient(codes, dy, geo, ybase, iz, iy, ix, zero):
         """dx of the input at (iz, iy, ix) of the plane: the sum over the outputs covering it
-        (at most CD x CH x CW, below the highest one per dimension, o <= (i + p) / s). MAX:
-        only those whose arg-max code is this input's tap in their window."""
+        (MAX: only those whose arg-max code is this input's tap in their window). Candidate k
+        of the NC = CD x CH x CW outputs that may cover it lies (k // (CH*CW), k // CW % CH,
+        k % CW) below the highest one per dimension, o <= (i + p) / s. Loads as ``fold``."""
         d_, h_, w_, od_, oh_, ow_ = geo[0], geo[1], geo[2], geo[3], geo[4], geo[5]
         pd, ph, pw = geo[12], geo[13], geo[14]
+        # i + p >= 0: unsigned division by the constant stride (no floor fix-up)
+        hz = int64(uint64(iz + pd) // uint64(SD))
+        hy = int64(uint64(iy + ph) // uint64(SH))
+        hx = int64(uint64(ix + pw) // uint64(SW))
+        gv = cuda.local.array(GCHUNK, dy.dtype)
+        cv = cuda.local.array(GCHUNK, codes.dtype)
         total = zero
-        for a in range(CD):
-            oz = (iz + pd) // SD - a
-            z0 = oz * SD - pd
-            for b in range(CH):
-                oy = (iy + ph) // SH - b
-                y0 = oy * SH - ph
-                for c in range(CW):
-                    ox = (ix + pw) // SW - c
-                    x0 = ox * SW - pw
-                    if (oz >= 0 and z0 + KD > iz and oy >= 0 and y0 + KH > iy and ox >= 0
-                            and x0 + KW > ix and oz < od_ and oy < oh_ and ox < ow_):
-                        j = ybase + (oz * oh_ + oy) * ow_ + ox
-                        if mode == MAX:
-                            if codes[j] == ((iz - z0) * KH + (iy - y0)) * KW + (ix - x0):
-                                total += dy[j]
-                        else:
-                            g = dy[j] + zero
-                            if mode == AVG_INC:
-                                g = g / (zero + float32(KSIZE))
-                            elif mode == AVG_EXC:
-                                g = g / (zero + float32(_count(z0, KD, d_) * _count(y0, KH, h_)
-                                                        * _count(x0, KW, w_)))
-                            total += g
+        for k0 in range(0, GSPAN, GCHUNK):
+            for i in range(GCHUNK):
+                k = k0 + i
+                oz, oy, ox = hz - k // (CH * CW), hy - (k // CW) % CH, hx - k % CW
+                j = uint64(ybase + (min(max(oz, 0), od_ - 1) * oh_ + min(max(oy, 0), oh_ - 1))
+                           * ow_ + min(max(ox, 0), ow_ - 1))
+                gv[i] = dy[j]
+                if mode == MAX:
+                    cv[i] = codes[j]
+            for i in range(GCHUNK):
+                k = k0 + i
+                oz, oy, ox = hz - k // (CH * CW), hy - (k // CW) % CH, hx - k % CW
+                z0, y0, x0 = oz * SD - pd, oy * SH - ph, ox * SW - pw
+                valid = ((k < NC) & (oz >= 0) & (z0 + KD > iz) & (oy >= 0) & (y0 + KH > iy)
+                         & (ox >= 0) & (x0 + KW > ix) & (oz < od_) & (oy < oh_) & (ox < ow_))
+                g = gv[i] + zero
+                if mode == MAX:
+                    valid &= cv[i] == ((iz - z0) * KH + (iy - y0)) * KW + (ix - x0)
+                elif mode == AVG_INC:
+                    g = g / (zero + float32(KSIZE))
+                elif mode == AVG_EXC:
+                    g = g / (zero + float32(_count(z0, KD, d_) * _count(y0, KH, h_)
+                                            * _count(x0, KW, w_)))
+                total += g if valid else zero
         return total
 
     @cuda.jit(cache=True)
@@ -239,7 +252,7 @@ def pool_kernels(mode, window, stride):
             i, pl, pend, pstep = _walk(g, ipl, planes, flat)
             iz, iy, ix = i // hw, (i % hw) // w_, i % w_
             while pl < pend:
-                dx[pl * ipl + i] = gradient(codes, dy, geo, pl * opl, iz, iy, ix, zero)
+                dx[uint64(pl * ipl + i)] = gradient(codes, dy, geo, pl * opl, iz, iy, ix, zero)
                 pl += pstep
             g += cuda.gridDim.x * cuda.blockDim.x
 
