@@ -24,7 +24,7 @@ has no float64 instructions. Indices are int64.
 
 import math
 
-from numba import cuda, float32
+from numba import cuda, float32, uint64
 
 ALIGN_CORNERS = True   # see the module docstring; flip here if the GPU probe disagrees
 
@@ -63,10 +63,25 @@ def _tap(p, n, zero):
 
 
 @cuda.jit(device=True, inline=True)
-def _read(img, base, w_, h_, yy, xx, zero):
-    if 0 <= yy < h_ and 0 <= xx < w_:
-        return img[base + yy * w_ + xx] + zero
-    return zero
+def _affine(theta, n, i, j, oh, ow, zero):
+    """Grid point (i, j) of image n: theta[n] @ (x_j, y_i, 1), in zero's type."""
+    x = _grid_coord(j, ow, zero)
+    y = _grid_coord(i, oh, zero)
+    t = n * 6
+    return (theta[t] * x + theta[t + 1] * y + theta[t + 2] + zero,
+            theta[t + 3] * x + theta[t + 4] * y + theta[t + 5] + zero)
+
+
+@cuda.jit(device=True, inline=True)
+def _corner(img, base, w_, h_, v, u):
+    """img at pixel (v, u) clamped into the image (always in bounds; uint64 skips Numba's
+    negative-index wraparound), to be masked by the caller."""
+    return img[uint64(base + min(max(v, 0), h_ - 1) * w_ + min(max(u, 0), w_ - 1))]
+
+
+@cuda.jit(device=True, inline=True)
+def _inside(v, u, h_, w_):
+    return (v >= 0) & (v < h_) & (u >= 0) & (u < w_)
 
 
 @cuda.jit(cache=True)
@@ -77,42 +92,48 @@ def spatial_grid_fwd_kernel(theta, grid, n_, oh, ow, acc):
     total = n_ * oh * ow
     q = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
     while q < total:
-        n = q // (oh * ow)
-        i = (q // ow) % oh
-        j = q % ow
-        x = _grid_coord(j, ow, zero)
-        y = _grid_coord(i, oh, zero)
-        t = n * 6
-        grid[2 * q] = theta[t] * x + theta[t + 1] * y + theta[t + 2]
-        grid[2 * q + 1] = theta[t + 3] * x + theta[t + 4] * y + theta[t + 5]
+        gx, gy = _affine(theta, q // (oh * ow), (q // ow) % oh, q % ow, oh, ow, zero)
+        grid[2 * q] = gx
+        grid[2 * q + 1] = gy
         q += cuda.gridDim.x * cuda.blockDim.x
 
 
 @cuda.jit(cache=True)
-def spatial_grid_bwd_kernel(dgrid, dtheta, oh, ow, acc):
-    """dtheta from dgrid. One block per image n (blockIdx.x); each thread sums the points
-    t, t + T, ... in order into 6 partials, then a fixed shared-memory tree: deterministic.
-    Dynamic shared memory 6*T acc elements (T a power of two). dgrid read once."""
+def spatial_grid_bwd_kernel(dgrid, part, oh, ow, parts, acc):
+    """Partial sums of dtheta: block (n, b) (blockIdx.x = n * parts + b) sums image n's
+    points b*T + t, stepping parts*T, four at a time (their dgrid loaded together), in order
+    into 6 partials per thread, then a fixed shared-memory tree: part[(n * parts + b) * 6 + k]
+    (acc's type), summed in order by ``spatial_gridsum_bwd_kernel``: deterministic. Several
+    blocks per image so that small batches still fill the GPU. Dynamic shared memory 6*T acc
+    elements (T a power of two). dgrid read once."""
     zero = acc[0]
     sh = cuda.shared.array(0, dtype=acc.dtype)
     T = cuda.blockDim.x
     t = cuda.threadIdx.x
-    n = cuda.blockIdx.x
+    n, b = cuda.blockIdx.x // parts, cuda.blockIdx.x % parts
     pts = oh * ow
+    step = parts * T
     s0 = s1 = s2 = s3 = s4 = s5 = zero
-    p = t
+    p = b * T + t
     while p < pts:
-        x = _grid_coord(p % ow, ow, zero)
-        y = _grid_coord(p // ow, oh, zero)
-        gx = dgrid[2 * (n * pts + p)] + zero
-        gy = dgrid[2 * (n * pts + p) + 1] + zero
-        s0 += gx * x
-        s1 += gx * y
-        s2 += gx
-        s3 += gy * x
-        s4 += gy * y
-        s5 += gy
-        p += T
+        gv = cuda.local.array(8, dgrid.dtype)
+        for u in range(4):
+            j = uint64(2 * (n * pts + min(p + u * step, pts - 1)))
+            gv[2 * u] = dgrid[j]
+            gv[2 * u + 1] = dgrid[j + uint64(1)]
+        for u in range(4):
+            pu = p + u * step
+            if pu < pts:
+                x = _grid_coord(pu % ow, ow, zero)
+                y = _grid_coord(pu // ow, oh, zero)
+                gx, gy = gv[2 * u] + zero, gv[2 * u + 1] + zero
+                s0 += gx * x
+                s1 += gx * y
+                s2 += gx
+                s3 += gy * x
+                s4 += gy * y
+                s5 += gy
+        p += 4 * step
     sh[t], sh[T + t], sh[2 * T + t] = s0, s1, s2
     sh[3 * T + t], sh[4 * T + t], sh[5 * T + t] = s3, s4, s5
     cuda.syncthreads()
@@ -126,32 +147,85 @@ def spatial_grid_bwd_kernel(dgrid, dtheta, oh, ow, acc):
         cuda.syncthreads()
         half //= 2
     if t < 6:
-        dtheta[n * 6 + t] = sh[t * T]
+        part[cuda.blockIdx.x * 6 + t] = sh[t * T]
 
 
 @cuda.jit(cache=True)
-def spatial_sample_fwd_kernel(img, grid, y, geo, acc):
-    """y from img and grid. One thread per output element (grid-stride over N*C*H'*W'),
-    consecutive threads along W' so y is written coalesced; the grid is re-read per channel
-    (from L2), img taps of neighbouring threads share lines."""
+def spatial_gridsum_bwd_kernel(part, dtheta, n_, parts):
+    """dtheta[n, k] = sum over b of part[(n * parts + b) * 6 + k], b in order. One thread per
+    (n, k), grid-stride."""
+    q = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+    while q < n_ * 6:
+        n, k = q // 6, q % 6
+        total = part[n * parts * 6 + k]
+        b = 1
+        while b < parts:
+            total += part[(n * parts + b) * 6 + k]
+            b += 1
+        dtheta[q] = total
+        q += cuda.gridDim.x * cuda.blockDim.x
+
+
+# Channels per trip of the samplers: the taps of CB channels are loaded before the first is
+# used, each at its pixel clamped into the image and masked after the load (a tap read behind
+# ``if inside:`` waited for the previous one: one memory round trip per tap and channel).
+CB = 4
+TAPS = 4 * CB   # a trip's loads (local arrays need a constant size)
+
+
+@cuda.jit(device=True, inline=True)
+def _point(img, grid, theta, q, geo, from_theta, zero):
+    """(n, p, u0, v0, fu, fv) of grid point q (image n, position p): its pixel corner and
+    fractions, from grid, or computed from theta (``_affine``) where ``from_theta``."""
+    n_, c_, h_, w_, oh, ow = geo
+    pts = oh * ow
+    n, p = q // pts, q % pts
+    if from_theta:
+        gx, gy = _affine(theta, n, p // ow, p % ow, oh, ow, zero)
+    else:
+        gx, gy = grid[2 * q] + zero, grid[2 * q + 1] + zero
+    u0, fu = _tap(_pixel_coord(gx, w_, zero), w_, zero)
+    v0, fv = _tap(_pixel_coord(gy, h_, zero), h_, zero)
+    return n, p, u0, v0, fu, fv
+
+
+@cuda.jit(cache=True)
+def spatial_sample_fwd_kernel(img, grid, theta, y, geo, from_theta, acc):
+    """y from img and grid (or, with ``from_theta``, the grid of theta computed in place: the
+    spatial transformer without its grid in memory; ``grid`` is then unused). One thread per
+    grid point (grid-stride over N*H'*W', consecutive threads along W' so y is written
+    coalesced), looping over the channels CB at a time: the point's coordinates once, its four
+    taps in every channel loaded together (``CB``)."""
     n_, c_, h_, w_, oh, ow = geo
     zero = acc[0]
-    pts = oh * ow
-    total = n_ * c_ * pts
+    one = zero + float32(1)
+    pts, hw = oh * ow, h_ * w_
     q = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
-    while q < total:
-        p = q % pts
-        nc = q // pts
-        g = 2 * ((nc // c_) * pts + p)
-        u0, fu = _tap(_pixel_coord(grid[g] + zero, w_, zero), w_, zero)
-        v0, fv = _tap(_pixel_coord(grid[g + 1] + zero, h_, zero), h_, zero)
-        base = nc * h_ * w_
-        one = zero + float32(1)
-        v = ((one - fu) * (one - fv) * _read(img, base, w_, h_, v0, u0, zero)
-             + fu * (one - fv) * _read(img, base, w_, h_, v0, u0 + 1, zero)
-             + (one - fu) * fv * _read(img, base, w_, h_, v0 + 1, u0, zero)
-             + fu * fv * _read(img, base, w_, h_, v0 + 1, u0 + 1, zero))
-        y[q] = v
+    while q < n_ * pts:
+        n, p, u0, v0, fu, fv = _point(img, grid, theta, q, geo, from_theta, zero)
+        i00, i01 = _inside(v0, u0, h_, w_), _inside(v0, u0 + 1, h_, w_)
+        i10, i11 = _inside(v0 + 1, u0, h_, w_), _inside(v0 + 1, u0 + 1, h_, w_)
+        w00, w01 = (one - fu) * (one - fv), fu * (one - fv)
+        w10, w11 = (one - fu) * fv, fu * fv
+        c0 = 0
+        while c0 < c_:
+            t = cuda.local.array(TAPS, img.dtype)
+            for k in range(CB):
+                base = (n * c_ + min(c0 + k, c_ - 1)) * hw
+                t[4 * k] = _corner(img, base, w_, h_, v0, u0)
+                t[4 * k + 1] = _corner(img, base, w_, h_, v0, u0 + 1)
+                t[4 * k + 2] = _corner(img, base, w_, h_, v0 + 1, u0)
+                t[4 * k + 3] = _corner(img, base, w_, h_, v0 + 1, u0 + 1)
+            for k in range(CB):
+                if c0 + k < c_:
+                    # a tap outside the image adds exactly 0 (selected, not multiplied: an
+                    # Inf in the clamped pixel must not turn into NaN)
+                    y[uint64((n * c_ + c0 + k) * pts + p)] = (
+                        w00 * (t[4 * k] + zero if i00 else zero)
+                        + w01 * (t[4 * k + 1] + zero if i01 else zero)
+                        + w10 * (t[4 * k + 2] + zero if i10 else zero)
+                        + w11 * (t[4 * k + 3] + zero if i11 else zero))
+            c0 += CB
         q += cuda.gridDim.x * cuda.blockDim.x
 
 
@@ -165,37 +239,48 @@ def _scatter(dimg, base, w_, h_, yy, xx, v):
 def spatial_sample_bwd_kernel(img, grid, dy, dimg, dgrid, geo, scatter, acc):
     """dgrid, and with scatter != 0 dimg by atomic adds (dimg in acc's type, zeroed before).
     One thread per grid point (grid-stride over N*H'*W', consecutive along W'), looping over
-    the channels: dgrid written once with no atomics; img and dy read once per channel."""
+    the channels CB at a time (dy and the four taps of CB channels loaded together, ``CB``):
+    dgrid written once with no atomics; img and dy read once per channel."""
     n_, c_, h_, w_, oh, ow = geo
     zero = acc[0]
     one = zero + float32(1)
-    pts = oh * ow
-    total = n_ * pts
+    pts, hw = oh * ow, h_ * w_
     su, sv = _pixel_scale(w_, zero), _pixel_scale(h_, zero)
     q = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
-    while q < total:
-        n = q // pts
-        p = q % pts
-        u0, fu = _tap(_pixel_coord(grid[2 * q] + zero, w_, zero), w_, zero)
-        v0, fv = _tap(_pixel_coord(grid[2 * q + 1] + zero, h_, zero), h_, zero)
+    while q < n_ * pts:
+        n, p, u0, v0, fu, fv = _point(img, grid, grid, q, geo, 0, zero)
+        i00, i01 = _inside(v0, u0, h_, w_), _inside(v0, u0 + 1, h_, w_)
+        i10, i11 = _inside(v0 + 1, u0, h_, w_), _inside(v0 + 1, u0 + 1, h_, w_)
         du = zero
         dv = zero
-        c = 0
-        while c < c_:
-            base = (n * c_ + c) * h_ * w_
-            g = dy[(n * c_ + c) * pts + p] + zero
-            i00 = _read(img, base, w_, h_, v0, u0, zero)
-            i01 = _read(img, base, w_, h_, v0, u0 + 1, zero)
-            i10 = _read(img, base, w_, h_, v0 + 1, u0, zero)
-            i11 = _read(img, base, w_, h_, v0 + 1, u0 + 1, zero)
-            du += g * ((one - fv) * (i01 - i00) + fv * (i11 - i10))
-            dv += g * ((one - fu) * (i10 - i00) + fu * (i11 - i01))
-            if scatter:
-                _scatter(dimg, base, w_, h_, v0, u0, g * (one - fu) * (one - fv))
-                _scatter(dimg, base, w_, h_, v0, u0 + 1, g * fu * (one - fv))
-                _scatter(dimg, base, w_, h_, v0 + 1, u0, g * (one - fu) * fv)
-                _scatter(dimg, base, w_, h_, v0 + 1, u0 + 1, g * fu * fv)
-            c += 1
+        c0 = 0
+        while c0 < c_:
+            t = cuda.local.array(TAPS, img.dtype)
+            gs = cuda.local.array(CB, dy.dtype)
+            for k in range(CB):
+                c = min(c0 + k, c_ - 1)
+                base = (n * c_ + c) * hw
+                gs[k] = dy[uint64((n * c_ + c) * pts + p)]
+                t[4 * k] = _corner(img, base, w_, h_, v0, u0)
+                t[4 * k + 1] = _corner(img, base, w_, h_, v0, u0 + 1)
+                t[4 * k + 2] = _corner(img, base, w_, h_, v0 + 1, u0)
+                t[4 * k + 3] = _corner(img, base, w_, h_, v0 + 1, u0 + 1)
+            for k in range(CB):
+                if c0 + k < c_:
+                    g = gs[k] + zero
+                    a00 = t[4 * k] + zero if i00 else zero
+                    a01 = t[4 * k + 1] + zero if i01 else zero
+                    a10 = t[4 * k + 2] + zero if i10 else zero
+                    a11 = t[4 * k + 3] + zero if i11 else zero
+                    du += g * ((one - fv) * (a01 - a00) + fv * (a11 - a10))
+                    dv += g * ((one - fu) * (a10 - a00) + fu * (a11 - a01))
+                    if scatter:
+                        base = (n * c_ + c0 + k) * hw
+                        _scatter(dimg, base, w_, h_, v0, u0, g * (one - fu) * (one - fv))
+                        _scatter(dimg, base, w_, h_, v0, u0 + 1, g * fu * (one - fv))
+                        _scatter(dimg, base, w_, h_, v0 + 1, u0, g * (one - fu) * fv)
+                        _scatter(dimg, base, w_, h_, v0 + 1, u0 + 1, g * fu * fv)
+            c0 += CB
         dgrid[2 * q] = du * su
         dgrid[2 * q + 1] = dv * sv
         q += cuda.gridDim.x * cuda.blockDim.x
@@ -272,8 +357,9 @@ def SIGNATURES(t, acc):
     a, z = t[::1], acc[::1]
     geo = UniTuple(int64, 6)
     return {"spatial_grid_fwd_kernel": (a, a, int64, int64, int64, z),
-            "spatial_grid_bwd_kernel": (a, a, int64, int64, z),
-            "spatial_sample_fwd_kernel": (a, a, a, geo, z),
+            "spatial_grid_bwd_kernel": (a, z, int64, int64, int64, z),
+            "spatial_gridsum_bwd_kernel": (z, a, int64, int64),
+            "spatial_sample_fwd_kernel": (a, a, a, a, geo, int64, z),
             "spatial_sample_bwd_kernel": (a, a, a, z, a, geo, int64, z),
             "spatial_dimg_det_bwd_kernel": (a, a, z, geo, z),
             "spatial_fill_bwd_kernel": (z, acc),

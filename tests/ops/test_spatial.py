@@ -111,6 +111,34 @@ def test_spatial_transformer_composes_and_scales(rng, dtype, backend):
     assert R.rel_error(y, R.spatial_transformer(img, theta, 0.5, 1.3)) <= tol
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_numba_channel_trips_grid_in_the_sampler_and_dtheta_over_blocks(rng, dtype):
+    """The Numba paths' splits: more channels than a sampler trip loads (kernels/spatial.py
+    CB), the spatial transformer's grid computed inside the sampler (no grid array), and
+    dtheta summed by several blocks per image (143 and 256 points: a partial last trip)."""
+    from dnnkit.kernels.spatial import CB
+    n, c, h, w = 1, CB + 1, 6, 7
+    tol = max(REL_TOL[dtype], _TOL16 if dtype == "float16" else 0)
+    img = rng.standard_normal((n, c, h, w)).astype(dtype)
+    theta = _theta(rng, n).astype(dtype)
+    y = _host(dnnkit.spatial_transformer(img, theta, scale_height=2.0, scale_width=1.5,
+                                         backend="numba"))
+    assert y.shape == (n, c, 12, 11)
+    assert R.rel_error(y, R.spatial_transformer(img, theta, 2.0, 1.5)) <= tol
+    grid = _host(dnnkit.affine_grid(theta, y.shape, backend="numba"))
+    two_step = _host(dnnkit.grid_sample(img, grid, backend="numba"))
+    assert R.rel_error(y, two_step) <= tol
+    dy = rng.standard_normal(y.shape).astype(dtype)
+    dimg, dgrid = (_host(a) for a in dnnkit.grid_sample_backward(img, grid, dy,
+                                                                  backend="numba"))
+    rimg, rgrid = R.grid_sample_backward(img, grid, dy)
+    assert R.rel_error(dimg, rimg) <= tol and R.rel_error(dgrid, rgrid) <= 4 * tol
+    for shape in ((n, 13, 11, 2), (2, 16, 16, 2)):
+        dg = rng.standard_normal(shape).astype(dtype)
+        dtheta = _host(dnnkit.affine_grid_backward(dg, backend="numba"))
+        assert R.rel_error(dtheta, R.affine_grid_backward(dg)) <= tol
+
+
 @pytest.mark.parametrize("backend", backend_params())
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_identity_and_one_pixel_translation(rng, dtype, backend):
