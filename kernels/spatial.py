@@ -22,6 +22,7 @@ Accumulation in acc's type (float32 for float16 data). Literals are float32(c) s
 has no float64 instructions. Indices are int64.
 """
 
+import functools
 import math
 
 from numba import cuda, float32, uint64
@@ -70,13 +71,6 @@ def _affine(theta, n, i, j, oh, ow, zero):
     t = n * 6
     return (theta[t] * x + theta[t + 1] * y + theta[t + 2] + zero,
             theta[t + 3] * x + theta[t + 4] * y + theta[t + 5] + zero)
-
-
-@cuda.jit(device=True, inline=True)
-def _corner(img, base, w_, h_, v, u):
-    """img at pixel (v, u) clamped into the image (always in bounds; uint64 skips Numba's
-    negative-index wraparound), to be masked by the caller."""
-    return img[uint64(base + min(max(v, 0), h_ - 1) * w_ + min(max(u, 0), w_ - 1))]
 
 
 @cuda.jit(device=True, inline=True)
@@ -166,124 +160,153 @@ def spatial_gridsum_bwd_kernel(part, dtheta, n_, parts):
         q += cuda.gridDim.x * cuda.blockDim.x
 
 
-# Channels per trip of the samplers: the taps of CB channels are loaded before the first is
-# used, each at its pixel clamped into the image and masked after the load (a tap read behind
-# ``if inside:`` waited for the previous one: one memory round trip per tap and channel).
-CB = 4
-TAPS = 4 * CB   # a trip's loads (local arrays need a constant size)
-
-
 @cuda.jit(device=True, inline=True)
-def _point(img, grid, theta, q, geo, from_theta, zero):
-    """(n, p, u0, v0, fu, fv) of grid point q (image n, position p): its pixel corner and
-    fractions, from grid, or computed from theta (``_affine``) where ``from_theta``."""
+def _pixel(grid, theta, n, i, j, q, geo, from_theta, zero):
+    """(u0, v0, fu, fv) of grid point q = (image n, row i, column j): its pixel corner and
+    fractions, read from grid, or computed from theta (``_affine``) where ``from_theta``."""
     n_, c_, h_, w_, oh, ow = geo
-    pts = oh * ow
-    n, p = q // pts, q % pts
     if from_theta:
-        gx, gy = _affine(theta, n, p // ow, p % ow, oh, ow, zero)
+        gx, gy = _affine(theta, n, i, j, oh, ow, zero)
     else:
-        gx, gy = grid[2 * q] + zero, grid[2 * q + 1] + zero
+        gx, gy = grid[uint64(2 * q)] + zero, grid[uint64(2 * q + 1)] + zero
     u0, fu = _tap(_pixel_coord(gx, w_, zero), w_, zero)
     v0, fv = _tap(_pixel_coord(gy, h_, zero), h_, zero)
-    return n, p, u0, v0, fu, fv
-
-
-@cuda.jit(cache=True)
-def spatial_sample_fwd_kernel(img, grid, theta, y, geo, from_theta, acc):
-    """y from img and grid (or, with ``from_theta``, the grid of theta computed in place: the
-    spatial transformer without its grid in memory; ``grid`` is then unused). One thread per
-    grid point (grid-stride over N*H'*W', consecutive threads along W' so y is written
-    coalesced), looping over the channels CB at a time: the point's coordinates once, its four
-    taps in every channel loaded together (``CB``)."""
-    n_, c_, h_, w_, oh, ow = geo
-    zero = acc[0]
-    one = zero + float32(1)
-    pts, hw = oh * ow, h_ * w_
-    q = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
-    while q < n_ * pts:
-        n, p, u0, v0, fu, fv = _point(img, grid, theta, q, geo, from_theta, zero)
-        i00, i01 = _inside(v0, u0, h_, w_), _inside(v0, u0 + 1, h_, w_)
-        i10, i11 = _inside(v0 + 1, u0, h_, w_), _inside(v0 + 1, u0 + 1, h_, w_)
-        w00, w01 = (one - fu) * (one - fv), fu * (one - fv)
-        w10, w11 = (one - fu) * fv, fu * fv
-        c0 = 0
-        while c0 < c_:
-            t = cuda.local.array(TAPS, img.dtype)
-            for k in range(CB):
-                base = (n * c_ + min(c0 + k, c_ - 1)) * hw
-                t[4 * k] = _corner(img, base, w_, h_, v0, u0)
-                t[4 * k + 1] = _corner(img, base, w_, h_, v0, u0 + 1)
-                t[4 * k + 2] = _corner(img, base, w_, h_, v0 + 1, u0)
-                t[4 * k + 3] = _corner(img, base, w_, h_, v0 + 1, u0 + 1)
-            for k in range(CB):
-                if c0 + k < c_:
-                    # a tap outside the image adds exactly 0 (selected, not multiplied: an
-                    # Inf in the clamped pixel must not turn into NaN)
-                    y[uint64((n * c_ + c0 + k) * pts + p)] = (
-                        w00 * (t[4 * k] + zero if i00 else zero)
-                        + w01 * (t[4 * k + 1] + zero if i01 else zero)
-                        + w10 * (t[4 * k + 2] + zero if i10 else zero)
-                        + w11 * (t[4 * k + 3] + zero if i11 else zero))
-            c0 += CB
-        q += cuda.gridDim.x * cuda.blockDim.x
+    return u0, v0, fu, fv
 
 
 @cuda.jit(device=True, inline=True)
-def _scatter(dimg, base, w_, h_, yy, xx, v):
-    if 0 <= yy < h_ and 0 <= xx < w_:
-        cuda.atomic.add(dimg, base + yy * w_ + xx, v)
+def _offsets(u0, v0, h_, w_):
+    """In-plane offsets of the four taps (v0, u0), (v0, u0+1), (v0+1, u0), (v0+1, u0+1), each
+    clamped into the image (always in bounds, masked by the caller), and whether each is
+    inside: computed once per point, shared by its channels."""
+    r0 = min(max(v0, 0), h_ - 1) * w_
+    r1 = min(max(v0 + 1, 0), h_ - 1) * w_
+    c0 = min(max(u0, 0), w_ - 1)
+    c1 = min(max(u0 + 1, 0), w_ - 1)
+    return ((r0 + c0, r0 + c1, r1 + c0, r1 + c1),
+            (_inside(v0, u0, h_, w_), _inside(v0, u0 + 1, h_, w_),
+             _inside(v0 + 1, u0, h_, w_), _inside(v0 + 1, u0 + 1, h_, w_)))
 
 
-@cuda.jit(cache=True)
-def spatial_sample_bwd_kernel(img, grid, dy, dimg, dgrid, geo, scatter, acc):
-    """dgrid, and with scatter != 0 dimg by atomic adds (dimg in acc's type, zeroed before).
-    One thread per grid point (grid-stride over N*H'*W', consecutive along W'), looping over
-    the channels CB at a time (dy and the four taps of CB channels loaded together, ``CB``):
-    dgrid written once with no atomics; img and dy read once per channel."""
-    n_, c_, h_, w_, oh, ow = geo
-    zero = acc[0]
-    one = zero + float32(1)
-    pts, hw = oh * ow, h_ * w_
-    su, sv = _pixel_scale(w_, zero), _pixel_scale(h_, zero)
-    q = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
-    while q < n_ * pts:
-        n, p, u0, v0, fu, fv = _point(img, grid, grid, q, geo, 0, zero)
-        i00, i01 = _inside(v0, u0, h_, w_), _inside(v0, u0 + 1, h_, w_)
-        i10, i11 = _inside(v0 + 1, u0, h_, w_), _inside(v0 + 1, u0 + 1, h_, w_)
-        du = zero
-        dv = zero
-        c0 = 0
-        while c0 < c_:
-            t = cuda.local.array(TAPS, img.dtype)
-            gs = cuda.local.array(CB, dy.dtype)
-            for k in range(CB):
-                c = min(c0 + k, c_ - 1)
-                base = (n * c_ + c) * hw
-                gs[k] = dy[uint64((n * c_ + c) * pts + p)]
-                t[4 * k] = _corner(img, base, w_, h_, v0, u0)
-                t[4 * k + 1] = _corner(img, base, w_, h_, v0, u0 + 1)
-                t[4 * k + 2] = _corner(img, base, w_, h_, v0 + 1, u0)
-                t[4 * k + 3] = _corner(img, base, w_, h_, v0 + 1, u0 + 1)
-            for k in range(CB):
-                if c0 + k < c_:
-                    g = gs[k] + zero
-                    a00 = t[4 * k] + zero if i00 else zero
-                    a01 = t[4 * k + 1] + zero if i01 else zero
-                    a10 = t[4 * k + 2] + zero if i10 else zero
-                    a11 = t[4 * k + 3] + zero if i11 else zero
-                    du += g * ((one - fv) * (a01 - a00) + fv * (a11 - a10))
-                    dv += g * ((one - fu) * (a10 - a00) + fu * (a11 - a01))
-                    if scatter:
-                        base = (n * c_ + c0 + k) * hw
-                        _scatter(dimg, base, w_, h_, v0, u0, g * (one - fu) * (one - fv))
-                        _scatter(dimg, base, w_, h_, v0, u0 + 1, g * fu * (one - fv))
-                        _scatter(dimg, base, w_, h_, v0 + 1, u0, g * (one - fu) * fv)
-                        _scatter(dimg, base, w_, h_, v0 + 1, u0 + 1, g * fu * fv)
-            c0 += CB
-        dgrid[2 * q] = du * su
-        dgrid[2 * q + 1] = dv * sv
-        q += cuda.gridDim.x * cuda.blockDim.x
+@cuda.jit(device=True, inline=True)
+def _masked(t, k, ins, zero):
+    """The four taps t[4k .. 4k+3] in zero's type, those outside the image exactly 0 (selected,
+    not multiplied: an Inf in the clamped pixel must not turn into NaN)."""
+    return (t[4 * k] + zero if ins[0] else zero, t[4 * k + 1] + zero if ins[1] else zero,
+            t[4 * k + 2] + zero if ins[2] else zero, t[4 * k + 3] + zero if ins[3] else zero)
+
+
+@cuda.jit(device=True, inline=True)
+def _scatter(dimg, base, inside, v):
+    if inside:
+        cuda.atomic.add(dimg, base, v)
+
+
+# Channels per trip of the samplers (CB, the launcher takes min(C, 4)): the taps of CB
+# channels are loaded before the first is used, each at its pixel clamped into the image and
+# masked after the load. (A tap read behind ``if inside:`` waited for the previous one: one
+# memory round trip per tap and channel.)
+MAX_CB = 4
+# Forward block: 32 columns x 8 rows of output points (no index division; a warp on a row)
+FWD_BLOCK = (32, 8)
+
+
+@functools.lru_cache(maxsize=None)
+def sampler_kernels(CB):
+    """(forward, backward) bilinear samplers loading CB channels per trip."""
+    TAPS = 4 * CB
+
+    @cuda.jit(device=True, inline=True)
+    def load(img, dy, t, gs, n, c0, c_, hw, pts, p, off, grads):
+        """t[4k + m] = tap m of channel c0 + k (and gs[k] = its dy at point p when ``grads``)
+        for k < CB, channels past the last clamped to it (loaded, never used)."""
+        for k in range(CB):
+            c = n * c_ + min(c0 + k, c_ - 1)
+            base = c * hw
+            for m in range(4):
+                t[4 * k + m] = img[uint64(base + off[m])]
+            if grads:
+                gs[k] = dy[uint64(c * pts + p)]
+
+    @cuda.jit(cache=True)
+    def forward(img, grid, theta, y, geo, from_theta, acc):
+        """y from img and grid (or, with ``from_theta``, the grid of theta computed in place:
+        the spatial transformer without its grid in memory; ``grid`` is then unused). One
+        thread per output point: x along W' (a warp on one row: y written coalesced), y along
+        H', z along N (grid-stride in y and z), looping over the channels CB at a time: the
+        point's coordinates and tap offsets once, the four taps of CB channels loaded
+        together."""
+        n_, c_, h_, w_, oh, ow = geo
+        zero = acc[0]
+        one = zero + float32(1)
+        pts, hw = oh * ow, h_ * w_
+        j = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+        if j >= ow:
+            return
+        n = cuda.blockIdx.z
+        while n < n_:
+            i = cuda.blockIdx.y * cuda.blockDim.y + cuda.threadIdx.y
+            while i < oh:
+                p = i * ow + j
+                u0, v0, fu, fv = _pixel(grid, theta, n, i, j, n * pts + p, geo, from_theta,
+                                        zero)
+                off, ins = _offsets(u0, v0, h_, w_)
+                w00, w01 = (one - fu) * (one - fv), fu * (one - fv)
+                w10, w11 = (one - fu) * fv, fu * fv
+                c0 = 0
+                while c0 < c_:
+                    t = cuda.local.array(TAPS, img.dtype)
+                    load(img, img, t, t, n, c0, c_, hw, pts, p, off, False)
+                    for k in range(CB):
+                        if c0 + k < c_:
+                            a00, a01, a10, a11 = _masked(t, k, ins, zero)
+                            y[uint64((n * c_ + c0 + k) * pts + p)] = (
+                                w00 * a00 + w01 * a01 + w10 * a10 + w11 * a11)
+                    c0 += CB
+                i += cuda.gridDim.y * cuda.blockDim.y
+            n += cuda.gridDim.z
+
+    @cuda.jit(cache=True)
+    def backward(img, grid, dy, dimg, dgrid, geo, scatter, acc):
+        """dgrid, and with scatter != 0 dimg by atomic adds (dimg in acc's type, zeroed
+        before). One thread per grid point (grid-stride over N*H'*W', consecutive along W'),
+        looping over the channels CB at a time (dy and the four taps of CB channels loaded
+        together): dgrid written once with no atomics; img and dy read once per channel."""
+        n_, c_, h_, w_, oh, ow = geo
+        zero = acc[0]
+        one = zero + float32(1)
+        pts, hw = oh * ow, h_ * w_
+        su, sv = _pixel_scale(w_, zero), _pixel_scale(h_, zero)
+        q = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+        while q < n_ * pts:
+            n, p = q // pts, q % pts
+            u0, v0, fu, fv = _pixel(grid, grid, n, 0, 0, q, geo, 0, zero)
+            off, ins = _offsets(u0, v0, h_, w_)
+            du = zero
+            dv = zero
+            c0 = 0
+            while c0 < c_:
+                t = cuda.local.array(TAPS, img.dtype)
+                gs = cuda.local.array(CB, dy.dtype)
+                load(img, dy, t, gs, n, c0, c_, hw, pts, p, off, True)
+                for k in range(CB):
+                    if c0 + k < c_:
+                        g = gs[k] + zero
+                        a00, a01, a10, a11 = _masked(t, k, ins, zero)
+                        du += g * ((one - fv) * (a01 - a00) + fv * (a11 - a10))
+                        dv += g * ((one - fu) * (a10 - a00) + fu * (a11 - a01))
+                        if scatter:
+                            base = (n * c_ + c0 + k) * hw
+                            _scatter(dimg, base + off[0], ins[0], g * (one - fu) * (one - fv))
+                            _scatter(dimg, base + off[1], ins[1], g * fu * (one - fv))
+                            _scatter(dimg, base + off[2], ins[2], g * (one - fu) * fv)
+                            _scatter(dimg, base + off[3], ins[3], g * fu * fv)
+                c0 += CB
+            dgrid[2 * q] = du * su
+            dgrid[2 * q + 1] = dv * sv
+            q += cuda.gridDim.x * cuda.blockDim.x
+
+    return forward, backward
 
 
 @cuda.jit(cache=True)
@@ -351,6 +374,14 @@ def spatial_cast_bwd_kernel(src, dst):
         q += cuda.gridDim.x * cuda.blockDim.x
 
 
+# The samplers for the PTX checks (kernels/signatures.py): one and four channels per trip.
+VARIANTS = {}
+for _cb in (1, MAX_CB):
+    _f, _b = sampler_kernels(_cb)
+    VARIANTS[f"spatial_sample_c{_cb}_fwd_kernel"] = _f
+    VARIANTS[f"spatial_sample_c{_cb}_bwd_kernel"] = _b
+
+
 def SIGNATURES(t, acc):
     from numba import int64
     from numba.core.types import UniTuple
@@ -359,8 +390,8 @@ def SIGNATURES(t, acc):
     return {"spatial_grid_fwd_kernel": (a, a, int64, int64, int64, z),
             "spatial_grid_bwd_kernel": (a, z, int64, int64, int64, z),
             "spatial_gridsum_bwd_kernel": (z, a, int64, int64),
-            "spatial_sample_fwd_kernel": (a, a, a, a, geo, int64, z),
-            "spatial_sample_bwd_kernel": (a, a, a, z, a, geo, int64, z),
             "spatial_dimg_det_bwd_kernel": (a, a, z, geo, z),
             "spatial_fill_bwd_kernel": (z, acc),
-            "spatial_cast_bwd_kernel": (z, a)}
+            "spatial_cast_bwd_kernel": (z, a)} | {
+        name: (a, a, a, a, geo, int64, z) if "_fwd_" in name else (a, a, a, z, a, geo, int64, z)
+        for name in VARIANTS}

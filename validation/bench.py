@@ -298,6 +298,7 @@ def main():
                                               "rnn,spatial,mixed")
     p.add_argument("--out", default=".")
     p.add_argument("--no-cold", action="store_true", help="skip the cold-start processes")
+    p.add_argument("--no-overhead", action="store_true", help="skip the host time per call")
     a = p.parse_args()
     st = dnnkit.backends.status()
     print(st, flush=True)
@@ -319,7 +320,7 @@ def main():
         print(table(rows[-1:]).splitlines()[-1], f"({time.perf_counter() - t0:.0f} s)",
               flush=True)
         dnnkit.memory.empty_cache()
-    over = overhead(T)
+    over = [] if a.no_overhead else overhead(T)
     cold = [] if a.no_cold else cold_start()
     tg = targets(rows, ceil, over, cold)
     os.makedirs(a.out, exist_ok=True)

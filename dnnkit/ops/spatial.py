@@ -183,15 +183,28 @@ def _grid_backward_numba(dgrid, stream):
     return dtheta
 
 
+def _samplers(c):
+    """(forward, backward) sampler kernels for c channels: min(c, 4) channels per trip."""
+    from ..kernels.spatial import MAX_CB, sampler_kernels
+    return sampler_kernels(max(1, min(c, MAX_CB)))
+
+
 def _sample(img, grid, theta, out_shape, stream):
     """y (N, C, H', W') sampled from img at grid, or at theta's grid computed in place."""
-    from ..kernels import spatial_sample_fwd_kernel
+    from ..kernels.spatial import FWD_BLOCK
+    n, c, oh, ow = out_shape
     y = arrays.cuda_empty(out_shape, img.dtype, stream)
-    from_theta = grid is None
-    src = arrays.flat(theta if from_theta else grid)
-    _launch(spatial_sample_fwd_kernel, out_shape[0] * out_shape[2] * out_shape[3], stream,
-            (arrays.flat(img), src, src, arrays.flat(y), _geo(img, *out_shape[2:]),
-             int(from_theta), arrays.acc_array(img.dtype)))
+    if y.size:
+        from_theta = grid is None
+        src = arrays.flat(theta if from_theta else grid)
+        # (the simulator's grid is capped small so that tests walk the grid-stride loops)
+        sim = arrays.simulator()
+        bx, by = (8, 2) if sim else FWD_BLOCK
+        blocks = (-(-ow // bx), min(-(-oh // by), 2 if sim else 65535),
+                  min(n, 1 if sim else 65535))
+        launch(_samplers(c)[0], blocks, (bx, by), stream,
+               (arrays.flat(img), src, src, arrays.flat(y), _geo(img, oh, ow),
+                int(from_theta), arrays.acc_array(img.dtype)))
     return y
 
 
@@ -203,7 +216,7 @@ def _sample_numba(img, grid, stream):
 @register("grid_sample_backward", "numba", tolerance=_TOL)
 def _sample_backward_numba(img, grid, dy, stream):
     from ..kernels import (spatial_cast_bwd_kernel, spatial_dimg_det_bwd_kernel,
-                           spatial_fill_bwd_kernel, spatial_sample_bwd_kernel)
+                           spatial_fill_bwd_kernel)
     _, _, oh, ow = dy.shape
     geo = _geo(img, oh, ow)
     acc = arrays.acc_array(img.dtype)
@@ -219,7 +232,7 @@ def _sample_backward_numba(img, grid, dy, stream):
                 threads=64)   # few threads (N*H): small blocks spread them over every SM
     else:
         _launch(spatial_fill_bwd_kernel, buf.size, stream, (arrays.flat(buf), acc.dtype.type(0)))
-    _launch(spatial_sample_bwd_kernel, grid.size // 2, stream,
+    _launch(_samplers(img.shape[1])[1], grid.size // 2, stream,
             (arrays.flat(img), arrays.flat(grid), arrays.flat(dy),
              acc if det else arrays.flat(buf), arrays.flat(dgrid), geo, 0 if det else 1, acc))
     if buf is not dimg:

@@ -114,10 +114,10 @@ def test_spatial_transformer_composes_and_scales(rng, dtype, backend):
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_numba_channel_trips_grid_in_the_sampler_and_dtheta_over_blocks(rng, dtype):
     """The Numba paths' splits: more channels than a sampler trip loads (kernels/spatial.py
-    CB), the spatial transformer's grid computed inside the sampler (no grid array), and
+    MAX_CB), the spatial transformer's grid computed inside the sampler (no grid array), and
     dtheta summed by several blocks per image (143 and 256 points: a partial last trip)."""
-    from dnnkit.kernels.spatial import CB
-    n, c, h, w = 1, CB + 1, 6, 7
+    from dnnkit.kernels.spatial import MAX_CB
+    n, c, h, w = 1, MAX_CB + 1, 6, 7
     tol = max(REL_TOL[dtype], _TOL16 if dtype == "float16" else 0)
     img = rng.standard_normal((n, c, h, w)).astype(dtype)
     theta = _theta(rng, n).astype(dtype)
