@@ -242,8 +242,9 @@ def pool_kernels(mode, window, stride):
                 elif mode == AVG_INC:
                     g = g / (zero + float32(KSIZE))
                 elif mode == AVG_EXC:
-                    g = g / (zero + float32(_count(z0, KD, d_) * _count(y0, KH, h_)
-                                            * _count(x0, KW, w_)))
+                    # a discarded candidate's window may count 0 inputs: divide by >= 1
+                    g = g / (zero + float32(max(_count(z0, KD, d_) * _count(y0, KH, h_)
+                                                * _count(x0, KW, w_), 1)))
                 total += g if valid else zero
         return total
 

@@ -173,8 +173,10 @@ def _grid_backward_numba(dgrid, stream):
         acc = arrays.acc_array(dgrid.dtype)
         sim = arrays.simulator()
         t = max(pow2_at_most(oh * ow, 8 if sim else 256), 8)   # threads 0..5 write
-        # blocks per image: enough to fill the GPU (~4 per SM), each thread >= 8 points
-        parts = max(1, min(-(-(2 if sim else 4 * 132) // n), oh * ow // (8 * t)))
+        # blocks per image: ~16 points per thread (4 on the simulator, so that its small
+        # tests split), at most 64. A function of the image's size only, not of N: an
+        # image's dtheta is the same sum, in the same order, in any batch.
+        parts = max(1, min(64, oh * ow // ((4 if sim else 16) * t)))
         part = arrays.cuda_empty((n * parts * 6,), acc.dtype, stream)
         launch(spatial_grid_bwd_kernel, n * parts, t, stream,
                (arrays.flat(dgrid), part, oh, ow, parts, acc), 6 * t * acc.dtype.itemsize)

@@ -137,6 +137,10 @@ def test_numba_channel_trips_grid_in_the_sampler_and_dtheta_over_blocks(rng, dty
         dg = rng.standard_normal(shape).astype(dtype)
         dtheta = _host(dnnkit.affine_grid_backward(dg, backend="numba"))
         assert R.rel_error(dtheta, R.affine_grid_backward(dg)) <= tol
+        # the split depends on the image's size only: image 0's dtheta, bit for bit, alone
+        alone = _host(dnnkit.affine_grid_backward(np.ascontiguousarray(dg[:1]),
+                                                  backend="numba"))
+        assert np.array_equal(alone[0], dtheta[0])
 
 
 @pytest.mark.parametrize("backend", backend_params())
