@@ -21,6 +21,45 @@ from dnnkit import config  # noqa: E402
 SIMULATOR = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
 
 
+def _serialise_simulator_static_shared():
+    """Numba's simulator makes a block's static shared array (``cuda.shared.array(n, ...)``,
+    n > 0) on first use by checking its dict of allocations, then creating and storing the
+    array, with no lock (numba-cuda 0.30, simulator/kernelapi.py FakeCUDAShared.array). Two
+    threads of a block can both miss and each get an array of its own: one thread's writes land
+    in an array the others never read, and they read np.empty's garbage. Seen as an
+    intermittent wrong column of the implicit-GEMM convolution (its decoded columns live in a
+    static shared array), about 2 calls in 100 with the CPU busy. A real GPU has no such race;
+    the lock makes the simulator's check-and-create atomic."""
+    import threading
+    import traceback
+    from numba.core import types
+    from numba.cuda.simulator import kernelapi
+    from numba.np import numpy_support
+    cls = kernelapi.FakeCUDAShared
+    if getattr(cls.array, "_dnnkit_locked", False):
+        return
+    plain, lock = cls.array, threading.Lock()
+
+    def array(self, shape, dtype, alignment=None):
+        if shape == 0 or alignment is not None:     # dynamic: one buffer made with the block
+            return plain(self, shape, dtype, alignment)
+        if isinstance(dtype, types.Type):
+            dtype = numpy_support.as_dtype(dtype)
+        # the allocation's key as Numba's: the calling line (file, line number)
+        caller = tuple(traceback.extract_stack(sys._getframe())[-2][0:2])
+        with lock:
+            res = self._allocations.get(caller)
+            if res is None:
+                res = self._allocations[caller] = np.empty(shape, dtype)
+        return res
+    array._dnnkit_locked = True
+    cls.array = array
+
+
+if SIMULATOR:
+    _serialise_simulator_static_shared()
+
+
 def cudnn_ok():
     from dnnkit.cudnn import loader
     return loader.status("").available
