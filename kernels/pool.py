@@ -72,6 +72,13 @@ def _count(lo, k, n):
 
 
 @cuda.jit(device=True, inline=True)
+def _clamped(z, y, x, d, h, w):
+    """The in-plane index of (z, y, x) clamped into a d x h x w plane, as uint64 (no
+    negative-index wraparound): an always-valid address for a load masked afterwards."""
+    return uint64((min(max(z, 0), d - 1) * h + min(max(y, 0), h - 1)) * w + min(max(x, 0), w - 1))
+
+
+@cuda.jit(device=True, inline=True)
 def _walk(g, n, planes, flat):
     """(position, first plane, end plane, plane step) of thread index g. Planes of n >= 128
     positions: g is the position, planes along the grid's y. Smaller planes (``flat``; e.g.
@@ -148,9 +155,7 @@ def pool_kernels(mode, window, stride):
             for i in range(CHUNK):
                 k = k0 + i
                 z, yy, xx = z0 + k // (KH * KW), y0 + (k // KW) % KH, x0 + k % KW
-                vals[i] = x[uint64(base + (min(max(z, 0), d_ - 1) * h_
-                                           + min(max(yy, 0), h_ - 1)) * w_
-                                   + min(max(xx, 0), w_ - 1))]
+                vals[i] = x[uint64(base) + _clamped(z, yy, xx, d_, h_, w_)]
                 ins[i] = ((k < KSIZE) & (z >= 0) & (z < d_) & (yy >= 0) & (yy < h_)
                           & (xx >= 0) & (xx < w_))
             for i in range(CHUNK):
@@ -225,8 +230,7 @@ def pool_kernels(mode, window, stride):
             for i in range(GCHUNK):
                 k = k0 + i
                 oz, oy, ox = hz - k // (CH * CW), hy - (k // CW) % CH, hx - k % CW
-                j = uint64(ybase + (min(max(oz, 0), od_ - 1) * oh_ + min(max(oy, 0), oh_ - 1))
-                           * ow_ + min(max(ox, 0), ow_ - 1))
+                j = uint64(ybase) + _clamped(oz, oy, ox, od_, oh_, ow_)
                 gv[i] = dy[j]
                 if mode == MAX:
                     cv[i] = codes[j]

@@ -93,13 +93,13 @@ def spatial_grid_fwd_kernel(theta, grid, n_, oh, ow, acc):
 
 
 @cuda.jit(cache=True)
-def spatial_grid_bwd_kernel(dgrid, part, oh, ow, parts, acc):
+def spatial_grid_bwd_kernel(dgrid, part, n_, oh, ow, parts, acc):
     """Partial sums of dtheta: block (n, b) (blockIdx.x = n * parts + b) sums image n's
     points b*T + t, stepping parts*T, four at a time (their dgrid loaded together), in order
-    into 6 partials per thread, then a fixed shared-memory tree: part[(n * parts + b) * 6 + k]
-    (acc's type), summed in order by ``spatial_gridsum_bwd_kernel``: deterministic. Several
-    blocks per image so that small batches still fill the GPU. Dynamic shared memory 6*T acc
-    elements (T a power of two). dgrid read once."""
+    into 6 partials per thread, then a fixed shared-memory tree: part[b][n, k] (acc's type;
+    part b at b * n_ * 6), added over b in order by conv_partsum_fwd_kernel: deterministic.
+    Several blocks per image so that small batches still fill the GPU. Dynamic shared memory
+    6*T acc elements (T a power of two). dgrid read once."""
     zero = acc[0]
     sh = cuda.shared.array(0, dtype=acc.dtype)
     T = cuda.blockDim.x
@@ -141,23 +141,7 @@ def spatial_grid_bwd_kernel(dgrid, part, oh, ow, parts, acc):
         cuda.syncthreads()
         half //= 2
     if t < 6:
-        part[cuda.blockIdx.x * 6 + t] = sh[t * T]
-
-
-@cuda.jit(cache=True)
-def spatial_gridsum_bwd_kernel(part, dtheta, n_, parts):
-    """dtheta[n, k] = sum over b of part[(n * parts + b) * 6 + k], b in order. One thread per
-    (n, k), grid-stride."""
-    q = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
-    while q < n_ * 6:
-        n, k = q // 6, q % 6
-        total = part[n * parts * 6 + k]
-        b = 1
-        while b < parts:
-            total += part[(n * parts + b) * 6 + k]
-            b += 1
-        dtheta[q] = total
-        q += cuda.gridDim.x * cuda.blockDim.x
+        part[(b * n_ + n) * 6 + t] = sh[t * T]
 
 
 @cuda.jit(device=True, inline=True)
@@ -388,8 +372,7 @@ def SIGNATURES(t, acc):
     a, z = t[::1], acc[::1]
     geo = UniTuple(int64, 6)
     return {"spatial_grid_fwd_kernel": (a, a, int64, int64, int64, z),
-            "spatial_grid_bwd_kernel": (a, z, int64, int64, int64, z),
-            "spatial_gridsum_bwd_kernel": (z, a, int64, int64),
+            "spatial_grid_bwd_kernel": (a, z, int64, int64, int64, int64, z),
             "spatial_dimg_det_bwd_kernel": (a, a, z, geo, z),
             "spatial_fill_bwd_kernel": (z, acc),
             "spatial_cast_bwd_kernel": (z, a)} | {

@@ -166,7 +166,7 @@ def _grid_numba(theta, out_shape, stream):
 
 @register("affine_grid_backward", "numba", tolerance=_TOL)
 def _grid_backward_numba(dgrid, stream):
-    from ..kernels import spatial_grid_bwd_kernel, spatial_gridsum_bwd_kernel
+    from ..kernels import conv_partsum_fwd_kernel, spatial_grid_bwd_kernel
     n, oh, ow, _ = dgrid.shape
     dtheta = arrays.cuda_empty((n, 2, 3), dgrid.dtype, stream)
     if n:
@@ -179,9 +179,10 @@ def _grid_backward_numba(dgrid, stream):
         parts = max(1, min(64, oh * ow // ((4 if sim else 16) * t)))
         part = arrays.cuda_empty((n * parts * 6,), acc.dtype, stream)
         launch(spatial_grid_bwd_kernel, n * parts, t, stream,
-               (arrays.flat(dgrid), part, oh, ow, parts, acc), 6 * t * acc.dtype.itemsize)
-        _launch(spatial_gridsum_bwd_kernel, n * 6, stream,
-                (part, arrays.flat(dtheta), n, parts))
+               (arrays.flat(dgrid), part, n, oh, ow, parts, acc), 6 * t * acc.dtype.itemsize)
+        # dtheta = the parts added in order (the split GEMMs' partial-sum kernel; no bias)
+        out = arrays.flat(dtheta)
+        _launch(conv_partsum_fwd_kernel, n * 6, stream, (part, out, parts, n * 6, out, 0, 1, acc))
     return dtheta
 
 
