@@ -99,7 +99,7 @@ def _config(n, c, s, itemsize=4):
 
 
 def _launch(direction, shape, mode, algo, stream, *arrays_):
-    from ..kernels.softmax import softmax_kernels
+    from ..kernels.softmax import ROW_BY, softmax_kernels
     n, c, s = _ncs(shape, mode)
     if n * c * s == 0:
         return
@@ -107,7 +107,9 @@ def _launch(direction, shape, mode, algo, stream, *arrays_):
     bx, by, k, cached = _config(n, c, s, arrays_[0].dtype.itemsize)
     if cached and c > k * by:
         raise AssertionError(f"softmax: a cached kernel needs C <= K*by; got {c}, {k}, {by}")
-    kernel = softmax_kernels(k, cached)[0 if direction == "fwd" else 1]
+    # one block per contiguous row of ROW_BY threads: the variant with constant strides
+    row_by = ROW_BY if cached and s == 1 and bx == 1 and by == ROW_BY else 0
+    kernel = softmax_kernels(k, cached, row_by)[0 if direction == "fwd" else 1]
     blocks = min((n * s + bx - 1) // bx, _MAX_BLOCKS)
     flat = [arrays.flat(a) for a in arrays_]
     scratch = 2 * bx * by * acc.dtype.itemsize          # the two halves of _reduce's scratch

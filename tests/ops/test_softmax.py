@@ -176,11 +176,54 @@ def test_every_kernel_variant_matches_float64(monkeypatch, rng, shape, mode, cfg
     _check_variant(rng, shape, mode, algo, dtype)
 
 
+# The row-block variant (softmax_kernels' BY: S == 1, one block of ROW_BY threads per row,
+# its strides compile-time constants) runs on the GPU for rows of ROW_BY threads (256); here
+# ROW_BY is set to the forced configuration's by, and the launch is checked to take it.
+ROW_VARIANTS = [
+    pytest.param((3, 37), (1, 4, 16, True), id="row-odd-C"),
+    pytest.param((2, 64), (1, 4, 16, True), id="row-full"),
+    pytest.param((2, 9), (1, 4, 4, True), id="row-threads-beyond-C"),
+    pytest.param((2, 4, 3, 3), (1, 4, 16, True), id="row-instance"),
+]
+
+
+def _force_rows(monkeypatch, cfg):
+    """Force ``cfg`` and the row-block variant; returns the list of the kernels' BY launched."""
+    import dnnkit.kernels.softmax as ks
+    seen, make = [], ks.softmax_kernels
+    monkeypatch.setattr(ks, "ROW_BY", cfg[1])
+    monkeypatch.setattr(ks, "softmax_kernels", lambda k, c, by=0: seen.append(by) or make(k, c, by))
+    _force(monkeypatch, cfg)
+    return seen
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
 @pytest.mark.parametrize("algo", ALGOS)
-@pytest.mark.parametrize("cfg", [(1, 4, 4, True), (1, 4, 2, False), (4, 4, 4, True)])
+@pytest.mark.parametrize("shape,cfg", ROW_VARIANTS)
+def test_row_block_variant_matches_float64(monkeypatch, rng, shape, cfg, algo, dtype):
+    seen = _force_rows(monkeypatch, cfg)
+    _check_variant(rng, shape, "instance" if len(shape) > 2 else "channel", algo, dtype)
+    assert seen == [cfg[1], cfg[1]]             # forward and backward both took it
+
+
+def test_row_block_variant_is_taken_for_full_blocks():
+    """The launcher's own choice: a 4096-element row gets K = 16 and 256 threads, the row-block
+    variant; a row along S (channel mode, S > 1) never does."""
+    import importlib
+    ops = importlib.import_module("dnnkit.ops.softmax")   # (the package re-exports softmax)
+    from dnnkit.kernels.softmax import ROW_BY
+    assert ops._config(8, 4096, 1) == (1, ROW_BY, 16, True)
+    assert ops._config(8, 4096, 3)[0] > 1
+
+
+@pytest.mark.parametrize("algo", ALGOS)
+@pytest.mark.parametrize("cfg", [(1, 4, 4, True), (1, 4, 2, False), (4, 4, 4, True), "row"])
 def test_blocks_walk_several_row_tiles(monkeypatch, rng, cfg, algo):
     """A grid smaller than the row tiles: each block takes several rows in turn (and its
     reductions alternate between the two halves of the scratch)."""
+    if cfg == "row":
+        cfg = (1, 4, 4, True)
+        _force_rows(monkeypatch, cfg)
     _force(monkeypatch, cfg, max_blocks=2)
     _check_variant(rng, (5, 11, 3, 1) if cfg[0] > 1 else (7, 13), "channel", algo, "float32")
 
@@ -205,12 +248,15 @@ def _special_rows():
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")   # the simulator's inf - inf, 1 / 0
 @pytest.mark.parametrize("algo", ALGOS)
 @pytest.mark.parametrize("cfg", [None, (1, 4, 16, True), (1, 4, 3, False), (4, 4, 4, True),
-                                 (4, 2, 2, False)])
+                                 (4, 2, 2, False), "row"])
 def test_special_values_follow_the_reference(monkeypatch, cfg, algo):
     """A NaN makes its row NaN; +inf makes its row NaN (exp(inf - inf)); an all -inf row is
     NaN; -inf elements of other rows give 0 (log: -inf); huge finite logits are fine
     (accurate, log); other rows are untouched: as the float64 reference. Fast (no max) only
     promises the NaN rows and the ordinary rows. Rows along S (bx > 1) too."""
+    if cfg == "row":
+        cfg = (1, 4, 16, True)
+        _force_rows(monkeypatch, cfg)
     if cfg is not None:
         _force(monkeypatch, cfg)
     r = _special_rows()
