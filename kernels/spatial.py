@@ -5,8 +5,8 @@ img (N, C, H, W), y and dy (N, C, H', W'). ``geo`` = (N, C, H, W, H', W') as int
 
 THE COORDINATE CONVENTION lives here only (``_grid_coord``, ``_pixel_coord``, ALIGN_CORNERS;
 dnnkit/reference.py reads ALIGN_CORNERS): with ALIGN_CORNERS output index i of n maps to
-x = -1 + 2i/(n-1) (corner pixel centres at +-1; -1 when n == 1, as cuDNN) and normalized x reads pixel
-u = (x + 1)(n-1)/2 -- PyTorch's align_corners=True. With ALIGN_CORNERS False:
+x = -1 + 2i/(n-1) (corner pixel centres at +-1; -1 when n == 1, as cuDNN) and normalized x
+reads pixel u = (x + 1)(n-1)/2 -- PyTorch's align_corners=True. With ALIGN_CORNERS False:
 x = -1 + (2i+1)/n and u = ((x + 1)n - 1)/2 (align_corners=False).
 
     grid[n, i, j] = theta[n] @ (x_j, y_i, 1)
@@ -19,13 +19,14 @@ du = sum_c dy * dy/du (the bilinear slope, outside taps 0) and su = du/dx ((W-1)
 dtheta[n] = sum over points of dgrid (x) (x_j, y_i, 1).
 
 Accumulation in acc's type (float32 for float16 data). Literals are float32(c) so float32 code
-has no float64 instructions. Indices are int64.
+has no float64 instructions. Indices are int64, except within an image plane in the samplers
+(uint32 tap offsets, int32 tap coordinates: ``_axis``; the launcher refuses larger planes).
 """
 
 import functools
 import math
 
-from numba import cuda, float32, uint64
+from numba import cuda, float32, int32, uint32, uint64
 
 ALIGN_CORNERS = True   # see the module docstring; flip here if the GPU probe disagrees
 
@@ -71,11 +72,6 @@ def _affine(theta, n, i, j, oh, ow, zero):
     t = n * 6
     return (theta[t] * x + theta[t + 1] * y + theta[t + 2] + zero,
             theta[t + 3] * x + theta[t + 4] * y + theta[t + 5] + zero)
-
-
-@cuda.jit(device=True, inline=True)
-def _inside(v, u, h_, w_):
-    return (v >= 0) & (v < h_) & (u >= 0) & (u < w_)
 
 
 @cuda.jit(cache=True)
@@ -145,31 +141,50 @@ def spatial_grid_bwd_kernel(dgrid, part, n_, oh, ow, parts, acc):
 
 
 @cuda.jit(device=True, inline=True)
-def _pixel(grid, theta, n, i, j, q, geo, from_theta, zero):
-    """(u0, v0, fu, fv) of grid point q = (image n, row i, column j): its pixel corner and
-    fractions, read from grid, or computed from theta (``_affine``) where ``from_theta``."""
+def _axis(p, n, zero):
+    """The two taps of pixel coordinate p along a dimension of n pixels, in 32-bit integers
+    (a side under 2**31 pixels): (k0, k1, in0, in1, frac), k0 = floor(p) and k1 = k0 + 1
+    each clamped into [0, n-1] (always a valid index), in0 and in1 whether each is inside,
+    frac = p - floor(p).
+
+    p is first clamped into [-2, n+1]: that keeps which taps are inside (none, for a point
+    beyond) and bounds the conversion, so floor is one F2I.FLOOR to 32 bits (the int64 floor
+    and its conversion back took two F2I.S64/I2F.S64 pairs and 64-bit compares; the
+    truncation of p + 2 would round p just below an integer up to it). frac is that of the
+    clamped p (0 for a finite point beyond, whose taps are all outside, so it never reaches
+    the result) plus p - p, so an infinite or NaN p gives a NaN frac, as p - floor(p) does."""
+    lo = zero - float32(2)
+    c = lo if p < lo else p
+    hi = zero + float32(int32(n + 1))
+    c = hi if c > hi else c                             # a NaN stays NaN
+    f = int32(math.floor(c if c == c else lo))
+    frac = c - (zero + float32(f)) + (p - p)
+    last = int32(n - 1)
+    k0 = int32(min(max(f, int32(0)), last))
+    k1 = int32(min(max(int32(f + int32(1)), int32(0)), last))
+    return k0, k1, (f >= 0) & (f <= last), (f >= -1) & (f < last), frac
+
+
+@cuda.jit(device=True, inline=True)
+def _taps(grid, theta, n, i, j, q, geo, from_theta, zero):
+    """(off, ins, fu, fv) of grid point q = (image n, row i, column j), read from grid or
+    computed from theta (``_affine``) where ``from_theta``: the in-plane offsets of its four
+    taps (v0, u0), (v0, u0+1), (v0+1, u0), (v0+1, u0+1), each clamped into the image (always
+    in bounds, masked by the caller), whether each is inside, and the fractions. Offsets are
+    uint32 (a plane under 2**32 elements): computed once per point, shared by its
+    channels."""
     n_, c_, h_, w_, oh, ow = geo
     if from_theta:
         gx, gy = _affine(theta, n, i, j, oh, ow, zero)
     else:
         gx, gy = grid[uint64(2 * q)] + zero, grid[uint64(2 * q + 1)] + zero
-    u0, fu = _tap(_pixel_coord(gx, w_, zero), w_, zero)
-    v0, fv = _tap(_pixel_coord(gy, h_, zero), h_, zero)
-    return u0, v0, fu, fv
-
-
-@cuda.jit(device=True, inline=True)
-def _offsets(u0, v0, h_, w_):
-    """In-plane offsets of the four taps (v0, u0), (v0, u0+1), (v0+1, u0), (v0+1, u0+1), each
-    clamped into the image (always in bounds, masked by the caller), and whether each is
-    inside: computed once per point, shared by its channels."""
-    r0 = min(max(v0, 0), h_ - 1) * w_
-    r1 = min(max(v0 + 1, 0), h_ - 1) * w_
-    c0 = min(max(u0, 0), w_ - 1)
-    c1 = min(max(u0 + 1, 0), w_ - 1)
-    return ((r0 + c0, r0 + c1, r1 + c0, r1 + c1),
-            (_inside(v0, u0, h_, w_), _inside(v0, u0 + 1, h_, w_),
-             _inside(v0 + 1, u0, h_, w_), _inside(v0 + 1, u0 + 1, h_, w_)))
+    u0, u1, iu0, iu1, fu = _axis(_pixel_coord(gx, w_, zero), w_, zero)
+    v0, v1, iv0, iv1, fv = _axis(_pixel_coord(gy, h_, zero), h_, zero)
+    w32 = uint32(w_)
+    r0, r1 = uint32(uint32(v0) * w32), uint32(uint32(v1) * w32)
+    a, b = uint32(u0), uint32(u1)
+    return ((uint32(r0 + a), uint32(r0 + b), uint32(r1 + a), uint32(r1 + b)),
+            (iv0 & iu0, iv0 & iu1, iv1 & iu0, iv1 & iu1), fu, fv)
 
 
 @cuda.jit(device=True, inline=True)
@@ -232,9 +247,8 @@ def sampler_kernels(CB):
             i = cuda.blockIdx.y * cuda.blockDim.y + cuda.threadIdx.y
             while i < oh:
                 p = i * ow + j
-                u0, v0, fu, fv = _pixel(grid, theta, n, i, j, n * pts + p, geo, from_theta,
-                                        zero)
-                off, ins = _offsets(u0, v0, h_, w_)
+                off, ins, fu, fv = _taps(grid, theta, n, i, j, n * pts + p, geo, from_theta,
+                                         zero)
                 w00, w01 = (one - fu) * (one - fv), fu * (one - fv)
                 w10, w11 = (one - fu) * fv, fu * fv
                 c0 = 0
@@ -264,8 +278,7 @@ def sampler_kernels(CB):
         q = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
         while q < n_ * pts:
             n, p = q // pts, q % pts
-            u0, v0, fu, fv = _pixel(grid, grid, n, 0, 0, q, geo, 0, zero)
-            off, ins = _offsets(u0, v0, h_, w_)
+            off, ins, fu, fv = _taps(grid, grid, n, 0, 0, q, geo, 0, zero)
             du = zero
             dv = zero
             c0 = 0
@@ -364,6 +377,12 @@ for _cb in (1, MAX_CB):
     _f, _b = sampler_kernels(_cb)
     VARIANTS[f"spatial_sample_c{_cb}_fwd_kernel"] = _f
     VARIANTS[f"spatial_sample_c{_cb}_bwd_kernel"] = _b
+
+
+# Kernels that multiply integers in 32 bits on purpose (tests/test_kernels_ptx.py): the
+# samplers' tap row offset v * W within one image plane (``_taps``), under 2**32 by the
+# launcher's check (dnnkit/ops/spatial.py, ``_geo``). Plane and channel bases stay 64-bit.
+INDEX32 = tuple(VARIANTS)
 
 
 def SIGNATURES(t, acc):

@@ -150,7 +150,14 @@ def _launch(kernel, n, stream, args, threads=256):
         launch(kernel, blocks, threads, stream, args)
 
 
-def _geo(img, oh, ow):
+def _geo(op, img, oh, ow):
+    """The samplers' ``geo`` (N, C, H, W, H', W'). They index within an image plane in 32 bits
+    (kernels/spatial.py, ``_axis`` and ``_taps``): H*W under 2**32 and each side under 2**31
+    (cuDNN's own limit is 2**31 elements per tensor)."""
+    _, _, h, w = (int(v) for v in img.shape)
+    if h * w >= 2**32 or max(h, w) >= 2**31 - 1:
+        raise ValueError(f"{op}: the Numba sampler takes image planes of fewer than 2**32 "
+                         f"pixels, each side under 2**31 - 1; got H={h}, W={w}")
     return tuple(int(v) for v in img.shape) + (int(oh), int(ow))
 
 
@@ -192,7 +199,7 @@ def _samplers(c):
     return sampler_kernels(max(1, min(c, MAX_CB)))
 
 
-def _sample(img, grid, theta, out_shape, stream):
+def _sample(op, img, grid, theta, out_shape, stream):
     """y (N, C, H', W') sampled from img at grid, or at theta's grid computed in place."""
     from ..kernels.spatial import FWD_BLOCK
     n, c, oh, ow = out_shape
@@ -206,14 +213,15 @@ def _sample(img, grid, theta, out_shape, stream):
         blocks = (-(-ow // bx), min(-(-oh // by), 2 if sim else 65535),
                   min(n, 1 if sim else 65535))
         launch(_samplers(c)[0], blocks, (bx, by), stream,
-               (arrays.flat(img), src, src, arrays.flat(y), _geo(img, oh, ow),
+               (arrays.flat(img), src, src, arrays.flat(y), _geo(op, img, oh, ow),
                 int(from_theta), arrays.acc_array(img.dtype)))
     return y
 
 
 @register("grid_sample", "numba", tolerance=_TOL)
 def _sample_numba(img, grid, stream):
-    return _sample(img, grid, None, tuple(img.shape[:2]) + tuple(grid.shape[1:3]), stream)
+    out_shape = tuple(img.shape[:2]) + tuple(grid.shape[1:3])
+    return _sample("grid_sample", img, grid, None, out_shape, stream)
 
 
 @register("grid_sample_backward", "numba", tolerance=_TOL)
@@ -221,7 +229,7 @@ def _sample_backward_numba(img, grid, dy, stream):
     from ..kernels import (spatial_cast_bwd_kernel, spatial_dimg_det_bwd_kernel,
                            spatial_fill_bwd_kernel)
     _, _, oh, ow = dy.shape
-    geo = _geo(img, oh, ow)
+    geo = _geo("grid_sample_backward", img, oh, ow)
     acc = arrays.acc_array(img.dtype)
     dimg = arrays.empty_like(img, stream)
     dgrid = arrays.empty_like(grid, stream)
@@ -247,7 +255,8 @@ def _sample_backward_numba(img, grid, dy, stream):
 def _st_numba(img, theta, out_shape, stream):
     # the grid computed inside the sampler: no grid written and read back (at 64x3x224x224
     # float32: 77 MB moved, where affine_grid + grid_sample move 128)
-    return _sample(img, None, theta, tuple(img.shape[:2]) + tuple(out_shape[2:]), stream)
+    out_shape = tuple(img.shape[:2]) + tuple(out_shape[2:])
+    return _sample("spatial_transformer", img, None, theta, out_shape, stream)
 
 
 # ---------------------------------------------------------------- cuDNN

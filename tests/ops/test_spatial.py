@@ -12,10 +12,12 @@ import types
 
 import numpy as np
 import pytest
+from numba import cuda
 
 import dnnkit
 from dnnkit import config
 from dnnkit import reference as R
+from dnnkit.kernels.spatial import _axis
 from tests.conftest import DTYPES, REL_TOL, backend_params
 
 SHAPES = [  # (img shape (N, C, H, W), output (H', W'))
@@ -50,6 +52,54 @@ def _naive_sample(img, grid):
                             wt = (u - u0 if a else 1 - (u - u0)) * (v - v0 if b else 1 - (v - v0))
                             out[n, :, i, j] += wt * img[n, :, v0 + b, u0 + a]
     return out
+
+
+@cuda.jit
+def _axis_probe(p, n, out, acc):
+    """out[i] = kernels.spatial._axis(p[i], n) (the simulator's ``cuda`` is a kernel global)."""
+    i = cuda.threadIdx.x
+    if i < p.size:
+        k0, k1, in0, in1, frac = _axis(p[i], n, acc[0])
+        out[i, 0], out[i, 1], out[i, 2], out[i, 3], out[i, 4] = k0, k1, in0, in1, frac
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")   # the simulator's inf - inf
+def test_tap_axis_is_the_exact_floor_clamped():
+    """kernels.spatial._axis, the samplers' per-axis taps: floor exact just below an integer
+    (truncating p + 2 instead rounded 0.99999994 up to 1: slopes of the wrong pixel pair, a
+    GPU backend mismatch on dgrid), both taps clamped into the side, the inside flags, the
+    fraction (0 for a finite point beyond the side, NaN for an infinite or NaN one)."""
+    n = 5
+    below = [np.nextafter(np.float32(k), np.float32(-np.inf)) for k in range(-2, n + 3)]
+    p = np.array(below + list(range(-3, n + 3)) + [-2.5, -1.5, -0.5, 0.25, 4.5, 5.5, 6.5,
+                                                   -1e30, 1e30, np.inf, -np.inf, np.nan],
+                 np.float32)
+    out = np.zeros((p.size, 5), np.float32)
+    _axis_probe[1, 64](p, n, out, np.zeros(1, np.float32))
+    fin = np.isfinite(p)
+    fl = np.floor(p.astype(np.float64))
+    clamp = lambda v: np.clip(v, 0, n - 1)                         # noqa: E731
+    np.testing.assert_array_equal(out[fin, 0], clamp(fl[fin]))
+    np.testing.assert_array_equal(out[fin, 1], clamp(fl[fin] + 1))
+    np.testing.assert_array_equal(out[:, 2], fin & (fl >= 0) & (fl <= n - 1))
+    np.testing.assert_array_equal(out[:, 3], fin & (fl >= -1) & (fl <= n - 2))
+    near = fin & (p >= -2) & (p <= n + 1)
+    np.testing.assert_array_equal(out[near, 4], (p - fl)[near])
+    assert (out[fin & ~near, 4] == 0).all()
+    assert np.isnan(out[~fin, 4]).all()
+    assert ((out[:, :2] >= 0) & (out[:, :2] <= n - 1)).all()      # always a valid index
+
+
+def test_numba_sampler_refuses_planes_past_its_32_bit_offsets():
+    """The samplers index within a plane in 32 bits: H*W >= 2**32 (or a side of 2**31 - 1)
+    is refused by name, not read out of bounds (the launcher's check reads only shapes)."""
+    import importlib
+    ops = importlib.import_module("dnnkit.ops.spatial")
+    img = lambda h, w: types.SimpleNamespace(shape=(1, 2, h, w))   # noqa: E731
+    assert ops._geo("grid_sample", img(2**16, 2**16 - 1), 3, 4) == (1, 2, 2**16, 2**16 - 1, 3, 4)
+    for h, w in [(2**16, 2**16), (1, 2**31 - 1), (2**31, 1)]:
+        with pytest.raises(ValueError, match=rf"grid_sample: .*2\*\*32.*H={h}, W={w}"):
+            ops._geo("grid_sample", img(h, w), 3, 4)
 
 
 def test_reference_follows_the_equations(rng):
