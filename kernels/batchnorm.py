@@ -49,7 +49,8 @@ one-element array giving the accumulation type (see kernels/__init__.py).
 import math
 
 from numba import cuda, float32, uint64
-from numba.core import config
+
+from .bounds import bounded_jit
 
 UNROLL = 4          # the launcher sizes splits so each thread gets a few unrolled trips
 MAX_THREADS = 256   # launch bound of the kernels that walk x: blocks of at most 256 threads
@@ -60,10 +61,7 @@ MIN_BLOCKS = 4      # ... and 4 of them per SM (50% occupancy): at most 64 regis
 
 def _walker(kernel):
     """``cuda.jit`` with the launch bounds above (the simulator's jit takes none)."""
-    kernel.launch_bounds = (MAX_THREADS, MIN_BLOCKS)
-    if config.ENABLE_CUDASIM:
-        return cuda.jit(kernel, cache=True)
-    return cuda.jit(kernel, launch_bounds=kernel.launch_bounds, cache=True)
+    return bounded_jit(kernel, MAX_THREADS, MIN_BLOCKS)
 
 
 # ---------------------------------------------------------------- thread mapping

@@ -56,6 +56,7 @@ import functools
 
 from numba import config, cuda, int64, uint32, uint64
 
+from .bounds import bounded_jit
 from .tensorcore import mma_tf32, tf32_split
 
 BK = 8      # slab depth
@@ -427,10 +428,7 @@ def gemm_kernel(ta, tb, wm, wn, tx, ty, min_blocks=1, implicit=False, bk=BK, tc=
                             v += beta * (c[at] + zero)
                         c[at] = v
 
-    kernel.launch_bounds = (nt, min_blocks)
-    if config.ENABLE_CUDASIM:           # the simulator's jit takes no launch bounds
-        return cuda.jit(kernel, cache=True)
-    return cuda.jit(kernel, launch_bounds=kernel.launch_bounds, cache=True)
+    return bounded_jit(kernel, nt, min_blocks)
 
 
 # Tile configurations (wm, wn, tx, ty, min_blocks) the ops choose from (dnnkit/ops/gemm.py);

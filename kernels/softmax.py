@@ -60,7 +60,8 @@ import functools
 import math
 
 from numba import cuda, float32, int64, uint32, uint64
-from numba.core import config
+
+from .bounds import bounded_jit
 
 FAST, ACCURATE, LOG = 0, 1, 2
 MAX_THREADS = 256
@@ -166,13 +167,8 @@ def _jit(K, blocks=None):
     ptxas takes 127-196 registers for K = 16-32 (2 blocks of 256 per SM). Bounded (sm_90,
     float32, fwd / bwd): K = 4 62 / 56 registers, K = 8 80 / 80, K = 16 64 / 64 and K = 32
     128 / 128, no spills in the forward and 16-20 bytes in the backward of K = 16 and 32
-    (the row-block backward of K = 16: 28). The simulator's jit takes no bounds."""
-    def wrap(kernel):
-        kernel.launch_bounds = (MAX_THREADS, blocks or MIN_BLOCKS.get(K, 4))
-        if config.ENABLE_CUDASIM:
-            return cuda.jit(kernel, cache=True)
-        return cuda.jit(kernel, launch_bounds=kernel.launch_bounds, cache=True)
-    return wrap
+    (the row-block backward of K = 16: 28)."""
+    return lambda kernel: bounded_jit(kernel, MAX_THREADS, blocks or MIN_BLOCKS.get(K, 4))
 
 
 @functools.lru_cache(maxsize=None)

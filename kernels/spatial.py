@@ -28,6 +28,8 @@ import math
 
 from numba import cuda, float32, int32, uint32, uint64
 
+from .bounds import bounded_jit
+
 ALIGN_CORNERS = True   # see the module docstring; flip here if the GPU probe disagrees
 
 
@@ -69,9 +71,9 @@ def _affine(theta, n, i, j, oh, ow, zero):
     """Grid point (i, j) of image n: theta[n] @ (x_j, y_i, 1), in zero's type."""
     x = _grid_coord(j, ow, zero)
     y = _grid_coord(i, oh, zero)
-    t = n * 6
-    return (theta[t] * x + theta[t + 1] * y + theta[t + 2] + zero,
-            theta[t + 3] * x + theta[t + 4] * y + theta[t + 5] + zero)
+    t = uint64(n * 6)     # unsigned: no negative-index fix-up (~60 SASS instructions)
+    return (theta[t] * x + theta[t + uint64(1)] * y + theta[t + uint64(2)] + zero,
+            theta[t + uint64(3)] * x + theta[t + uint64(4)] * y + theta[t + uint64(5)] + zero)
 
 
 @cuda.jit(cache=True)
@@ -208,11 +210,23 @@ def _scatter(dimg, base, inside, v):
 MAX_CB = 4
 # Forward block: 32 columns x 8 rows of output points (no index division; a warp on a row)
 FWD_BLOCK = (32, 8)
+# Launch bounds of the samplers (blocks of 256 threads: FWD_BLOCK, and the backward's 1-D
+# blocks): blocks per SM by CB, for 2- and 4-byte data. Unbounded, ptxas gives the float32
+# forward of CB = 3 56 registers (4 blocks per SM) and its backward 80 (3). Bounded (sm_90,
+# float32 and float16, ptxas 13): the forward 36-40 registers at 6 blocks for CB <= 3 (CB = 4
+# would spill 48 bytes there: 5 blocks, 48 registers), the backward 56-64 at 4 blocks for
+# CB <= 3 (CB = 4 spills 84 bytes in float16 there: 3 blocks). None spills. float64 values
+# take twice the registers and spilled 24-316 bytes under these bounds: its samplers are
+# bounded by threads only (``wide``).
+SAMPLER_THREADS = 256
+FWD_MIN_BLOCKS = {1: 6, 2: 6, 3: 6, 4: 5}
+BWD_MIN_BLOCKS = {1: 4, 2: 4, 3: 4, 4: 3}
 
 
 @functools.lru_cache(maxsize=None)
-def sampler_kernels(CB):
-    """(forward, backward) bilinear samplers loading CB channels per trip."""
+def sampler_kernels(CB, wide=False):
+    """(forward, backward) bilinear samplers loading CB channels per trip; ``wide``: for 8-byte
+    data (launch bounds on threads only, above)."""
     TAPS = 4 * CB
 
     @cuda.jit(device=True, inline=True)
@@ -227,7 +241,6 @@ def sampler_kernels(CB):
             if grads:
                 gs[k] = dy[uint64(c * pts + p)]
 
-    @cuda.jit(cache=True)
     def forward(img, grid, theta, y, geo, from_theta, acc):
         """y from img and grid (or, with ``from_theta``, the grid of theta computed in place:
         the spatial transformer without its grid in memory; ``grid`` is then unused). One
@@ -264,7 +277,6 @@ def sampler_kernels(CB):
                 i += cuda.gridDim.y * cuda.blockDim.y
             n += cuda.gridDim.z
 
-    @cuda.jit(cache=True)
     def backward(img, grid, dy, dimg, dgrid, geo, scatter, acc):
         """dgrid, and with scatter != 0 dimg by atomic adds (dimg in acc's type, zeroed
         before). One thread per grid point (grid-stride over N*H'*W', consecutive along W'),
@@ -303,7 +315,8 @@ def sampler_kernels(CB):
             dgrid[2 * q + 1] = dv * sv
             q += cuda.gridDim.x * cuda.blockDim.x
 
-    return forward, backward
+    return (bounded_jit(forward, SAMPLER_THREADS, 1 if wide else FWD_MIN_BLOCKS[CB]),
+            bounded_jit(backward, SAMPLER_THREADS, 1 if wide else BWD_MIN_BLOCKS[CB]))
 
 
 @cuda.jit(cache=True)

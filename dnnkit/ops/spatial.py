@@ -193,10 +193,11 @@ def _grid_backward_numba(dgrid, stream):
     return dtheta
 
 
-def _samplers(c):
-    """(forward, backward) sampler kernels for c channels: min(c, 4) channels per trip."""
+def _samplers(c, dtype):
+    """(forward, backward) sampler kernels for c channels of ``dtype``: min(c, 4) channels per
+    trip, launch bounds for 8-byte data apart (kernels/spatial.py)."""
     from ..kernels.spatial import MAX_CB, sampler_kernels
-    return sampler_kernels(max(1, min(c, MAX_CB)))
+    return sampler_kernels(max(1, min(c, MAX_CB)), np.dtype(dtype).itemsize > 4)
 
 
 def _sample(op, img, grid, theta, out_shape, stream):
@@ -212,7 +213,7 @@ def _sample(op, img, grid, theta, out_shape, stream):
         bx, by = (8, 2) if sim else FWD_BLOCK
         blocks = (-(-ow // bx), min(-(-oh // by), 2 if sim else 65535),
                   min(n, 1 if sim else 65535))
-        launch(_samplers(c)[0], blocks, (bx, by), stream,
+        launch(_samplers(c, img.dtype)[0], blocks, (bx, by), stream,
                (arrays.flat(img), src, src, arrays.flat(y), _geo(op, img, oh, ow),
                 int(from_theta), arrays.acc_array(img.dtype)))
     return y
@@ -243,9 +244,11 @@ def _sample_backward_numba(img, grid, dy, stream):
                 threads=64)   # few threads (N*H): small blocks spread them over every SM
     else:
         _launch(spatial_fill_bwd_kernel, buf.size, stream, (arrays.flat(buf), acc.dtype.type(0)))
-    _launch(_samplers(img.shape[1])[1], grid.size // 2, stream,
+    from ..kernels.spatial import SAMPLER_THREADS      # (its launch bound)
+    _launch(_samplers(img.shape[1], img.dtype)[1], grid.size // 2, stream,
             (arrays.flat(img), arrays.flat(grid), arrays.flat(dy),
-             acc if det else arrays.flat(buf), arrays.flat(dgrid), geo, 0 if det else 1, acc))
+             acc if det else arrays.flat(buf), arrays.flat(dgrid), geo, 0 if det else 1, acc),
+            threads=SAMPLER_THREADS)
     if buf is not dimg:
         _launch(spatial_cast_bwd_kernel, dimg.size, stream, (arrays.flat(buf), arrays.flat(dimg)))
     return dimg, dgrid
