@@ -70,3 +70,19 @@ def mma_tf32(typingctx, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
                                   [builder.extract_value(out, i) for i in range(4)])
 
     return sig, codegen
+
+
+def _stable_uuid(fn, name):
+    """Give intrinsic ``fn`` a fixed uuid. Numba keys a kernel's on-disk cache by the pickled
+    bytes of its closure (numba.core.caching, ``_index_key``), and an intrinsic pickles with a
+    uuid drawn afresh in each process: every GEMM kernel that calls these (through its
+    ``mma_slab`` closure) got a new key per process, so no process ever found it in the cache
+    (the first conv of a second process recompiled: 5.2 s against 0.8 before the tensor-core
+    GEMM, H100). tests/test_kernel_cache.py checks the keys are stable."""
+    set_uuid = getattr(fn, "_set_uuid", None)     # (the simulator's intrinsics have none)
+    if set_uuid is not None:
+        set_uuid(f"dnnkit.kernels.tensorcore.{name}")
+
+
+_stable_uuid(tf32_split, "tf32_split")
+_stable_uuid(mma_tf32, "mma_tf32")
