@@ -7,9 +7,24 @@ Inputs are device arrays exposing ``__cuda_array_interface__`` (already validate
 
 import numpy as np
 
+from ..errors import DnnkitError
 from . import api, descriptors, handle
 from .descriptors import scalar_refs
 from .enums import ACTIVATION, SOFTMAX_ALGO, SOFTMAX_MODE
+
+
+def copy_async(dst_ptr, src, nbytes, stream_ptr):
+    """Copy the first ``nbytes`` of device array ``src`` to the device address ``dst_ptr``,
+    ordered on the raw stream ``stream_ptr`` and asynchronous to the host. (Numba's
+    ``copy_to_device`` takes the synchronous cuMemcpyDtoD for the legacy default stream,
+    which holds the host until the GPU has caught up: 0.23 ms a call in cuDNN dropout's
+    RNG-state reset, H100.)"""
+    if not nbytes:
+        return
+    from cuda.bindings import driver
+    (err,) = driver.cuMemcpyDtoDAsync(dst_ptr, (_ptr(src) or 0), nbytes, stream_ptr)
+    if int(err) != 0:
+        raise DnnkitError(f"cuMemcpyDtoDAsync failed with {err} copying {nbytes} bytes")
 
 
 def _ptr(a):

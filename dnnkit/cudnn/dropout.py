@@ -30,7 +30,7 @@ from ctypes import POINTER, c_float, c_size_t, c_ulonglong, c_void_p
 import numpy as np
 
 from . import api, handle
-from .calls import _ptr
+from .calls import _ptr, copy_async
 from .descriptors import _Descriptor, tensor
 
 _p = c_void_p
@@ -103,7 +103,7 @@ class _Entry:
         buf = self.work.get(stream.handle_value)
         if buf is None:
             buf = self.work[stream.handle_value] = _bytes(self.size)
-        buf.copy_to_device(self.pristine, stream=stream.numba)
+        copy_async(_ptr(buf), self.pristine, self.size, stream.handle_value)
         return buf
 
 

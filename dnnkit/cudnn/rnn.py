@@ -45,6 +45,7 @@ from ..arrays import float_name, stream_pointer, zero_fill
 from ..errors import DnnkitError
 from . import api, handle
 from .calls import _ptr
+from .calls import copy_async as _copy
 from .descriptors import INT_MAX, TensorDescriptor, _Descriptor
 from .dropout import DropoutDescriptor
 from .enums import DATA_TYPES, MATH_DEFAULT, MATH_FMA, MATH_TENSOR_OP
@@ -314,17 +315,6 @@ def _null(a):
 
 def _nbytes(a):
     return int(a.size) * np.dtype(a.dtype).itemsize
-
-
-def _copy(dst_ptr, src, nbytes, stream_ptr):
-    """Copy the first ``nbytes`` of device array ``src`` to the device address ``dst_ptr``,
-    ordered on the stream."""
-    if not nbytes:
-        return
-    from cuda.bindings import driver
-    (err,) = driver.cuMemcpyDtoDAsync(dst_ptr, (_ptr(src) or 0), nbytes, stream_ptr)
-    if int(err) != 0:
-        raise DnnkitError(f"cuMemcpyDtoDAsync failed with {err} copying {nbytes} bytes")
 
 
 def _check_weights(n, w):
