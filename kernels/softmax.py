@@ -147,10 +147,10 @@ def _tiles(n, s):
 @cuda.jit(device=True, inline=True)
 def _lane(tile, n, c, s, by):
     """(live, first, step, rest, next tile) of this thread in row tile ``tile`` (``by`` is
-    blockDim.y): its row is
-    tile*bx + tx, starting at n*C*S + s_pos; its elements ty + j*by of the row are at
-    first + j*step; rest = C - ty elements of the row from its first on. A lane past the
-    last row is dead (live False, rest 0): it loads nothing but joins the block's barriers."""
+    blockDim.y): its row is tile*bx + tx, starting at n*C*S + s_pos; its elements ty + j*by
+    of the row are at first + j*step; rest = C - ty elements of the row from its first on. A
+    lane past the last row is dead (live False, rest 0): it loads nothing but joins the
+    block's barriers."""
     ty = cuda.threadIdx.y
     r = tile * cuda.blockDim.x + cuda.threadIdx.x
     if s == 1:
