@@ -154,11 +154,11 @@ def _geo(op, img, oh, ow):
     """The samplers' ``geo`` (N, C, H, W, H', W'). They index within an image plane in 32 bits
     (kernels/spatial.py, ``_axis`` and ``_taps``): H*W under 2**32 and each side under 2**31
     (cuDNN's own limit is 2**31 elements per tensor)."""
-    _, _, h, w = (int(v) for v in img.shape)
+    n, c, h, w = (int(v) for v in img.shape)
     if h * w >= 2**32 or max(h, w) >= 2**31 - 1:
         raise ValueError(f"{op}: the Numba sampler takes image planes of fewer than 2**32 "
                          f"pixels, each side under 2**31 - 1; got H={h}, W={w}")
-    return tuple(int(v) for v in img.shape) + (int(oh), int(ow))
+    return n, c, h, w, int(oh), int(ow)
 
 
 @register("affine_grid", "numba", tolerance=_TOL)
