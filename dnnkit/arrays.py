@@ -275,7 +275,14 @@ def zero_fill(a, stream):
 
 def flat(a):
     """A 1-D view of a C-contiguous device array (no copy)."""
-    return a.reshape(a.size) if a.ndim != 1 else a
+    return reshaped(a, (a.size,)) if a.ndim != 1 else a
+
+
+def reshaped(a, shape):
+    """``a.reshape(shape)`` of a C-contiguous device array, without Numba's pure-Python layout
+    (dnnkit.memory.reshaped)."""
+    from .memory import reshaped as _reshaped
+    return _reshaped(a, shape)
 
 
 def to_host(a):

@@ -128,6 +128,7 @@ def _template(shape, dtype):
         probe = devicearray.DeviceNDArray(
             shape, tuple(reversed(strides)), dtype, stream=0,
             gpu_data=driver.MemoryPointer(None, driver.binding.CUdeviceptr(0), n))
+        probe._numba_type_    # (a cached property: its Numba type goes into the template)
         attrs = dict(probe.__dict__)
         del attrs["gpu_data"], attrs["stream"]
     if len(_templates) > 4096:
@@ -136,6 +137,31 @@ def _template(shape, dtype):
     # not hash like it, and a miss rebuilds the template (~5 us) on every call
     t = _templates[(shape, dtype)] = _templates[(shape, asked)] = (n, attrs)
     return t
+
+
+def reshaped(a, shape):
+    """``a.reshape(shape)`` (same size, no copy) for a C-contiguous device array, built from
+    the shape's template instead of Numba's reshape, which lays the view out in pure Python
+    (~20 us a call on a GPU machine's host; a convolution reshapes its arrays several times a
+    call). The view shares ``a``'s memory (and so keeps a pool block lent while it lives);
+    anything else (a strided array, the simulator's) goes through ``a.reshape``."""
+    if type(shape) is not tuple:
+        shape = tuple(int(s) for s in shape)
+    if simulator() or not a.size:
+        return a.reshape(shape)
+    src = _templates.get((a.shape, a.dtype)) or _template(a.shape, a.dtype)
+    dst = _templates.get((shape, a.dtype)) or _template(shape, a.dtype)
+    if type(a) is not _DeviceNDArray or dst[1] is None or src[0] != dst[0] \
+            or a.strides != src[1]["strides"]:
+        return a.reshape(shape)
+    arr = object.__new__(_DeviceNDArray)
+    d = arr.__dict__
+    d.update(dst[1])
+    d["gpu_data"], d["stream"] = a.gpu_data, a.stream
+    ptr = a.__dict__.get("_dnnkit_ptr")
+    if ptr is not None:
+        d["_dnnkit_ptr"] = ptr
+    return arr
 
 
 def _pooled(shape, dtype, stream):

@@ -27,6 +27,7 @@ MODULES = ("activation", "softmax", "conv", "gemm", "pool", "batchnorm", "dropou
            "spatial")
 MODULES += ("optim",)
 MODULES += ("loss",)
+MODULES += ("winograd",)
 
 _modules = [importlib.import_module(f".{m}", __name__) for m in MODULES]
 

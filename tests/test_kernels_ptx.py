@@ -7,7 +7,8 @@ promotes every integer operation to int64 (its integer typing widens to intp), a
 integer arguments are int64, so index products compile to ``mul.wide.s32`` or 64-bit
 ``mul.lo.s64``. The only 32-bit multiplies in the PTX are LLVM's division bypass: a 64-bit
 division whose operands both fit in 32 bits (tested at run time) is done as ``div.u32``, and
-its remainder as ``mul.lo.s32`` of that quotient right after it, which cannot wrap. A kernel
+its remainder as ``mul.lo.s32`` of that quotient (right after it, or scheduled elsewhere), which
+cannot wrap. A kernel
 that multiplies in 32 bits on purpose (a value proven below 2**31, e.g. within a plane) is
 listed in its module's ``INDEX32`` tuple."""
 
@@ -34,9 +35,14 @@ for dt in sys.argv[1:]:
         ptx, _ = cuda.compile_ptx(kern.py_func, sigs[name], cc=(9, 0), launch_bounds=bounds)
         f64 = len(re.findall(r"\.f64\b", ptx))
         lines = [l.strip() for l in ptx.splitlines() if l.strip()]
+        # quotients of LLVM's 32-bit division bypass; their remainder's multiply may be
+        # scheduled away from the div.u32 (into another block)
+        quot = {m.group(1) for l in lines for m in [re.match(r"div\.[su]32\s+(%r\d+),", l)]
+                if m}
         mul32 = sum(1 for i, l in enumerate(lines)
                     if re.match(r"(mul|mad)\.lo\.[su]32\b", l)
-                    and not re.match(r"div\.[su]32\b", lines[i - 1]))
+                    and not re.match(r"div\.[su]32\b", lines[i - 1])
+                    and not set(re.findall(r"%r\d+\b", l.split(",", 1)[1])) & quot)
         out[f"{name}/{dt}"] = {"ok": ".target sm_90" in ptx, "f64": f64, "mul32": mul32,
                                "mma": ptx.count("mma.sync.aligned.m16n8k8")}
 print(json.dumps(out))

@@ -91,7 +91,7 @@ _TOL = {"float16": (1e-2, 1e-2), "float32": (1e-4, 1e-5), "float64": (1e-10, 1e-
 
 
 def _five(a, shape5):
-    return a.reshape(*shape5)
+    return arrays.reshaped(a, shape5)
 
 
 # ---------------------------------------------------------------- Numba
@@ -101,7 +101,7 @@ def _numba_forward(x, w, bias, geom, opts, stream):
     y, algo = conv_numba.forward(_five(x, geom.x_shape), _five(w, geom.w_shape), bias, geom,
                                  stream)
     note_algo(algo)
-    return y.reshape(*geom.user_shape(geom.y_shape))
+    return arrays.reshaped(y, geom.user_shape(geom.y_shape))
 
 
 def _numba_backward_data(dy, w, geom, opts, stream):
@@ -109,7 +109,7 @@ def _numba_backward_data(dy, w, geom, opts, stream):
     dx, algo = conv_numba.backward_data(_five(dy, geom.y_shape), _five(w, geom.w_shape), geom,
                                         stream)
     note_algo(algo)
-    return dx.reshape(*geom.user_shape(geom.x_shape))
+    return arrays.reshaped(dx, geom.user_shape(geom.x_shape))
 
 
 def _numba_backward_filter(x, dy, geom, opts, stream):
@@ -117,7 +117,7 @@ def _numba_backward_filter(x, dy, geom, opts, stream):
     dw, algo = conv_numba.backward_filter(_five(x, geom.x_shape), _five(dy, geom.y_shape),
                                           geom, stream)
     note_algo(algo)
-    return dw.reshape(*geom.user_shape(geom.w_shape))
+    return arrays.reshaped(dw, geom.user_shape(geom.w_shape))
 
 
 def _numba_backward_bias(dy, stream):

@@ -34,7 +34,8 @@ import math
 from numba import config
 
 from .. import arrays
-from ..launch import launch, pow2_at_most
+from ..launch import at, launch, pow2_at_most
+from . import conv_winograd as W
 from . import gemm as G
 
 COL_BUDGET_BYTES = 256 << 20
@@ -97,7 +98,7 @@ def _im2col(x, col, geom, sz, n0, nc, stream):
     """kernels/conv.py's im2col on a 3-D grid: positions x images x channels, the last two
     capped so that each thread reuses its decoded position over several (image, channel)
     pairs."""
-    src = arrays.flat(x)[n0 * sz.image:(n0 + nc) * sz.image]
+    src = at(arrays.flat(x), n0 * sz.image)
     threads = ELEM_THREADS
     grid = (-(-sz.out // threads), min(nc, IM2COL_SPAN), min(sz.c, IM2COL_SPAN))
     launch(_kernels().conv_im2col_fwd_kernel, grid, threads, stream,
@@ -179,6 +180,8 @@ def forward(x, w, bias, geom, stream):
     sz = _Sizes(geom, x.dtype.itemsize)
     if sz.empty():
         return y, "im2col+gemm"
+    if W.pays(geom, x.dtype):
+        return W.forward(x, w, bias, geom, y, stream), "winograd"
     conv = (None if sz.pointwise or not _implicit_pays(geom, sz, False)
             else _implicit_operand(geom, sz))
     if conv is not None:
@@ -202,14 +205,14 @@ def forward(x, w, bias, geom, stream):
     ws = None if parts == 1 else arrays.cuda_empty((parts * y.size,), acc.dtype, stream)
     for n0, nc in sz.chunks():
         if sz.pointwise:    # B = x: column j = (n, o) at (j // O)*C*O + j % O, row c at c*O
-            b, ldb, gb, b1 = arrays.flat(x)[n0 * sz.image:], o, (o, sz.image), sz.rows * o
+            b, ldb, gb, b1 = at(arrays.flat(x), n0 * sz.image), o, (o, sz.image), sz.rows * o
         else:
             _im2col(x, col, geom, sz, n0, nc, stream)
             b, ldb, gb, b1 = col, nc * o, G.PLAIN, sz.rows * nc * o
         # y[n, g*Kg + i, o] = sum_k W_g[i, k] col[g*rows + k, n*O + o]: C's column j = (n, o)
         # lives at (j // O)*K*O + j % O. Batch entries (group, part): part q sums the k in
         # [q*kp, (q+1)*kp) (A's columns, B's rows from there) into ws[q].
-        G.gemm("00", wf, b, yf[n0 * ko:] if ws is None else ws[n0 * ko:],
+        G.gemm("00", wf, b, at(yf if ws is None else ws, n0 * ko),
                (sz.kg, nc * o, kp), (sz.rows, ldb, o), G.PLAIN + gb + (o, ko),
                (sz.groups, parts, sz.kg * sz.rows, kp, b1, kp * ldb, sz.kg * o, y.size),
                bias=None if bias is None or ws is not None else arrays.flat(bias),
@@ -289,6 +292,8 @@ def backward_data(dy, w, geom, stream):
         return dx, "gemm+col2im"
     if sz.empty():
         return arrays.zero_fill(dx, stream), "gemm+col2im"
+    if W.pays(geom, dy.dtype):
+        return W.backward_data(dy, w, geom, dx, stream), "winograd"
     conv = (None if sz.pointwise or not _implicit_pays(geom, sz, True)
             else _implicit_operand(geom, sz, dgrad=True))
     if conv is not None:
@@ -309,17 +314,17 @@ def backward_data(dy, w, geom, stream):
     o, ko = sz.out, sz.k * sz.out
     for n0, nc in sz.chunks():
         if sz.pointwise:    # C = dx: column j = (n, o) at (j // O)*C*O + j % O
-            c, ldc, gc, c1 = dxf[n0 * sz.image:], o, (o, sz.image), sz.rows * o
+            c, ldc, gc, c1 = at(dxf, n0 * sz.image), o, (o, sz.image), sz.rows * o
         else:
             c, ldc, gc, c1 = dcol, nc * o, G.PLAIN, sz.rows * nc * o
         # dcol[g*rows + i, n*O + o] = sum_k W_g[k, i] dy[n, g*Kg + k, o]: A = W_g transposed,
         # B's column j = (n, o) at (j // O)*K*O + j % O. One batch entry per group.
-        G.gemm("10", wf, dyf[n0 * ko:], c, (sz.rows, nc * o, sz.kg), (sz.rows, o, ldc),
+        G.gemm("10", wf, at(dyf, n0 * ko), c, (sz.rows, nc * o, sz.kg), (sz.rows, o, ldc),
               G.PLAIN + (o, ko) + gc, (sz.groups, 1, sz.kg * sz.rows, 0, sz.kg * o, 0, c1, 0),
               stream=stream)
         if not sz.pointwise:
             _elementwise(_kernels().conv_col2im_bwd_kernel, nc * sz.image, stream,
-                         (dcol, dxf[n0 * sz.image:(n0 + nc) * sz.image], _geo(geom), nc, acc))
+                         (dcol, at(dxf, n0 * sz.image), _geo(geom), nc, acc))
     return dx, "gemm+col2im"
 
 
@@ -356,6 +361,8 @@ def backward_filter(x, dy, geom, stream):
         return dw, "im2col+gemm"
     if sz.empty():
         return arrays.zero_fill(dw, stream), "im2col+gemm"
+    if W.pays(geom, x.dtype):
+        return W.backward_filter(x, dy, geom, dw, stream), "winograd"
     acc = arrays.acc_array(x.dtype)
     # the filter gradient: implicit only when asked for (IMPLICIT = True; _implicit_pays)
     conv = None if sz.pointwise or IMPLICIT is not True else _implicit_operand(geom, sz)
@@ -371,7 +378,7 @@ def backward_filter(x, dy, geom, stream):
         p = _largest_divisor(nc, parts)          # == parts except in a short last chunk
         per = nc // p
         if sz.pointwise:    # B = x^T: k = (n, o) at (k // O)*C*O + k % O, column c at c*O
-            b, ldb, gb = arrays.flat(x)[n0 * sz.image:], o, (o, sz.image)
+            b, ldb, gb = at(arrays.flat(x), n0 * sz.image), o, (o, sz.image)
             b1, b2 = sz.rows * o, per * sz.image
         else:
             _im2col(x, col, geom, sz, n0, nc, stream)
@@ -380,7 +387,7 @@ def backward_filter(x, dy, geom, stream):
         # ws[q, g*Kg + i, j] (+)= sum_k dy_g[i, k] col[g*rows + j, q*per*O + k] over the
         # per*O columns k = (n, o) of slice q: A's k at (k // O)*K*O + k % O, B = col^T.
         # Batched over (g, q).
-        G.gemm("01", dyf[n0 * ko:], b, ws, (sz.kg, sz.rows, per * o), (o, ldb, sz.rows),
+        G.gemm("01", at(dyf, n0 * ko), b, ws, (sz.kg, sz.rows, per * o), (o, ldb, sz.rows),
               (o, ko) + gb + G.PLAIN,
               (sz.groups, p, sz.kg * o, per * ko, b1, b2, sz.kg * sz.rows, dw.size),
               beta=0.0 if i == 0 else 1.0, stream=stream)

@@ -1,0 +1,204 @@
+"""Winograd F(2x2, 3x3) for the Numba convolution backend (non-fused: transform, GEMM,
+transform): 2-D 3x3 kernels at stride 1, undilated and ungrouped, all three passes.
+
+Each 2x2 output tile takes 16 multiplications per (filter, channel) pair where the direct sum
+takes 36 (kernels/winograd.py has the math): the forward is 16 GEMMs batched on the GEMM of
+kernels/gemm.py, M[xi] = U[xi] . V[xi] (K x C times C x tiles), between an input and an output
+transform; the data gradient is the forward of dy with the filters transposed and reversed
+(a stride-1 convolution's data gradient is a correlation of dy with them, padding 2 - p);
+the filter gradient transforms dy and x to dM and V and sums dU[xi] = dM[xi] . V[xi]^T over
+the tiles, split into ``parts`` slices reduced by separate blocks, then dg = G^T dU G.
+
+Cost: V, M (or dM) are 16/4 = 4x the size of x and y (a tile of 4 outputs takes 16 values), in
+the accumulation type: memory traffic for fewer flops, which pays where the GEMM is the
+bottleneck (``pays``; measured by validation/winograd_bench.py). The batch goes through in
+chunks of images whose transformed arrays fit ``conv_numba.COL_BUDGET_BYTES``.
+"""
+
+from .. import arrays
+from ..launch import At, launch
+from . import gemm as G
+
+# Winograd (True), never (False) or where it measured faster (None): a module switch for
+# validation/winograd_bench.py and tests, like conv_numba.IMPLICIT.
+WINOGRAD = None
+# The filter gradient's slices of the sum over tiles: None = the rule (_filter_parts)
+PARTS = None
+MIN_TILES_PER_PART = 256     # each slice at least this long (a GEMM k of 16 slabs)
+MAX_PARTS = 64
+THREADS = 256
+
+
+def _kernels():
+    from .. import kernels
+    return kernels
+
+
+def applies(geom):
+    """Whether F(2x2, 3x3) computes this convolution: 2-D, 3x3, stride 1, undilated,
+    ungrouped."""
+    return (geom.x_shape[2] == 1 and tuple(geom.w_shape[2:]) == (1, 3, 3)
+            and geom.groups == 1 and max(geom.stride) == 1 and max(geom.dilation) == 1)
+
+
+# The rule (WINOGRAD = None): Winograd for these data types where the direct convolution
+# takes at least MIN_FLOPS flops (2 x multiply-adds). See ``pays``.
+DTYPES = ("float32", "float16")
+MIN_FLOPS = 1 << 32
+
+
+def pays(geom, dtype):
+    """Whether the Numba backend takes Winograd here: ``WINOGRAD`` when set, else the measured
+    rule. validation/winograd_bench.py on an H100, ResNet-50's four 3x3 layers, every pass:
+    at batch 32 (7.4 GFLOP a call) Winograd took 0.36-0.72x the direct path's GPU time in
+    float32 and 0.36-0.73x in float16, and less time per call; at batch 2 (0.46 GFLOP) its
+    GPU time was mostly lower too, but a call's time is then its host time (four or five
+    launches against one or two), and it lost 4 of 12 passes per call (0.16-0.30 ms against
+    0.12-0.29). MIN_FLOPS (4.3 GFLOP) lies between. float64 (not timed) takes it only when
+    asked."""
+    if not applies(geom):
+        return False
+    if WINOGRAD is not None:
+        return bool(WINOGRAD)
+    n, c = geom.x_shape[:2]
+    flops = 2 * 9 * n * c * geom.w_shape[0] * geom.out_spatial[1] * geom.out_spatial[2]
+    return str(dtype) in DTYPES and flops >= MIN_FLOPS
+
+
+class _Tiles:
+    """The tiling of one transform pass: ``cin`` channels of ``hw_in`` in, ``cout`` of
+    ``hw_out`` out, 2x2 output tiles (th x tw per image), ``chunk`` images per pass."""
+
+    def __init__(self, n, cin, hw_in, cout, hw_out, itemsize):
+        from .conv_numba import COL_BUDGET_BYTES
+        self.n, self.cin, self.cout = n, cin, cout
+        self.hw_in, self.hw_out = hw_in, hw_out
+        self.th, self.tw = -(-hw_out[0] // 2), -(-hw_out[1] // 2)
+        self.tiles = self.th * self.tw
+        per_image = 16 * (cin + cout) * self.tiles * itemsize
+        self.chunk = max(1, min(n, COL_BUDGET_BYTES // max(1, per_image)))
+
+    def chunks(self):
+        for n0 in range(0, self.n, self.chunk):
+            yield n0, min(self.chunk, self.n - n0)
+
+
+# The transforms' blocks: about 4 waves of an H100 (132 SMs x 4 blocks of 256 threads at
+# their <= 64 registers); a thread decodes its tile once for the channels it visits.
+TRANSFORM_BLOCKS = 2048
+
+
+def _grid(cols, rows):
+    """(tile blocks, channel blocks) of a transform over ``cols`` tiles x ``rows`` channels."""
+    gx = min(-(-cols // THREADS), 4096)
+    return gx, max(1, min(rows, 65535, -(-TRANSFORM_BLOCKS // gx)))
+
+
+def _filter(w, k, c, flip, transpose, stream):
+    """U[xi] = G g G^T of every filter of w (k x c filters), in the accumulation type."""
+    acc = arrays.acc_array(w.dtype)
+    u = arrays.cuda_empty((16 * k * c,), acc.dtype, stream)
+    launch(_kernels().winograd_filter_fwd_kernel, arrays.grid_1d(k * c, THREADS)[0], THREADS,
+           stream, (arrays.flat(w), u, (k, c, int(flip), int(transpose)), acc))
+    return u
+
+
+def _input(x, v, t, pad, n0, nc, ps, stream):
+    """V of images n0 .. n0 + nc of x (columns P .. ps-1 zero)."""
+    acc = arrays.acc_array(x.dtype)
+    image = t.cin * t.hw_in[0] * t.hw_in[1]
+    dims = (t.cin,) + tuple(t.hw_in) + (t.th, t.tw) + tuple(pad) + (nc * t.tiles, ps)
+    launch(_kernels().winograd_input_fwd_kernel, _grid(ps, t.cin), THREADS, stream,
+           (At(arrays.flat(x), n0 * image), v, dims, acc))
+
+
+def _run_forward(x, w, bias, out, t, pad, flip, transpose, stream):
+    """out = the stride-1 3x3 correlation of x (t.cin channels) with the filters (reversed
+    when ``flip``; w[c, k] read as filter (k, c) when ``transpose``), padding ``pad``."""
+    acc = arrays.acc_array(x.dtype)
+    k, c = t.cout, t.cin
+    u = _filter(w, *((c, k) if transpose else (k, c)), flip, transpose, stream)    # w's shape
+    v = arrays.cuda_empty((16 * c * t.chunk * t.tiles,), acc.dtype, stream)
+    m = arrays.cuda_empty((16 * k * t.chunk * t.tiles,), acc.dtype, stream)
+    oimage = k * t.hw_out[0] * t.hw_out[1]
+    outf = arrays.flat(out)
+    for n0, nc in t.chunks():
+        p = nc * t.tiles
+        _input(x, v, t, pad, n0, nc, p, stream)
+        # M[xi] (K x P) = U[xi] (K x C) . V[xi] (C x P), the 16 xi batched
+        G.gemm("00", u, v, m, (k, p, c), (c, p, p), G.PLAIN * 3,
+               (16, 1, k * c, 0, c * p, 0, k * p, 0), stream=stream)
+        launch(_kernels().winograd_output_fwd_kernel, _grid(p, k), THREADS, stream,
+               (m, At(outf, n0 * oimage),
+                outf if bias is None else arrays.flat(bias),
+                (k,) + tuple(t.hw_out) + (t.th, t.tw, p, p), int(bias is not None), acc))
+    return out
+
+
+def _spatial(geom):
+    """(H, W), (OH, OW), (ph, pw) of a 2-D geometry (5-D shapes, depth 1)."""
+    return tuple(geom.x_shape[3:]), tuple(geom.out_spatial[1:]), tuple(geom.padding[1:])
+
+
+def forward(x, w, bias, geom, y, stream):
+    """y = conv(x, w) (+ bias) by Winograd, into ``y`` (``applies(geom)`` must hold)."""
+    hw, ohw, pad = _spatial(geom)
+    acc = arrays.acc_array(x.dtype)
+    t = _Tiles(geom.x_shape[0], geom.x_shape[1], hw, geom.w_shape[0], ohw,
+               acc.dtype.itemsize)
+    return _run_forward(x, w, bias, y, t, pad, geom.flip, False, stream)
+
+
+def backward_data(dy, w, geom, dx, stream):
+    """dx by Winograd, into ``dx``: the correlation of dy with w[k, c] transposed to (c, k)
+    and reversed, padding 2 - p (kernels/winograd.py)."""
+    hw, ohw, pad = _spatial(geom)
+    acc = arrays.acc_array(dy.dtype)
+    t = _Tiles(geom.x_shape[0], geom.w_shape[0], ohw, geom.x_shape[1], hw, acc.dtype.itemsize)
+    return _run_forward(dy, w, None, dx, t, (2 - pad[0], 2 - pad[1]), not geom.flip, True,
+                        stream)
+
+
+def _filter_parts(k, c, tiles):
+    """Slices of the filter gradient's sum over ``tiles`` tile columns: enough batches of
+    the 16 K x C GEMMs to fill one wave of an H100's blocks, each slice at least
+    MIN_TILES_PER_PART long. Measured (validation/winograd_bench.py --parts, H100, batch 32,
+    GPU time in ms): 64 channels at 56^2 16 slices 0.339 (33: 0.427, 4: 0.637); 128 at 28^2 8
+    slices 0.188 (17: 0.269); 256 at 14^2 4 slices 0.174 (8: 0.206); 512 at 7^2 2 slices 0.226
+    (4: 0.282). One wave gives 17, 9, 3 and 1."""
+    from .conv_numba import WAVE_BLOCKS, _blocks
+    if PARTS is not None:
+        return max(1, min(PARTS, tiles))
+    want = -(-WAVE_BLOCKS // _blocks(k, c, 16))
+    return max(1, min(MAX_PARTS, want, tiles // MIN_TILES_PER_PART))
+
+
+def backward_filter(x, dy, geom, dw, stream):
+    """dw by Winograd, into ``dw``: dU[xi] = sum over tiles of dM[xi] . V[xi]^T, then
+    G^T dU G."""
+    hw, ohw, pad = _spatial(geom)
+    acc = arrays.acc_array(x.dtype)
+    k, c = geom.w_shape[:2]
+    t = _Tiles(geom.x_shape[0], c, hw, k, ohw, acc.dtype.itemsize)
+    parts = _filter_parts(k, c, t.chunk * t.tiles)
+    ps_max = parts * -(-(t.chunk * t.tiles) // parts)
+    v = arrays.cuda_empty((16 * c * ps_max,), acc.dtype, stream)
+    dm = arrays.cuda_empty((16 * k * ps_max,), acc.dtype, stream)
+    du = arrays.cuda_empty((parts * 16 * k * c,), acc.dtype, stream)
+    oimage = k * ohw[0] * ohw[1]
+    dyf = arrays.flat(dy)
+    for i, (n0, nc) in enumerate(t.chunks()):
+        p = nc * t.tiles
+        pp = -(-p // parts)         # each slice's tiles; the last slice padded with zeros
+        ps = parts * pp
+        _input(x, v, t, pad, n0, nc, ps, stream)
+        launch(_kernels().winograd_grad_bwd_kernel, _grid(ps, k), THREADS, stream,
+               (At(dyf, n0 * oimage), dm,
+                (k,) + tuple(ohw) + (t.th, t.tw, p, ps), acc))
+        # du[q, xi] (K x C) (+)= dM[xi] (K x pp) . V[xi]^T (pp x C) over slice q's tiles
+        G.gemm("01", dm, v, du, (k, c, pp), (ps, ps, c), G.PLAIN * 3,
+               (16, parts, k * ps, pp, c * ps, pp, k * c, 16 * k * c),
+               beta=0.0 if i == 0 else 1.0, stream=stream)
+    launch(_kernels().winograd_filter_bwd_kernel, arrays.grid_1d(k * c, THREADS)[0], THREADS,
+           stream, (du, arrays.flat(dw), (k, c, int(geom.flip), parts), acc))
+    return dw
