@@ -170,3 +170,28 @@ def test_a_block_lent_to_an_array_that_dies_in_a_reference_cycle_is_not_freed(mo
     assert freed == [] and pool.cached_bytes == 512 and not pool.lent
     b = memory._new(key, {"shape": (128,)}, 0)
     assert pool.hits == 1 and b._dnnkit_ptr == 8192 and freed == []
+
+
+@pytest.mark.gpu
+def test_reshaped_views_share_memory_and_match_numba():
+    """memory.reshaped (the template-built reshape): the same memory, shape, strides and
+    Numba type as Numba's reshape; the view keeps a pool block lent; a strided array goes
+    through Numba's reshape."""
+    from numba import cuda
+    memory.empty_cache()
+    host = np.arange(24, dtype=np.float32)
+    a = memory.device_array((2, 3, 4), np.float32, 0)
+    a.copy_to_device(host.reshape(2, 3, 4))
+    for shape in ((24,), (6, 4), (1, 2, 3, 4, 1)):
+        v, ref = memory.reshaped(a, shape), a.reshape(*shape)
+        assert (v.shape, v.strides, v.dtype) == (ref.shape, ref.strides, ref.dtype)
+        assert v._numba_type_ == ref._numba_type_
+        assert v.device_ctypes_pointer.value == a.device_ctypes_pointer.value
+        np.testing.assert_array_equal(v.copy_to_host().ravel(), host)
+    ptr, flat = a.device_ctypes_pointer.value, memory.reshaped(a, (24,))
+    del a
+    assert memory.device_array((2, 3, 4), np.float32, 0).device_ctypes_pointer.value != ptr
+    np.testing.assert_array_equal(flat.copy_to_host(), host)    # still lent, still intact
+    strided = cuda.to_device(host.reshape(6, 4))[:, ::2]
+    with pytest.raises(NotImplementedError):                     # Numba's own answer
+        memory.reshaped(strided, (12,))
