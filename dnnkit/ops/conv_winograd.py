@@ -160,17 +160,22 @@ def backward_data(dy, w, geom, dx, stream):
 
 
 def _filter_parts(k, c, tiles):
-    """Slices of the filter gradient's sum over ``tiles`` tile columns: enough batches of
-    the 16 K x C GEMMs to fill one wave of an H100's blocks, each slice at least
-    MIN_TILES_PER_PART long. Measured (validation/winograd_bench.py --parts, H100, batch 32,
-    GPU time in ms): 64 channels at 56^2 16 slices 0.339 (33: 0.427, 4: 0.637); 128 at 28^2 8
-    slices 0.188 (17: 0.269); 256 at 14^2 4 slices 0.174 (8: 0.206); 512 at 7^2 2 slices 0.226
-    (4: 0.282). One wave gives 17, 9, 3 and 1."""
+    """Slices of the filter gradient's sum over ``tiles`` tile columns: the fewest (at least
+    2) whose 16 x slices K x C GEMMs fill one wave of an H100's blocks (at the tile the GEMM
+    takes for that batch), each slice at least MIN_TILES_PER_PART long. Measured
+    (validation/winograd_bench.py --parts and the benchmark report, H100, batch 32, ms):
+    64 channels at 56^2: 16 slices 0.339 GPU time (33: 0.427, 4: 0.637); 128 at 28^2: 8
+    slices 0.188 (17: 0.269); 256 at 14^2: 4 slices 0.174 (8: 0.206, 5: 0.196); 512 at 7^2:
+    2 slices 0.226 (4: 0.282), and unsplit 0.513 ms a call against 0.233 with 2 slices. The
+    rule gives 17, 9, 3 and 2."""
     from .conv_numba import WAVE_BLOCKS, _blocks
+    top = max(1, min(MAX_PARTS, tiles // MIN_TILES_PER_PART))
     if PARTS is not None:
         return max(1, min(PARTS, tiles))
-    want = -(-WAVE_BLOCKS // _blocks(k, c, 16))
-    return max(1, min(MAX_PARTS, want, tiles // MIN_TILES_PER_PART))
+    p = 2
+    while p < top and _blocks(k, c, 16 * p) < WAVE_BLOCKS:
+        p += 1
+    return min(p, top)
 
 
 def backward_filter(x, dy, geom, dw, stream):
