@@ -36,9 +36,16 @@ def _kernels():
 
 def applies(geom):
     """Whether F(2x2, 3x3) computes this convolution: 2-D, 3x3, stride 1, undilated,
-    ungrouped."""
-    return (geom.x_shape[2] == 1 and tuple(geom.w_shape[2:]) == (1, 3, 3)
-            and geom.groups == 1 and max(geom.stride) == 1 and max(geom.dilation) == 1)
+    ungrouped, and one image's arrays within the transforms' 32-bit indexing (below 2**31
+    elements: x's and y's planes of all channels, and the transformed tiles of one image with
+    the filter gradient's padding of up to MAX_PARTS tiles)."""
+    if not (geom.x_shape[2] == 1 and tuple(geom.w_shape[2:]) == (1, 3, 3)
+            and geom.groups == 1 and max(geom.stride) == 1 and max(geom.dilation) == 1):
+        return False
+    (c, h, w), (k, oh, ow) = geom.x_shape[1:2] + geom.x_shape[3:], \
+        geom.w_shape[:1] + geom.out_spatial[1:]
+    tiles = max(-(-oh // 2) * -(-ow // 2), -(-h // 2) * -(-w // 2)) + MAX_PARTS
+    return max(c * h * w, k * oh * ow, 16 * (c + k) * tiles) < 2**31
 
 
 # The rule (WINOGRAD = None): Winograd for these data types where the direct convolution
@@ -76,7 +83,11 @@ class _Tiles:
         self.th, self.tw = -(-hw_out[0] // 2), -(-hw_out[1] // 2)
         self.tiles = self.th * self.tw
         per_image = 16 * (cin + cout) * self.tiles * itemsize
-        self.chunk = max(1, min(n, COL_BUDGET_BYTES // max(1, per_image)))
+        # within the budget, and every array of a chunk below 2**31 elements (32-bit indices;
+        # one image always fits: ``applies``)
+        planes = max(cin * hw_in[0] * hw_in[1], cout * hw_out[0] * hw_out[1], 1)
+        self.chunk = max(1, min(n, COL_BUDGET_BYTES // max(1, per_image),
+                                (2**31 - 1) // planes))
 
     def chunks(self):
         for n0 in range(0, self.n, self.chunk):

@@ -52,6 +52,8 @@ def test_batch_in_chunks_and_filter_slices(rng, winograd, monkeypatch, images):
     monkeypatch.setattr(W, "PARTS", 4)
     t = W._Tiles(3, 3, (4, 6), 2, (4, 6), 4)
     assert (t.chunk, t.tiles) == (images, 6)
+    monkeypatch.setattr(conv_numba, "COL_BUDGET_BYTES", 1 << 40)    # the 32-bit bound
+    assert W._Tiles(10**6, 4, (1000, 1000), 4, (1000, 1000), 4).chunk == 536
     _check(_run_all(rng, g, "float32"), "float32")
 
 
@@ -66,7 +68,8 @@ def test_gpu_gemm_tiles(rng, winograd, monkeypatch, config):
 def test_the_rule():
     """Winograd where it measured faster: ResNet-50's 3x3 stride-1 layers at batch 32 in
     float32 and float16; not at batch 2 (host-bound calls), not in float64, not for other
-    kernels, strides, dilations or groups; WINOGRAD overrides."""
+    kernels, strides, dilations or groups, nor past the transforms' 32-bit indexing;
+    WINOGRAD overrides the rule."""
     assert W.WINOGRAD is None
 
     def g(n=32, c=64, hw=56, k=(1, 3, 3), stride=1, dilation=1, groups=1):
@@ -76,8 +79,10 @@ def test_the_rule():
         assert W.pays(g(c=c, hw=hw), "float32") and W.pays(g(c=c, hw=hw), "float16")
         assert not W.pays(g(n=2, c=c, hw=hw), "float32")
     assert not W.pays(g(), "float64")
+    # one image of 512 channels at 2048^2: its transformed tiles pass 2**31 elements
+    big = _geom((1, 512, 1, 2048, 2048), (512, 512, 1, 3, 3), padding=(0, 1, 1))
     for other in (g(k=(1, 5, 5)), g(stride=(1, 2, 2)), g(dilation=(1, 2, 2)), g(groups=2),
-                  _geom((32, 64, 3, 56, 56), (64, 64, 3, 3, 3), padding=1)):
+                  _geom((32, 64, 3, 56, 56), (64, 64, 3, 3, 3), padding=1), big):
         assert not W.applies(other) and not W.pays(other, "float32")
     try:
         W.WINOGRAD = False
