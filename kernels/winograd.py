@@ -94,7 +94,7 @@ def winograd_filter_fwd_kernel(w, u, dims, acc):
     """U[xi] = G g G^T for every filter g = w[k, c] (3 x 3; reversed in both axes when
     ``flip``): U[xi, k, c], or U[xi, c, k] when ``transpose``. dims = (K, C, flip, transpose).
     Thread mapping: grid-stride loop, one (k, c) per thread; reads 9 words, writes 16 (each
-    store coalesced across consecutive c)."""
+    store coalesced across consecutive c; K apart when transposed: a small array)."""
     k_, c_, flip, transpose = dims
     zero = acc[0]
     t = cuda.local.array((4, 3), dtype=acc.dtype)
