@@ -7,10 +7,9 @@ promotes every integer operation to int64 (its integer typing widens to intp), a
 integer arguments are int64, so index products compile to ``mul.wide.s32`` or 64-bit
 ``mul.lo.s64``. The only 32-bit multiplies in the PTX are LLVM's division bypass: a 64-bit
 division whose operands both fit in 32 bits (tested at run time) is done as ``div.u32``, and
-its remainder as ``mul.lo.s32`` of that quotient (right after it, or scheduled elsewhere), which
-cannot wrap. A kernel
-that multiplies in 32 bits on purpose (a value proven below 2**31, e.g. within a plane) is
-listed in its module's ``INDEX32`` tuple."""
+its remainder as ``mul.lo.s32`` of that quotient (right after it, or scheduled elsewhere),
+which cannot wrap. A kernel that multiplies in 32 bits on purpose (a value proven below
+2**31, e.g. within a plane) is listed in its module's ``INDEX32`` tuple."""
 
 import json
 import os
