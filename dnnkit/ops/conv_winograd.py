@@ -15,6 +15,8 @@ bottleneck (``pays``; measured by validation/winograd_bench.py). The batch goes 
 chunks of images whose transformed arrays fit ``conv_numba.COL_BUDGET_BYTES``.
 """
 
+import functools
+
 from .. import arrays
 from ..launch import At, launch
 from . import gemm as G
@@ -26,7 +28,13 @@ WINOGRAD = None
 PARTS = None
 MIN_TILES_PER_PART = 256     # each slice at least this long (a GEMM k of 16 slabs)
 MAX_PARTS = 64
-THREADS = 256
+
+
+def _threads():
+    """Threads per block of the transforms: conv_numba's elementwise blocks (256; 32 on the
+    simulator, which runs a Python thread per CUDA thread)."""
+    from .conv_numba import ELEM_THREADS
+    return ELEM_THREADS
 
 
 def _kernels():
@@ -101,7 +109,7 @@ TRANSFORM_BLOCKS = 2048
 
 def _grid(cols, rows):
     """(tile blocks, channel blocks) of a transform over ``cols`` tiles x ``rows`` channels."""
-    gx = min(-(-cols // THREADS), 4096)
+    gx = min(-(-cols // _threads()), 4096)
     return gx, max(1, min(rows, 65535, -(-TRANSFORM_BLOCKS // gx)))
 
 
@@ -109,8 +117,8 @@ def _filter(w, k, c, flip, transpose, stream):
     """U[xi] = G g G^T of every filter of w (k x c filters), in the accumulation type."""
     acc = arrays.acc_array(w.dtype)
     u = arrays.cuda_empty((16 * k * c,), acc.dtype, stream)
-    launch(_kernels().winograd_filter_fwd_kernel, arrays.grid_1d(k * c, THREADS)[0], THREADS,
-           stream, (arrays.flat(w), u, (k, c, int(flip), int(transpose)), acc))
+    launch(_kernels().winograd_filter_fwd_kernel, *arrays.grid_1d(k * c, _threads()), stream,
+           (arrays.flat(w), u, (k, c, int(flip), int(transpose)), acc))
     return u
 
 
@@ -119,7 +127,7 @@ def _input(x, v, t, pad, n0, nc, ps, stream):
     acc = arrays.acc_array(x.dtype)
     image = t.cin * t.hw_in[0] * t.hw_in[1]
     dims = (t.cin,) + tuple(t.hw_in) + (t.th, t.tw) + tuple(pad) + (nc * t.tiles, ps)
-    launch(_kernels().winograd_input_fwd_kernel, _grid(ps, t.cin), THREADS, stream,
+    launch(_kernels().winograd_input_fwd_kernel, _grid(ps, t.cin), _threads(), stream,
            (At(arrays.flat(x), n0 * image), v, dims, acc))
 
 
@@ -139,7 +147,7 @@ def _run_forward(x, w, bias, out, t, pad, flip, transpose, stream):
         # M[xi] (K x P) = U[xi] (K x C) . V[xi] (C x P), the 16 xi batched
         G.gemm("00", u, v, m, (k, p, c), (c, p, p), G.PLAIN * 3,
                (16, 1, k * c, 0, c * p, 0, k * p, 0), stream=stream)
-        launch(_kernels().winograd_output_fwd_kernel, _grid(p, k), THREADS, stream,
+        launch(_kernels().winograd_output_fwd_kernel, _grid(p, k), _threads(), stream,
                (m, At(outf, n0 * oimage),
                 outf if bias is None else arrays.flat(bias),
                 (k,) + tuple(t.hw_out) + (t.th, t.tw, p, p), int(bias is not None), acc))
@@ -179,10 +187,17 @@ def _filter_parts(k, c, tiles):
     slices 0.188 (17: 0.269); 256 at 14^2: 4 slices 0.174 (8: 0.206, 5: 0.196); 512 at 7^2:
     2 slices 0.226 (4: 0.282), and unsplit 0.513 ms a call against 0.233 with 2 slices. The
     rule gives 17, 9, 3 and 2."""
-    from .conv_numba import WAVE_BLOCKS, _blocks
-    top = max(1, min(MAX_PARTS, tiles // MIN_TILES_PER_PART))
     if PARTS is not None:
         return max(1, min(PARTS, tiles))
+    return _filter_parts_of(k, c, tiles, arrays.simulator())
+
+
+@functools.lru_cache(maxsize=1024)
+def _filter_parts_of(k, c, tiles, _simulator):
+    """The rule of ``_filter_parts``, remembered per shape (and per simulator/GPU, whose GEMM
+    tiles differ): every filter gradient asks, and each count tried costs a tile choice."""
+    from .conv_numba import WAVE_BLOCKS, _blocks
+    top = max(1, min(MAX_PARTS, tiles // MIN_TILES_PER_PART))
     p = 2
     while p < top and _blocks(k, c, 16 * p) < WAVE_BLOCKS:
         p += 1
@@ -208,13 +223,13 @@ def backward_filter(x, dy, geom, dw, stream):
         pp = -(-p // parts)         # each slice's tiles; the last slice padded with zeros
         ps = parts * pp
         _input(x, v, t, pad, n0, nc, ps, stream)
-        launch(_kernels().winograd_grad_bwd_kernel, _grid(ps, k), THREADS, stream,
+        launch(_kernels().winograd_grad_bwd_kernel, _grid(ps, k), _threads(), stream,
                (At(dyf, n0 * oimage), dm,
                 (k,) + tuple(ohw) + (t.th, t.tw, p, ps), acc))
         # du[q, xi] (K x C) (+)= dM[xi] (K x pp) . V[xi]^T (pp x C) over slice q's tiles
         G.gemm("01", dm, v, du, (k, c, pp), (ps, ps, c), G.PLAIN * 3,
                (16, parts, k * ps, pp, c * ps, pp, k * c, 16 * k * c),
                beta=0.0 if i == 0 else 1.0, stream=stream)
-    launch(_kernels().winograd_filter_bwd_kernel, arrays.grid_1d(k * c, THREADS)[0], THREADS,
-           stream, (du, arrays.flat(dw), (k, c, int(geom.flip), parts), acc))
+    launch(_kernels().winograd_filter_bwd_kernel, *arrays.grid_1d(k * c, _threads()), stream,
+           (du, arrays.flat(dw), (k, c, int(geom.flip), parts), acc))
     return dw
