@@ -94,7 +94,7 @@ UNROLL = 4
 
 
 @cuda.jit(device=True, inline=True)
-def _load4(a, i, step, use, zero):
+def load4(a, i, step, use, zero):
     """a[i], a[i + step], a[i + 2*step], a[i + 3*step] in the accumulation type, four loads
     in flight; four zeros, loading nothing, when ``use`` is False (uniform over the grid)."""
     if use:
@@ -111,7 +111,7 @@ def activation_fwd_kernel(x, y, mode, coef, acc):
     zero = acc[0]
     i, step, n = cuda.grid(1), cuda.gridsize(1), x.size
     while i + 3 * step < n:
-        a, b, c, d = _load4(x, i, step, True, zero)
+        a, b, c, d = load4(x, i, step, True, zero)
         y[uint64(i)] = _forward(a, mode, coef, zero)
         y[uint64(i + step)] = _forward(b, mode, coef, zero)
         y[uint64(i + 2 * step)] = _forward(c, mode, coef, zero)
@@ -141,9 +141,9 @@ def activation_bwd_kernel(x, y, dy, dx, mode, coef, acc):
     rx, ry = _reads(mode)
     i, step, n = cuda.grid(1), cuda.gridsize(1), dx.size
     while i + 3 * step < n:
-        g0, g1, g2, g3 = _load4(dy, i, step, True, zero)
-        v0, v1, v2, v3 = _load4(x, i, step, rx, zero)
-        w0, w1, w2, w3 = _load4(y, i, step, ry, zero)
+        g0, g1, g2, g3 = load4(dy, i, step, True, zero)
+        v0, v1, v2, v3 = load4(x, i, step, rx, zero)
+        w0, w1, w2, w3 = load4(y, i, step, ry, zero)
         dx[uint64(i)] = _chain(g0, v0, w0, mode, coef, zero)
         dx[uint64(i + step)] = _chain(g1, v1, w1, mode, coef, zero)
         dx[uint64(i + 2 * step)] = _chain(g2, v2, w2, mode, coef, zero)

@@ -7,9 +7,10 @@ Per case (validation/bench_cases.py): each backend's outputs against a float64 r
 (PyTorch in float64 on the same inputs: max|got - ref| / max|ref|, the worst output; a NaN
 fails), then the time per call: the median over ``reps`` samples of INNER back-to-back calls
 between CUDA events on the default stream, after a warm-up, the inputs rotated among SETS
-fresh random sets (so the L2 cache does not flatter small ops) — an op's cost in a stream of
-ops, as a training loop sees it, host overhead included where the host is the bottleneck.
-PyTorch runs with TF32 off (except the rows marked tf32). Throughput is TFLOP/s for convolution
+fresh random sets (so the L2 cache does not flatter small ops), the backends' and PyTorch's
+samples interleaved round by round (drift over the run falls on all alike) — an op's cost in
+a stream of ops, as a training loop sees it, host overhead included where the host is the
+bottleneck. PyTorch runs with TF32 off (except the rows marked tf32). Throughput is TFLOP/s for convolution
 and RNN, GB/s (bytes read + written once) for the memory-bound ops. For those, ``kernel ms`` is
 also measured with the host out of the way (the calls queued behind a sleeping kernel, outputs
 reused): the bandwidth targets are judged on it, since a call's time on small ops is host time.
@@ -29,7 +30,7 @@ import time
 import numpy as np
 
 import dnnkit
-from dnnkit.timing import median_ms
+from dnnkit.timing import median_ms, median_ms_each
 from validation import bench_cases as bc
 
 INNER = 5
@@ -72,8 +73,11 @@ def _self_mask_ref(case, inp, outs):
 
 
 def run_case(case, reps, T, rng):
+    """Correctness of each backend first; then every backend's and PyTorch's time per call,
+    their samples interleaved (timing.median_ms_each: drift over the run falls on all alike)."""
     sets = [case.make(rng) for _ in range(bc.SETS)]
     row = dict(op=case.op, shape=case.shape, dtype=case.dtype, work=case.work[0])
+    timed = {}
     with dnnkit.config.change_flags(case.flags):
         ref = None
         if case.ref != "self-mask":
@@ -90,17 +94,21 @@ def run_case(case, reps, T, rng):
                 err = rel_error(outs, ref if ref is not None else case.impl["cudnn"](sets[0]))
             row[b + "_err"] = err
             row[b + "_ok"] = err <= case.tol
-            row[b + "_ms"] = median_ms(lambda i: fn(sets[i % len(sets)]), reps, 2, INNER)
+            timed[b] = lambda i, fn=fn: fn(sets[i % len(sets)])
             if case.work[0] == "byte":
                 row[b + "_kms"] = _kernel_ms(fn, sets, reps)
-        if T is not None and case.torch is not None:
-            # the same settings as dnnkit's row: TF32 on for the rows marked tf32
+        # the same settings as dnnkit's row: TF32 on for the rows marked tf32 (PyTorch's flag
+        # does not reach dnnkit's calls)
+        with_torch = T is not None and case.torch is not None
+        if with_torch:
             T.backends.cudnn.allow_tf32 = "tf32" in case.op
-            try:
-                thunks = [case.torch(T, s) for s in sets]
-                row["torch_ms"] = median_ms(lambda i: thunks[i % len(thunks)](), reps, 2,
-                                            INNER)
-            finally:
+            thunks = [case.torch(T, s) for s in sets]
+            timed["torch"] = lambda i: thunks[i % len(thunks)]()
+        try:
+            for b, ms in median_ms_each(timed, reps, 2, INNER).items():
+                row[b + "_ms"] = ms
+        finally:
+            if with_torch:
                 T.backends.cudnn.allow_tf32 = False
     kind, amount = case.work
     row["numba_kbytes"] = amount if kind == "byte" else None
@@ -136,24 +144,24 @@ def ceilings(T, reps):
 
 
 def overhead(T):
-    """Host µs per call of tiny ops (200 back-to-back calls, one sync): the per-op cost."""
-    from validation.overhead import host_us
+    """Host µs per call of tiny ops (validation/overhead.host_us_each: rounds of 200
+    back-to-back calls and one sync, every backend and PyTorch in turn; the median round)."""
+    from validation.overhead import host_us_each
     from numba import cuda
     rng = np.random.default_rng(3)
     x = cuda.to_device(rng.standard_normal(1024).astype(np.float32))
     xc = cuda.to_device(rng.standard_normal((1, 8, 8, 8)).astype(np.float32))
     wc = cuda.to_device(rng.standard_normal((8, 8, 3, 3)).astype(np.float32))
-    rows = []
+    fns = {}
     for b in ("numba", "cudnn"):
-        rows.append(("relu 1024", b, host_us(lambda: dnnkit.relu(x, backend=b))))
-        rows.append(("conv 1x8x8x8 3x3", b, host_us(
-            lambda: dnnkit.conv2d(xc, wc, padding=1, backend=b))))
+        fns[("relu 1024", b)] = lambda b=b: dnnkit.relu(x, backend=b)
+        fns[("conv 1x8x8x8 3x3", b)] = lambda b=b: dnnkit.conv2d(xc, wc, padding=1, backend=b)
     if T is not None:
         tx, txc, twc = (T.as_tensor(a, device="cuda") for a in (x, xc, wc))
-        rows.append(("relu 1024", "torch", host_us(lambda: T.relu(tx))))
-        rows.append(("conv 1x8x8x8 3x3", "torch", host_us(
-            lambda: T.nn.functional.conv2d(txc, twc, padding=1))))
-    return rows
+        fns[("relu 1024", "torch")] = lambda: T.relu(tx)
+        fns[("conv 1x8x8x8 3x3", "torch")] = lambda: T.nn.functional.conv2d(txc, twc,
+                                                                            padding=1)
+    return [(name, b, us) for (name, b), us in host_us_each(fns).items()]
 
 
 _COLD = """

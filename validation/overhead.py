@@ -3,11 +3,13 @@
     python -m validation.overhead
 
 For each op and backend: ``host us/call`` is the wall time of 200 back-to-back calls (one sync
-at the end) divided by 200, so it is the host cost when the GPU keeps up; ``gpu us/call`` is
+at the end) divided by 200, the median of 9 such rounds, so it is the host cost when the GPU
+keeps up; ``gpu us/call`` is
 the sum of kernel durations per call from the PyTorch profiler (CUPTI). When host >> gpu the
 op is launch-bound; compare the PyTorch row for the same shape.
 """
 
+import statistics
 import time
 
 import numpy as np
@@ -16,15 +18,28 @@ import dnnkit
 
 
 def host_us(fn, n=200):
+    return host_us_each({0: fn}, n)[0]
+
+
+def host_us_each(fns, n=200, rounds=9):
+    """``{name: host µs per call}``: per round, each function in turn runs ``n`` back-to-back
+    calls and one sync (wall time / n); the median over ``rounds`` rounds. Interleaved, so a
+    change of the host's speed during the run (the lent machines' moved PyTorch's own figure by
+    a third between runs) falls on every function alike."""
     from numba import cuda
-    for _ in range(5):
-        fn()
+    for fn in fns.values():
+        for _ in range(5):
+            fn()
     cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(n):
-        fn()
-    cuda.synchronize()
-    return (time.perf_counter() - t0) / n * 1e6
+    times = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            for _ in range(n):
+                fn()
+            cuda.synchronize()
+            times[name].append((time.perf_counter() - t0) / n * 1e6)
+    return {name: statistics.median(t) for name, t in times.items()}
 
 
 def gpu_us(torch, fn, n=20):

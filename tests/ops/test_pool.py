@@ -224,6 +224,29 @@ def test_repair_of_cudnn_max_restores_minus_inf_only_where_ieee_says(dtype):
     np.testing.assert_array_equal(y.copy_to_host(), want)
 
 
+def test_repair_finds_every_lowest_output_of_a_larger_pooling(rng):
+    """The repair kernel over 512 outputs (64 threads on the simulator, so every thread takes
+    the unrolled trips and the tail): 3/2/1 windows, -inf blocks in several planes, cuDNN's
+    answer (the lowest finite value) planted where the window is all -inf; each must come back
+    as -inf, every other output untouched (the true maximum, or a planted lowest-finite input)."""
+    from numba import cuda
+
+    from dnnkit.ops import pool as P
+    x = rng.standard_normal((2, 4, 16, 16)).astype(np.float32)
+    lo = np.finfo(np.float32).min
+    for n, c, r, s in [(0, 0, 0, 0), (0, 3, 5, 9), (1, 1, 13, 13), (1, 2, 0, 12)]:
+        x[n, c, r:r + 4, s:s + 4] = -np.inf       # windows inside this block are all -inf
+    x[1, 3, 6, 6] = lo                              # a true lowest: its window keeps it
+    x[1, 3, 5:8, 5:8] = np.where(x[1, 3, 5:8, 5:8] == lo, lo, -np.inf)
+    geom = P.make_geom("pool2d", 2, x.shape, 3, 2, 1)
+    want = dnnkit.pool2d(x, 3, 2, 1, backend="numba").copy_to_host()
+    assert np.isneginf(want).sum() >= 4 and (want == lo).sum() == 1
+    cudnn_y = np.where(np.isneginf(want), lo, want).astype(np.float32)
+    y = cuda.to_device(cudnn_y)
+    P.repair_max(cuda.to_device(x), y, geom, "max", dnnkit.arrays.as_stream(None))
+    np.testing.assert_array_equal(y.copy_to_host(), want)
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_backward_with_nan_input_on_numba(rng, mode):
     """Numba: max routes a NaN window's dy to its first NaN (the input that made y NaN);
