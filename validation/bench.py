@@ -13,7 +13,8 @@ a stream of ops, as a training loop sees it, host overhead included where the ho
 bottleneck. PyTorch runs with TF32 off (except the rows marked tf32). Throughput is TFLOP/s
 for convolution and RNN, GB/s (bytes read + written once) for the memory-bound ops. For
 those, ``kernel ms`` is also measured with the host out of the way (the calls queued behind a
-sleeping kernel, outputs reused): the bandwidth targets are judged on it, since a call's time on small ops is host time.
+sleeping kernel, outputs reused): the bandwidth targets are judged on it, since a call's time
+on small ops is host time.
 
 Writes DIR/bench.json, DIR/bench.md (the table) and DIR/bench.png (ratios to cuDNN and to
 PyTorch), and prints the table and the targets.
