@@ -4,9 +4,8 @@
 
 For each op and backend: ``host us/call`` is the wall time of 200 back-to-back calls (one sync
 at the end) divided by 200, the median of 9 such rounds, so it is the host cost when the GPU
-keeps up; ``gpu us/call`` is
-the sum of kernel durations per call from the PyTorch profiler (CUPTI). When host >> gpu the
-op is launch-bound; compare the PyTorch row for the same shape.
+keeps up; ``gpu us/call`` is the sum of kernel durations per call from the PyTorch profiler
+(CUPTI). When host >> gpu the op is launch-bound; compare the PyTorch row for the same shape.
 """
 
 import statistics

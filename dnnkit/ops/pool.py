@@ -247,15 +247,17 @@ def _forward_cudnn(x, geom, mode, stream):
     return y
 
 
+_REPAIR_PER_THREAD = 8      # outputs per thread: two trips of kernels/activation.py's UNROLL = 4
+
+
 def repair_max(x, y, geom, mode, stream):
     """y = IEEE's maximum again wherever y holds the lowest finite value of its type: cuDNN's
     max pooling starts each window from that value, so a window of -inf gives it, not -inf
     (measured on an H100, cuDNN 9.19: -3.4028235e+38 in float32, both max modes). One read
     of y; a window is re-read from x only where y holds that value. Each thread takes about
     two unrolled trips (kernels/pool.py ``repair``)."""
-    from ..kernels.activation import UNROLL
     acc = arrays.acc_array(x.dtype)
-    blocks, threads = arrays.grid_1d(-(-y.size // (2 * UNROLL)),
+    blocks, threads = arrays.grid_1d(-(-y.size // _REPAIR_PER_THREAD),
                                      32 if arrays.simulator() else 256)
     launch(_kernels(geom, mode)[3], blocks, threads, stream,
            (arrays.flat(x), arrays.flat(y), geom.kernel_geo(),
