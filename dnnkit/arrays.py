@@ -10,7 +10,7 @@ import threading
 
 import numpy as np
 
-from .errors import NumbaUnavailableError
+from .device import device_id, driver, foreign_device, numba_cuda, simulator, stream_pointer
 
 FLOAT_DTYPES = ("float16", "float32", "float64")
 # dtype -> name by dict lookup (np.dtype(...).name costs ~2 us, called many times per op)
@@ -25,82 +25,6 @@ def float_name(dtype):
         return None
 
 
-_available = None             # numba.cuda once a device (or the simulator) answered
-
-
-def _cuda():
-    global _available
-    if _available is not None:
-        return _available
-    from numba import cuda
-    if cuda.is_available():            # a device does not go away: ask until the first yes
-        _available = cuda
-        return cuda
-    raise NumbaUnavailableError(
-        "no CUDA GPU or driver found for the Numba kernels; on a machine without a GPU set "
-        "NUMBA_ENABLE_CUDASIM=1 before importing numba to use its (slow) CUDA simulator")
-
-
-_ctx_devices = {}          # CUcontext handle -> device ordinal
-_driver = None             # cuda.bindings.driver, imported on first use
-
-
-def _drv():
-    global _driver
-    if _driver is None:
-        from cuda.bindings import driver as _driver
-    return _driver
-
-
-_simulator = None
-
-
-def simulator():
-    """Numba's CUDA simulator in use? (Read lazily: numba's configuration must not be loaded
-    before the tests' conftest chooses the simulator; it is fixed once numba is imported.)"""
-    global _simulator
-    if _simulator is None:
-        from numba import config
-        _simulator = bool(config.ENABLE_CUDASIM)
-    return _simulator
-
-
-def device_id():
-    """The current device's ordinal, cheaply: one driver call (cuCtxGetCurrent) and a dict
-    lookup, instead of Numba's context machinery (~10 us). The first call in a thread with no
-    current context goes through Numba, which creates or activates it."""
-    if _one_device.__dict__.get("ready") or simulator():
-        return 0
-    cuda = _cuda()
-    err, ctx = _drv().cuCtxGetCurrent()
-    key = int(ctx) if err == 0 else 0
-    dev = _ctx_devices.get(key) if key else None
-    if dev is None:
-        dev = getattr(cuda.get_current_device(), "id", 0)
-        err, ctx = _drv().cuCtxGetCurrent()
-        if err == 0 and int(ctx):
-            _ctx_devices[int(ctx)] = dev
-    if dev == 0 and key and _device_count() == 1:
-        _one_device.ready = True     # this thread has its context; no other device exists
-    return dev
-
-
-# Per thread: "one GPU, and this thread has made its context current" -- then device_id() is 0
-# without asking the driver (it runs several times per op call).
-_one_device = threading.local()
-_devices = None
-
-
-def _device_count():
-    global _devices
-    if _devices is None:
-        try:
-            _devices = len(_cuda().gpus)
-        except Exception:  # noqa: BLE001 - no driver: ask again next time
-            return 0
-    return _devices
-
-
 def is_device_array(a):
     from numba.cuda.cudadrv import devicearray
     return devicearray.is_cuda_ndarray(a)
@@ -111,7 +35,7 @@ _default_streams = {}      # device id -> Numba's default-stream object
 
 def as_stream(stream):
     """A Numba stream object for kernel launches."""
-    cuda = _cuda()
+    cuda = numba_cuda()
     if stream is None or (isinstance(stream, int) and stream == 0):
         dev = device_id()
         s = _default_streams.get(dev)
@@ -135,23 +59,12 @@ def as_stream(stream):
     return cuda.external_stream(int(ptr))
 
 
-def stream_pointer(stream):
-    """The raw cudaStream_t of a Numba stream (0 for the legacy default stream)."""
-    h = getattr(stream, "handle", None)
-    if h is None:
-        return 0
-    v = getattr(h, "value", None) if not isinstance(h, int) else h
-    if v is None and not hasattr(h, "value"):
-        v = int(h)  # cuda-bindings CUstream
-    return int(v or 0)
-
-
 def host_contiguous(h):
     """h, or a C-ordered copy of it, with h's shape and the canonical C strides. NumPy calls an
     array C-contiguous whatever the strides of its length-1 axes (a reversed 1-element view
     has stride -itemsize), and Numba's copy to a real GPU then fails ("incompatible shape";
     the simulator does not check); np.ascontiguousarray returns such views unchanged and makes
-    a 0-d array 1-d. Both were found by the fuzzer (tests/test_fuzz.py)."""
+    a 0-d array 1-d. Both were found by the fuzzer (tests/fuzz/test_fuzz.py)."""
     if h.size == 0:
         return np.empty(h.shape, h.dtype)
     expect, step = [], h.itemsize
@@ -161,41 +74,6 @@ def host_contiguous(h):
     if h.strides == tuple(reversed(expect)):
         return h
     return np.array(h, dtype=h.dtype, order="C", copy=True)
-
-
-def device_of(a):
-    """The ordinal of the device holding Numba device array ``a``; None when unknown (the
-    simulator's arrays). Kept on the array: it cannot change."""
-    d = getattr(a, "__dict__", None)
-    dev = d.get("_dnnkit_device") if d is not None else None
-    if dev is None:
-        try:
-            dev = a.gpu_data.context.device.id
-        except AttributeError:
-            return None
-        if d is not None:
-            d["_dnnkit_device"] = dev
-    return dev
-
-
-def _pointer_device(ptr):
-    """The ordinal of the device that owns device address ``ptr``; None when the driver cannot
-    tell. Asked through the runtime's cudaPointerGetAttributes: cuda-bindings 13.3's
-    cuPointerGetAttribute answers 0 for CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL whatever the
-    device (seen on two H200s), and the CONTEXT attribute is NULL for virtual-memory
-    allocations (PyTorch's expandable segments)."""
-    from cuda.bindings import runtime
-    err, attrs = runtime.cudaPointerGetAttributes(ptr)
-    if int(err) != 0 or int(attrs.type) != int(runtime.cudaMemoryType.cudaMemoryTypeDevice):
-        return None
-    return int(attrs.device)
-
-
-def foreign_device(x):
-    """The ordinal of the device holding foreign device array ``x`` (one exporting
-    ``__cuda_array_interface__``); None when it holds no memory or the driver cannot tell."""
-    ptr = x.__cuda_array_interface__["data"][0]
-    return _pointer_device(ptr) if ptr else None
 
 
 def _foreign(cuda, x):
@@ -211,7 +89,7 @@ def _foreign(cuda, x):
 
 def device_input(op, name, x, stream, *, ndim=None):
     """Validate one floating-point input of ``op`` and return it as a Numba device array."""
-    cuda = _cuda()
+    cuda = numba_cuda()
     if is_device_array(x):
         d = x
     elif hasattr(x, "__cuda_array_interface__"):
@@ -265,7 +143,7 @@ def zero_fill(a, stream):
         a.copy_to_device(np.zeros(a.shape, a.dtype), stream=stream)
         return a
     nbytes = int(a.size) * a.dtype.itemsize
-    (err,) = _drv().cuMemsetD8Async(a.device_ctypes_pointer.value, 0, nbytes,
+    (err,) = driver().cuMemsetD8Async(a.device_ctypes_pointer.value, 0, nbytes,
                                     stream_pointer(stream))
     if int(err):
         from .errors import DnnkitError
@@ -304,7 +182,7 @@ _acc_cache = {}
 
 def acc_array(dtype):
     """The kernels' one-element ``acc`` array (0 in the accumulation type), per device."""
-    cuda = _cuda()
+    cuda = numba_cuda()
     dt = acc_dtype(dtype)
     key = (device_id(), dt.name)
     a = _acc_cache.get(key)
@@ -326,7 +204,7 @@ def constant(values, dtype):
     if a is None:
         if len(_constants) >= 256:
             _constants.clear()
-        a = _constants[key] = _cuda().to_device(h)
+        a = _constants[key] = numba_cuda().to_device(h)
     return a
 
 

@@ -20,7 +20,7 @@ import time
 import numpy as np
 
 from . import backends, nn, profile
-from .arrays import simulator
+from .device import simulator
 
 
 # ---------------------------------------------------------------- data

@@ -283,7 +283,7 @@ def _device_of_arg(a, kind):
     """The device holding argument ``a`` of ``kind`` (None: unknown). A foreign array's
     device is asked of the driver from its address: Numba would tie its view to the current
     device whatever device holds the memory."""
-    from .arrays import device_of, foreign_device
+    from .device import device_of, foreign_device
     return device_of(a) if kind == NUMBA else foreign_device(a)
 
 
@@ -319,8 +319,8 @@ def _single_device():
     switch. CUDA does not add devices to a running process."""
     global _one_device
     if _one_device is None:
-        from .arrays import _device_count
-        n = _device_count()
+        from .device import device_count
+        n = device_count()
         if not n:
             return True      # no driver (yet): ask again next time
         _one_device = n <= 1
@@ -346,7 +346,7 @@ def _run(op, args, backend, kw=None):
     kw = kw or {}
     dev = call_device(op, args)
     if dev is not None:
-        from .arrays import device_id
+        from .device import device_id
         if dev != device_id():
             with _on_device(dev):
                 return _dispatch(op, args, backend, kw)

@@ -38,7 +38,7 @@ def invalidate():
 
 def _array_types():
     if not _arrays:
-        from .arrays import simulator
+        from .device import simulator
         if simulator():
             from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray as cls
         else:

@@ -26,7 +26,7 @@ import struct
 import threading
 import warnings
 
-from .arrays import device_id, simulator, stream_pointer
+from .device import device_id, simulator, stream_pointer
 from .errors import DnnkitError
 
 _QUIET_BELOW = 128

@@ -22,7 +22,7 @@ import threading
 import numpy as np
 
 from . import config
-from .arrays import device_id, simulator, stream_pointer
+from .device import device_id, simulator, stream_pointer
 
 _SMALL, _SMALL_ROUND, _LARGE_ROUND = 1 << 20, 512, 2 << 20
 

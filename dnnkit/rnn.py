@@ -87,7 +87,7 @@ class RNN:
             return a
         # a device array is tested as in every other check (is_device_array first): the
         # simulator's arrays have no __cuda_array_interface__, and a non-contiguous device
-        # view was copied through the host instead of refused (found by tests/test_fuzz.py)
+        # view was copied through the host instead of refused (found by tests/fuzz/test_fuzz.py)
         if not (arrays.is_device_array(a) or hasattr(a, "__cuda_array_interface__")):
             h = np.asarray(a)
             return np.ascontiguousarray(h.swapaxes(0, 1)) if h.ndim == 3 else h

@@ -343,7 +343,7 @@ def SIGNATURES(t, acc):
     return out
 
 
-# Kernels that multiply integers in 32 bits on purpose (tests/test_kernels_ptx.py): the
+# Kernels that multiply integers in 32 bits on purpose (tests/kernels/test_ptx.py): the
 # shared-memory scratch index (turn * bx * by + tx + ty * bx, _reduce) stays below the
 # scratch's size (2 * 256 accumulators), so it is computed as uint32 — a shared-memory
 # address is 32-bit anyway. Every global-memory index is 64-bit.

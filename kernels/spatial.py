@@ -392,7 +392,7 @@ for _cb in (1, MAX_CB):
     VARIANTS[f"spatial_sample_c{_cb}_bwd_kernel"] = _b
 
 
-# Kernels that multiply integers in 32 bits on purpose (tests/test_kernels_ptx.py): the
+# Kernels that multiply integers in 32 bits on purpose (tests/kernels/test_ptx.py): the
 # samplers' tap row offset v * W within one image plane (``_taps``), under 2**32 by the
 # launcher's check (dnnkit/ops/spatial.py, ``_geo``). Plane and channel bases stay 64-bit.
 INDEX32 = tuple(VARIANTS)

@@ -78,7 +78,7 @@ def _stable_uuid(fn, name):
     uuid drawn afresh in each process: every GEMM kernel that calls these (through its
     ``mma_slab`` closure) got a new key per process, so no process ever found it in the cache
     (the first conv of a second process recompiled: 5.2 s against 0.8 before the tensor-core
-    GEMM, H100). tests/test_kernel_cache.py checks the keys are stable."""
+    GEMM, H100). tests/kernels/test_cache.py checks the keys are stable."""
     set_uuid = getattr(fn, "_set_uuid", None)     # (the simulator's intrinsics have none)
     if set_uuid is not None:
         set_uuid(f"dnnkit.kernels.tensorcore.{name}")

@@ -286,9 +286,9 @@ class FakeForeignArray:        # a PyTorch/CuPy tensor: only the interface, at a
 
 
 def test_foreign_arrays_devices_are_asked_of_the_driver(monkeypatch, two_devices):
-    from dnnkit import arrays
+    from dnnkit import device
     owner = {0x1000: 0, 0x2000: 1}
-    monkeypatch.setattr(arrays, "_pointer_device", lambda ptr: owner.get(ptr))
+    monkeypatch.setattr(device, "pointer_device", lambda ptr: owner.get(ptr))
     t1 = FakeForeignArray(0x2000)
     assert dispatch.call_device("softmax", (t1, "accurate")) == 1
     assert dispatch.call_device("relu", (FakeForeignArray(0x1000),)) == 0

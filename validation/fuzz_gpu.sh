@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 9 ("Bad input") on a GPU: the property-based fuzzer (tests/test_fuzz.py) scaled up, on
+# Issue 9 ("Bad input") on a GPU: the property-based fuzzer (tests/fuzz/test_fuzz.py) scaled up, on
 # both backends (Numba and cuDNN: the cudnn-marked half runs where cuDNN works), then a small
 # sample of it under compute-sanitizer memcheck (out-of-bounds and misaligned accesses in the
 # Numba kernels and cuDNN calls the fuzzer drives; no leak check: the caching allocator keeps
@@ -25,7 +25,7 @@ echo "== fuzz, both backends, DNNKIT_FUZZ_EXAMPLES=$SCALE"
 DNNKIT_FUZZ_SHRINK=${DNNKIT_FUZZ_SHRINK:-0} DNNKIT_FUZZ_EXAMPLES=$SCALE \
   DNNKIT_FUZZ_REPORT=$REPORT timeout 420 \
   python3 -m pytest -q --tb=short -p no:cacheprovider -W ignore::RuntimeWarning \
-  tests/test_fuzz.py || status=1
+  tests/fuzz/test_fuzz.py || status=1
 
 SAN=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
 if [ -x "$SAN" ]; then
@@ -35,7 +35,7 @@ if [ -x "$SAN" ]; then
   # the run's.
   env -u DNNKIT_FUZZ_REPORT DNNKIT_FUZZ_EXAMPLES=0.2 timeout 420 "$SAN" --tool memcheck --leak-check no \
     --error-exitcode 99 --print-limit 20 \
-    python3 -m pytest -q -p no:cacheprovider -W ignore::RuntimeWarning tests/test_fuzz.py \
+    python3 -m pytest -q -p no:cacheprovider -W ignore::RuntimeWarning tests/fuzz/test_fuzz.py \
     -k "activation or softmax or conv2d or pool2d or batch_norm or dropout or grid_sample or affine_grid or MSELoss or CrossEntropyLoss or rnn_forward" \
     || status=1
 else

@@ -9,6 +9,7 @@ step here (all shapes are tiny), so these are host times. ``--profile DIR`` also
 cProfile listing of 2,000 calls of each whole call into DIR.
 """
 
+from dnnkit import device
 import argparse
 import cProfile
 import io
@@ -54,7 +55,7 @@ def steps():
             pass
     out = [
         ("arrays.as_stream(None)", lambda: arrays.as_stream(None)),
-        ("arrays.device_id()", arrays.device_id),
+        ("device.device_id()", device.device_id),
         ("arrays.device_input(x)", lambda: arrays.device_input("relu", "x", x, s)),
         ("memory.device_array(1024 f32)", lambda: memory.device_array((1024,), np.float32, s)),
         ("cuda.device_array(1024 f32)", lambda: cuda.device_array(1024, np.float32)),

@@ -128,7 +128,7 @@ def _entry(h, p, seed):
 
 class _Stream:
     def __init__(self, numba_stream):
-        from ..arrays import stream_pointer
+        from ..device import stream_pointer
         self.numba, self.handle_value = numba_stream, stream_pointer(numba_stream)
 
 

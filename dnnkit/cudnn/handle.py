@@ -9,7 +9,7 @@ import ctypes
 import threading
 import weakref
 
-from ..arrays import device_id  # noqa: F401 - the current device's ordinal (re-exported)
+from ..device import device_id# noqa: F401 - the current device's ordinal (re-exported)
 from . import api
 from .descriptors import count
 

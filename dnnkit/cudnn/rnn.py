@@ -41,7 +41,8 @@ from ctypes import POINTER, c_float, c_int, c_int32, c_size_t, c_uint32, c_ulong
 
 import numpy as np
 
-from ..arrays import float_name, stream_pointer, zero_fill
+from ..arrays import float_name, zero_fill
+from ..device import stream_pointer
 from ..errors import DnnkitError
 from . import api, handle
 from .calls import _ptr

@@ -11,7 +11,7 @@ alpha/beta (host scalars, double for double data, float otherwise): the forward 
 blends y = alpha * sample + beta * y; the backward sampler has one pair for dx
 (dx = alpha * dimg + beta * dx) and one for dgrid (alphaDgrid, betaDgrid). All betas are 0
 here: outputs are overwritten. The coordinate convention is checked on the GPU by
-tests/test_gpu_spatial.py against kernels/spatial.py's.
+tests/gpu/test_spatial.py against kernels/spatial.py's.
 """
 
 from ctypes import POINTER, c_int, c_void_p

@@ -18,7 +18,7 @@ deterministic reduction. ``forward`` returns a Python float, so it synchronises 
 
 import numpy as np
 
-from .. import arrays
+from .. import arrays, device
 from ..launch import launch, pow2_at_most
 from .module import Module
 
@@ -61,7 +61,7 @@ def _launch_1d(kernel, n, stream, args):
 
 def _device_target(cls, target, stream):
     """(device int array, host copy or None) for integer class indices."""
-    cuda = arrays._cuda()
+    cuda = device.numba_cuda()
     if arrays.is_device_array(target) or hasattr(target, "__cuda_array_interface__"):
         d = target if arrays.is_device_array(target) else cuda.as_cuda_array(target)
         if d.dtype.kind not in "iu":

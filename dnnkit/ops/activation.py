@@ -20,7 +20,7 @@ x = 0: that case runs on Numba too. Arrays over cuDNN's 32-bit tensor limit run 
 
 import numpy as np
 
-from .. import arrays
+from .. import arrays, device
 from ..cudnn import calls
 from ..dispatch import binder, public_op, register
 from ..launch import launch
@@ -137,7 +137,7 @@ def _activation_cudnn(x, mode, coef, stream):
     y = arrays.empty_like(x, stream)
     if x.size:
         for xp, yp in split.flat(x, y):
-            calls.activation_forward(xp, yp, mode, coef, arrays.stream_pointer(stream))
+            calls.activation_forward(xp, yp, mode, coef, device.stream_pointer(stream))
     return y
 
 
@@ -147,7 +147,7 @@ def _activation_backward_cudnn(x, y, dy, mode, coef, stream):
     if x.size:
         for xp, yp, dyp, dxp in split.flat(x, y, dy, dx):
             calls.activation_backward(xp, yp, dyp, dxp, mode, coef,
-                                      arrays.stream_pointer(stream))
+                                      device.stream_pointer(stream))
     return dx
 
 
@@ -157,7 +157,7 @@ def _activation_backward_cudnn(x, y, dy, mode, coef, stream):
 def _bind_activation_cudnn(x, mode, coef, stream):
     if not 0 < x.size <= split.LIMIT:
         return None
-    run = calls.bind_activation(False, x.size, x.dtype, mode, coef, arrays.stream_pointer(stream))
+    run = calls.bind_activation(False, x.size, x.dtype, mode, coef, device.stream_pointer(stream))
     alloc = arrays.allocator(x.shape, x.dtype, stream)
 
     def activation(x, mode, coef, stream):
@@ -171,7 +171,7 @@ def _bind_activation_cudnn(x, mode, coef, stream):
 def _bind_activation_backward_cudnn(x, y, dy, mode, coef, stream):
     if not 0 < x.size <= split.LIMIT:
         return None
-    run = calls.bind_activation(True, x.size, x.dtype, mode, coef, arrays.stream_pointer(stream))
+    run = calls.bind_activation(True, x.size, x.dtype, mode, coef, device.stream_pointer(stream))
     alloc = arrays.allocator(x.shape, x.dtype, stream)
 
     def activation_backward(x, y, dy, mode, coef, stream):

@@ -28,7 +28,7 @@ import collections
 
 import numpy as np
 
-from .. import arrays
+from .. import arrays, device
 from ..dispatch import public_op, register
 from ..launch import launch, pow2_at_most
 
@@ -348,7 +348,7 @@ def _train_cudnn(x, gamma, beta, mode, eps, momentum, rm, rv, stream):
     rm, rv = _copy(rm, stream), _copy(rv, stream)
     if x.size:   # empty (C = 0; argument checks refuse an empty batch): nothing to compute
         cb.forward_training(x, y, gamma, beta, mean, invstd, rm, rv, mode, eps, momentum,
-                            arrays.stream_pointer(stream))
+                            device.stream_pointer(stream))
     return y, mean, invstd, rm, rv
 
 
@@ -358,7 +358,7 @@ def _inference_cudnn(x, gamma, beta, mean, var, mode, eps, stream):
     y = arrays.empty_like(x, stream)
     if x.size:   # (cuDNN rejects empty tensors)
         cb.forward_inference(x, y, gamma, beta, mean, var, mode, eps,
-                             arrays.stream_pointer(stream))
+                             device.stream_pointer(stream))
     return y
 
 
@@ -369,7 +369,7 @@ def _backward_cudnn(x, dy, gamma, mean, invstd, mode, eps, stream):
     dgamma, dbeta = (arrays.cuda_empty(gamma.shape, gamma.dtype, stream) for _ in range(2))
     if x.size:
         cb.backward(x, dy, dx, gamma, dgamma, dbeta, mean, invstd, mode, eps,
-                    arrays.stream_pointer(stream))
+                    device.stream_pointer(stream))
     else:        # (C = 0 or no values per statistic) the parameter gradients sum nothing
         arrays.zero_fill(dgamma, stream)
         arrays.zero_fill(dbeta, stream)

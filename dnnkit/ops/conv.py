@@ -20,7 +20,7 @@ Flags: ``dnn.conv.algo_fwd|algo_bwd_data|algo_bwd_filter`` (cuDNN algorithm or r
 import dataclasses
 import math
 
-from .. import arrays
+from .. import arrays, device
 from ..cudnn import conv as cconv
 from ..dispatch import binder, note_algo, public_op, register
 from . import conv_args as A
@@ -187,7 +187,7 @@ def _empty(geom):
 def _cudnn_kw(opts, direction, stream):
     return dict(algo=opts["algo"], compute_dtype=opts["compute_dtype"],
                 allow_tf32=opts["allow_tf32"], deterministic=opts["deterministic"],
-                workspace_limit=A.workspace_limit(opts), stream=arrays.stream_pointer(stream))
+                workspace_limit=A.workspace_limit(opts), stream=device.stream_pointer(stream))
 
 
 def _cudnn_forward(x, w, bias, geom, opts, stream):
@@ -203,7 +203,7 @@ def _cudnn_forward(x, w, bias, geom, opts, stream):
             if not empty:
                 note_algo(cconv.forward(xp, w, yp, g, **kw))
             if bias is not None:
-                cconv.add_bias(yp, bias, g, arrays.stream_pointer(stream))
+                cconv.add_bias(yp, bias, g, device.stream_pointer(stream))
     return y
 
 
@@ -249,7 +249,7 @@ def _bind_cudnn_forward(x, w, bias, geom, opts, stream):
         return None
     run = _bind(cconv.FWD, geom, opts, stream)
     alloc = arrays.allocator(geom.user_shape(geom.y_shape), x.dtype, stream)
-    sp = arrays.stream_pointer(stream)
+    sp = device.stream_pointer(stream)
 
     def forward(x, w, bias, geom, opts, stream):
         y = alloc()
@@ -294,7 +294,7 @@ def _cudnn_backward_bias(dy, stream):
     if db.size and not dy.size:            # an empty batch or image: the sum is zero
         return arrays.zero_fill(db, stream)
     if db.size:
-        sp = arrays.stream_pointer(stream)
+        sp = device.stream_pointer(stream)
         split.summed(db, split.batch(math.prod(dy.shape[1:]), dy),
                      lambda piece, dest: cconv.backward_bias(piece[0], dest, sp), stream)
     return db

@@ -8,7 +8,7 @@ import time
 
 import numpy as np
 
-from .. import arrays, config
+from .. import arrays, config, device
 from ..geometry import ConvGeom
 from .args import int_tuple
 
@@ -120,7 +120,7 @@ def workspace_limit(opts):
     if opts["workspace"] != "auto":
         return opts["workspace"]
     now = time.monotonic()
-    dev = arrays.device_id()
+    dev = device.device_id()
     hit = _auto.get(dev)
     if hit is None or now - hit[0] > AUTO_REFRESH_S:
         from numba import cuda

@@ -33,7 +33,7 @@ import math
 
 from numba import config
 
-from .. import arrays
+from .. import arrays, device
 from ..launch import at, launch, pow2_at_most
 from . import conv_winograd as W
 from . import gemm as G
@@ -139,7 +139,7 @@ def _implicit_operand(geom, sz, dgrad=False):
     ``dgrad``: the data gradient of a stride-1 convolution is itself a convolution, of dy:
     dx[c, i] = sum over (k, t, r, s) of w[k, c, t, r, s] dy[k, i + p - t'*d], so dy is read as
     the column matrix with rows (k, t, r, s), taps at -t'*d from the corner i + p."""
-    key = (geom, dgrad, arrays.device_id())
+    key = (geom, dgrad, device.device_id())
     got = _tables.get(key)
     if got is not None or key in _tables:
         return got
@@ -266,7 +266,7 @@ def _fill_parts(m, n, groups, total, top):
     ties within 0.02 go to more parts (shorter blocks balance better), and 1 unless a split
     fills 0.02 more. Every forward asks: remembered per shape (and per simulator/GPU, whose
     tiles differ)."""
-    return _fill_parts_of(m, n, groups, total, top, arrays.simulator())
+    return _fill_parts_of(m, n, groups, total, top, device.simulator())
 
 
 @functools.lru_cache(maxsize=1024)

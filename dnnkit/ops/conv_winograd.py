@@ -17,7 +17,7 @@ chunks of images whose transformed arrays fit ``conv_numba.COL_BUDGET_BYTES``.
 
 import functools
 
-from .. import arrays
+from .. import arrays, device
 from ..launch import At, launch
 from . import gemm as G
 
@@ -189,7 +189,7 @@ def _filter_parts(k, c, tiles):
     rule gives 17, 9, 3 and 2."""
     if PARTS is not None:
         return max(1, min(PARTS, tiles))
-    return _filter_parts_of(k, c, tiles, arrays.simulator())
+    return _filter_parts_of(k, c, tiles, device.simulator())
 
 
 @functools.lru_cache(maxsize=1024)

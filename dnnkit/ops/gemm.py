@@ -24,7 +24,7 @@ cores an Inf operand gives NaN). The simulator and float64 always take FP32 FMA.
 
 import numpy as np
 
-from .. import arrays
+from .. import arrays, device
 from ..launch import launch
 
 PLAIN = (1 << 62, 0)         # an ungrouped GEMM index (kernels/gemm.py)
@@ -37,7 +37,7 @@ def gemm_config(m, n=1 << 30, batch=1):
     128 x 128 tiles where they make at least two blocks per SM of an H100/H200 (measured
     best on large products), else 64 x 128 (measured best for m <= 64 and for products
     too small to fill the GPU with the large tiles; validation/gemm_bench.py)."""
-    if arrays.simulator():
+    if device.simulator():
         return "sim"
     large_blocks = -(-m // 128) * -(-n // 128) * batch
     return "large" if m > 64 and large_blocks >= 2 * 132 else "small"
@@ -61,7 +61,7 @@ def gemm(layout, a, b, c, dims, lds, grps, batch, *, beta=0.0, bias=None, stream
     a, b, c, bias: flat device arrays or ``launch.At`` offsets into them. ``site``: a
     ``launch.Site`` for a loop's repeated call with arguments of unchanging types. ``conv``:
     (table, cg) of the implicit convolution (B read from x as its im2col matrix; layout 00)."""
-    key = (layout, dims, batch[0], batch[1], a.dtype, arrays.device_id(), conv is not None,
+    key = (layout, dims, batch[0], batch[1], a.dtype, device.device_id(), conv is not None,
            TENSOR_CORES)
     plan = _plans.get(key)
     if plan is None:
@@ -77,9 +77,9 @@ def gemm(layout, a, b, c, dims, lds, grps, batch, *, beta=0.0, bias=None, stream
 
 def tensor_cores(dtype):
     """Whether this device's GEMMs of ``dtype`` data run on tensor cores (module docstring)."""
-    if not TENSOR_CORES or arrays.simulator() or np.dtype(dtype) == np.float64:
+    if not TENSOR_CORES or device.simulator() or np.dtype(dtype) == np.float64:
         return False
-    dev = arrays.device_id()
+    dev = device.device_id()
     cc = _capability.get(dev)
     if cc is None:
         from numba import cuda

@@ -9,7 +9,7 @@ window (cuDNN's rule), so every window holds at least one input. NaN in a window
 Backward: max routes dy to the window's arg-max, the **first** maximum in scan order (depth,
 height, width: the lowest address), or the first NaN of a window holding one; the Numba kernel
 does so in both max modes. cuDNN: ``max_deterministic`` is CUDNN_POOLING_MAX_DETERMINISTIC
-(expected to pick the same element; checked by tests/test_gpu_pool.py), ``max`` is
+(expected to pick the same element; checked by tests/gpu/test_pool.py), ``max`` is
 CUDNN_POOLING_MAX, whose choice among tied maxima is not specified. ``sum`` runs on cuDNN as
 average_inc_pad with alpha = window size (dnnkit/cudnn/pool.py).
 
@@ -23,7 +23,7 @@ import math
 
 import numpy as np
 
-from .. import arrays, config
+from .. import arrays, config, device
 from ..dispatch import note_algo, public_op, register
 from ..launch import launch
 from . import split
@@ -158,13 +158,13 @@ def _launch(kernel, planes, positions, stream, args):
     (..., planes, acc): the flag goes between them."""
     if planes == 0 or positions == 0:
         return
-    threads = 32 if arrays.simulator() else 256
-    flat = positions < (4 if arrays.simulator() else _FLAT_BELOW)
+    threads = 32 if device.simulator() else 256
+    flat = positions < (4 if device.simulator() else _FLAT_BELOW)
     if flat:
         grid = (min(-(-planes * positions // threads), 8 * 132 * 4), 1)
     else:
         gx = min(-(-positions // threads), 65535)
-        grid = (gx, max(1, min(planes, (2 if arrays.simulator() else 8 * 132) // gx, 65535)))
+        grid = (gx, max(1, min(planes, (2 if device.simulator() else 8 * 132) // gx, 65535)))
     launch(kernel, grid, threads, stream, args[:-1] + (int(flat), args[-1]))
 
 
@@ -241,7 +241,7 @@ def _forward_cudnn(x, geom, mode, stream):
         mode = _cudnn_mode(mode)
         for xp, yp in split.batch(_image(geom), x, y):
             cpool.forward(xp, yp, geom.window, geom.padding, geom.stride, mode,
-                          arrays.stream_pointer(stream))
+                          device.stream_pointer(stream))
         if _KERNEL_MODE[mode] == 0:
             repair_max(x, y, geom, mode, stream)
     return y
@@ -258,7 +258,7 @@ def repair_max(x, y, geom, mode, stream):
     two unrolled trips (kernels/pool.py ``repair``)."""
     acc = arrays.acc_array(x.dtype)
     blocks, threads = arrays.grid_1d(-(-y.size // _REPAIR_PER_THREAD),
-                                     32 if arrays.simulator() else 256)
+                                     32 if device.simulator() else 256)
     launch(_kernels(geom, mode)[3], blocks, threads, stream,
            (arrays.flat(x), arrays.flat(y), geom.kernel_geo(),
             acc.dtype.type(np.finfo(x.dtype).min), acc))
@@ -273,7 +273,7 @@ def _backward_cudnn(x, y, dy, geom, mode, stream):
         mode = _cudnn_mode(mode)
         for xp, yp, dyp, dxp in split.batch(_image(geom), x, y, dy, dx):
             cpool.backward(xp, yp, dyp, dxp, geom.window, geom.padding, geom.stride, mode,
-                           arrays.stream_pointer(stream))
+                           device.stream_pointer(stream))
     return dx
 
 

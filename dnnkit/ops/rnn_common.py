@@ -74,7 +74,7 @@ def param_layout(cfg):
     offsets and shapes in elements.
 
     cuDNN 9's weight space (read back with cudnnGetRNNWeightParams on an H200, cuDNN 9.19;
-    tests/test_gpu_rnn.py proves it for every mode): first every matrix, walking layers, then
+    tests/gpu/test_rnn.py proves it for every mode): first every matrix, walking layers, then
     directions, then linear ids; then every bias in the same order. A matrix for gate q is
     (H, input) row-major, so W @ x is a plain GEMM on the view.
     """

@@ -18,7 +18,7 @@ float64); h, y, hy, dx, dhx and dw are in the data type (as cuDNN keeps them).
 
 import numpy as np
 
-from .. import arrays
+from .. import arrays, device
 from ..dispatch import register
 from ..launch import Site, at, launch
 from . import gemm as G
@@ -76,7 +76,7 @@ _sm_counts = {}
 
 
 def _sms():
-    dev = arrays.device_id()
+    dev = device.device_id()
     if dev not in _sm_counts:
         from numba import cuda
         _sm_counts[dev] = cuda.get_current_device().MULTIPROCESSOR_COUNT
@@ -93,7 +93,7 @@ def split_k(m, n, k, batch):
     (one block per two SMs) was 10-25% slower on N = 16 and 32."""
     if _SPLIT is not None:
         return _SPLIT if k % _SPLIT == 0 else 1
-    if arrays.simulator():
+    if device.simulator():
         return 1
     from ..kernels.gemm import CONFIGS
     wm, wn, tx, ty, _ = CONFIGS[G.gemm_config(m, n, batch)]
@@ -284,7 +284,7 @@ def _input_gradients(cfg, layer, w, w_off, dw, dgx, inp, dx, dims, acc, stream):
 
 def _bias_gradients(dgx, dgr, dw, geo, acc, stream):
     from ..kernels import rnn_bias_bwd_kernel
-    bx, by = _BIAS_BLOCK_SIM if arrays.simulator() else _BIAS_BLOCK
-    blocks = (min(-(-2 * geo[1] // bx), 1 if arrays.simulator() else 4096), geo[2])
+    bx, by = _BIAS_BLOCK_SIM if device.simulator() else _BIAS_BLOCK
+    blocks = (min(-(-2 * geo[1] // bx), 1 if device.simulator() else 4096), geo[2])
     launch(rnn_bias_bwd_kernel, blocks, (bx, by), stream, (dgx, dgr, dw, geo, acc),
            bx * by * acc.dtype.itemsize)

@@ -12,7 +12,7 @@ cuDNN: cudnnSoftmaxForward/Backward on the 4-D (N, C, H, W) descriptor ((N, C, 1
 batches over its 32-bit tensor limit run as pieces of the batch (ops/split.py).
 """
 
-from .. import arrays
+from .. import arrays, device
 from ..cudnn import calls
 from ..dispatch import note_algo, public_op, register
 from ..launch import launch, pow2_at_most
@@ -162,7 +162,7 @@ def _softmax_cudnn(x, algo, mode, stream):
     if x.size:
         for xp, yp in split.batch(_row(x.shape), x, y):
             calls.softmax_forward(xp, yp, *_dims4(xp.shape, mode), algo=algo,
-                                  stream=arrays.stream_pointer(stream))
+                                  stream=device.stream_pointer(stream))
     return y
 
 
@@ -173,5 +173,5 @@ def _softmax_backward_cudnn(y, dy, algo, mode, stream):
     if y.size:
         for yp, dyp, dxp in split.batch(_row(y.shape), y, dy, dx):
             calls.softmax_backward(yp, dyp, dxp, *_dims4(yp.shape, mode), algo=algo,
-                                   stream=arrays.stream_pointer(stream))
+                                   stream=device.stream_pointer(stream))
     return dx

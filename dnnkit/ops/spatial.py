@@ -21,7 +21,7 @@ import math
 
 import numpy as np
 
-from .. import arrays, config
+from .. import arrays, config, device
 from ..dispatch import note_algo, public_op, register
 from ..launch import launch, pow2_at_most
 
@@ -146,7 +146,7 @@ def spatial_transformer(img, theta, *, scale_height=1.0, scale_width=1.0, stream
 
 def _launch(kernel, n, stream, args, threads=256):
     if n:
-        blocks, threads = arrays.grid_1d(n, threads=32 if arrays.simulator() else threads)
+        blocks, threads = arrays.grid_1d(n, threads=32 if device.simulator() else threads)
         launch(kernel, blocks, threads, stream, args)
 
 
@@ -178,7 +178,7 @@ def _grid_backward_numba(dgrid, stream):
     dtheta = arrays.cuda_empty((n, 2, 3), dgrid.dtype, stream)
     if n:
         acc = arrays.acc_array(dgrid.dtype)
-        sim = arrays.simulator()
+        sim = device.simulator()
         t = max(pow2_at_most(oh * ow, 8 if sim else 256), 8)   # threads 0..5 write
         # blocks per image: ~16 points per thread (4 on the simulator, so that its small
         # tests split), at most 64. A function of the image's size only, not of N: an
@@ -209,7 +209,7 @@ def _sample(op, img, grid, theta, out_shape, stream):
         from_theta = grid is None
         src = arrays.flat(theta if from_theta else grid)
         # (the simulator's grid is capped small so that tests walk the grid-stride loops)
-        sim = arrays.simulator()
+        sim = device.simulator()
         bx, by = (8, 2) if sim else FWD_BLOCK
         blocks = (-(-ow // bx), min(-(-oh // by), 2 if sim else 65535),
                   min(n, 1 if sim else 65535))
@@ -277,7 +277,7 @@ def _supports_grid(theta, out_shape, stream):
 def _supports_grid_backward(dgrid, stream):
     if config.get("dnn.deterministic"):
         # measured (H100, cuDNN 9.19): the same dgrid gave dtheta differing in the last bit
-        # between runs on concurrent streams (tests/test_gpu_threads.py)
+        # between runs on concurrent streams (tests/gpu/test_threads.py)
         return ("dnn.deterministic: cuDNN's grid generator backward is not bitwise "
                 "repeatable; the Numba reduction is")
     return "dgrid exceeds cuDNN's 32-bit tensor size" if _too_big(dgrid.shape) else None
@@ -312,7 +312,7 @@ def _grid_cudnn(theta, out_shape, stream):
     n, _, oh, ow = out_shape
     grid = arrays.cuda_empty((n, oh, ow, 2), theta.dtype, stream)
     if n:
-        cs.grid_forward(theta, grid, arrays.stream_pointer(stream))
+        cs.grid_forward(theta, grid, device.stream_pointer(stream))
     return grid
 
 
@@ -321,7 +321,7 @@ def _grid_backward_cudnn(dgrid, stream):
     from ..cudnn import spatial as cs
     dtheta = arrays.cuda_empty((dgrid.shape[0], 2, 3), dgrid.dtype, stream)
     if dgrid.shape[0]:
-        cs.grid_backward(dgrid, dtheta, arrays.stream_pointer(stream))
+        cs.grid_backward(dgrid, dtheta, device.stream_pointer(stream))
     return dtheta
 
 
@@ -330,7 +330,7 @@ def _sample_cudnn(img, grid, stream):
     from ..cudnn import spatial as cs
     y = arrays.cuda_empty(tuple(img.shape[:2]) + tuple(grid.shape[1:3]), img.dtype, stream)
     if y.size:
-        cs.sampler_forward(img, grid, y, arrays.stream_pointer(stream))
+        cs.sampler_forward(img, grid, y, device.stream_pointer(stream))
     return y
 
 
@@ -339,7 +339,7 @@ def _sample_backward_cudnn(img, grid, dy, stream):
     from ..cudnn import spatial as cs
     dimg, dgrid = arrays.empty_like(img, stream), arrays.empty_like(grid, stream)
     if dy.size:
-        cs.sampler_backward(img, grid, dy, dimg, dgrid, arrays.stream_pointer(stream))
+        cs.sampler_backward(img, grid, dy, dimg, dgrid, device.stream_pointer(stream))
     return dimg, dgrid
 
 

@@ -148,7 +148,7 @@ def rnn_case(data, backend, op):
 
 # ---------------------------------------------------------------- losses
 
-LOSS_TOL = {"float16": 1e-2, "float32": 1e-6, "float64": 1e-12}   # tests/test_loss.py
+LOSS_TOL = {"float16": 1e-2, "float32": 1e-6, "float64": 1e-12}   # tests/nn/test_loss.py
 CE_MISTAKES = ("unknown reduction", "ignore_index float", "logits 1-D", "target shape",
                "target float", "target out of range", "logits int", "logits not an array",
                "device target out of range")

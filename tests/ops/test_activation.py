@@ -117,7 +117,7 @@ def test_non_contiguous_device_input_is_rejected():
 @pytest.mark.parametrize("backend", backend_params())
 def test_zero_dim_host_input_keeps_its_shape(backend):
     """A 0-d host array came back 1-d: np.ascontiguousarray lifts 0-d arrays to (1,) (found
-    by the fuzzer, tests/test_fuzz.py)."""
+    by the fuzzer, tests/fuzz/test_fuzz.py)."""
     y = dnnkit.activation(np.float32(-2.0), "relu", backend=backend)
     assert y.shape == () and y.copy_to_host() == 0
     x = np.array(0.5, np.float64)

@@ -365,7 +365,7 @@ def test_backward_argument_errors():
 def test_non_contiguous_device_x_is_refused_naming_the_op(batch_first):
     """With batch_first, RNN took a device array for a host one on the simulator (its arrays
     have no __cuda_array_interface__) and copied a non-contiguous view through the host
-    instead of refusing it as every other op does (found by tests/test_fuzz.py)."""
+    instead of refusing it as every other op does (found by tests/fuzz/test_fuzz.py)."""
     from numba import cuda
     rnn = dnnkit.RNN("gru", 2, 2, batch_first=batch_first)
     w = rnn.init_params()

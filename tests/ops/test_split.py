@@ -1,7 +1,7 @@
 """Splitting cuDNN calls under its 32-bit tensor limit (dnnkit/ops/split.py) on the simulator:
 the piece boundaries (pure), and every split op end to end through the dispatcher with
 ``split.LIMIT`` lowered and cuDNN's per-piece calls replaced by float64 fakes that check each
-piece's size and geometry. The real cuDNN run is tests/test_gpu_scale.py."""
+piece's size and geometry. The real cuDNN run is tests/gpu/test_scale.py."""
 
 import math
 

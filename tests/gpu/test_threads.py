@@ -3,7 +3,7 @@ family at the same time, on each backend; each thread's results equal the serial
 same inputs bit for bit (dnn.deterministic on, in every thread: change_flags is per thread),
 and each thread used its own cuDNN handle.
 
-Run on a GPU: python -m pytest -q tests/test_gpu_threads.py
+Run on a GPU: python -m pytest -q tests/gpu/test_threads.py
 """
 
 import threading
@@ -13,7 +13,7 @@ import pytest
 
 from dnnkit import config, dispatch
 from dnnkit.errors import CudnnUnavailableError
-from tests.test_gpu_leaks import FAMILIES, _cases, _device_inputs
+from tests.gpu.test_leaks import FAMILIES, _cases, _device_inputs
 
 THREADS, REPEAT = 8, 3
 BACKENDS = ["numba", pytest.param("cudnn", marks=pytest.mark.cudnn)]
@@ -41,7 +41,7 @@ def _runnable(cases, backend, inputs):
 def test_threads_on_their_own_streams_match_the_serial_run(backend):
     from numba import cuda
 
-    from dnnkit.arrays import stream_pointer
+    from dnnkit.device import stream_pointer
     from dnnkit.cudnn import handle
     cases = _cases()
     inputs = [{op: _device_inputs(cases[op], seed) for op in cases} for seed in range(THREADS)]

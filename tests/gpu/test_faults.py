@@ -12,7 +12,7 @@
   succeeds with the same handle, the same cached plan (no new descriptor) and an algorithm
   cache hit.
 
-Run on a GPU: python -m pytest -q tests/test_gpu_faults.py  (each test takes seconds)
+Run on a GPU: python -m pytest -q tests/gpu/test_faults.py  (each test takes seconds)
 """
 
 import contextlib
@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 import dnnkit
-from dnnkit import arrays, config, dispatch, memory, reference
+from dnnkit import arrays, config, device, dispatch, memory, reference
 from dnnkit.cudnn import algo_cache, conv, conv_graph, descriptors, handle
 from dnnkit.dispatch import note_algo
 from dnnkit.errors import CudnnError
@@ -125,7 +125,7 @@ def _trim_pool():
     allocate with cudaMallocAsync leave it there; the driver can hand it to a cuMemAlloc that
     would otherwise fail). Returns the bytes still reserved."""
     from cuda.bindings import driver as drv
-    err, pool = drv.cuDeviceGetMemPool(arrays.device_id())
+    err, pool = drv.cuDeviceGetMemPool(device.device_id())
     if int(err):
         return None
     drv.cuMemPoolTrimTo(pool, 0)
@@ -225,7 +225,7 @@ def _fft_without_retry(x, w, bias, geom, opts, stream):
     y = arrays.cuda_empty(geom.user_shape(geom.y_shape), x.dtype, stream)
     math_t = conv.math_type(x.dtype, opts["compute_dtype"], opts["allow_tf32"])
     c = conv._open(conv.FWD, (x, w, y), geom, x.dtype, opts["compute_dtype"], math_t,
-                   arrays.stream_pointer(stream))
+                   device.stream_pointer(stream))
     note_algo(conv.FWD.algo_name(conv._execute(c, conv.FWD.algos["fft"], False, None)))
     return y
 

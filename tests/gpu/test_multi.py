@@ -2,7 +2,7 @@
 device 1 — with device 1's cuDNN handle, plans and kernels — whichever device is current,
 and an op given arrays of two devices raises a ValueError naming both.
 
-Run on a machine with 2 GPUs: python -m pytest -q tests/test_gpu_multi.py
+Run on a machine with 2 GPUs: python -m pytest -q tests/gpu/test_multi.py
 """
 
 import numpy as np
@@ -30,7 +30,7 @@ def _on(cuda, dev, a):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_arrays_on_device_1_run_on_device_1(cuda2, backend, rng):
-    from dnnkit.arrays import device_of
+    from dnnkit.device import device_of
     from dnnkit.cudnn import handle
     x = rng.standard_normal((4, 8, 12, 12)).astype(np.float32)
     w = rng.standard_normal((8, 8, 3, 3)).astype(np.float32)
@@ -62,7 +62,7 @@ def test_torch_tensors_on_device_1(cuda2):
     torch = pytest.importorskip("torch")
     t = torch.randn(64, 100, device="cuda:1")
     y = dnnkit.softmax(t)
-    from dnnkit.arrays import device_of
+    from dnnkit.device import device_of
     assert device_of(y) == 1
     with cuda2.gpus[1]:
         got = y.copy_to_host()

@@ -9,7 +9,7 @@
   allocator's misses and the live cuDNN objects per kind are back where they were.
 - A tiny simulator variant (20 calls of the cheap ops, Numba) runs the same harness in CI.
 
-Run on a GPU: python -m pytest -q tests/test_gpu_leaks.py  (DNNKIT_LEAK_CALLS=... to change N)
+Run on a GPU: python -m pytest -q tests/gpu/test_leaks.py  (DNNKIT_LEAK_CALLS=... to change N)
 """
 
 import gc

@@ -1,4 +1,4 @@
-"""Device helpers of tests/test_gpu_scale.py: inputs of more than 2**31 elements made on the
+"""Device helpers of tests/gpu/test_scale.py: inputs of more than 2**31 elements made on the
 GPU (a host copy would take longer than the op), whole-array checks done on the GPU, and NaN
 poison for the allocator blocks the op's outputs will take. Every loop index is int64 (Numba
 widens cuda.grid), so these helpers are themselves safe past 2**31 elements."""

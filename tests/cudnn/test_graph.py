@@ -10,7 +10,7 @@ import pytest
 
 from dnnkit.cudnn import algo_cache, api, conv, conv_graph, descriptors, enums, graph, workspace
 from dnnkit.errors import CudnnError
-from tests.test_cudnn_conv_unit import _headers, geom2, geom3
+from tests.cudnn.test_conv import _headers, geom2, geom3
 
 
 @pytest.fixture

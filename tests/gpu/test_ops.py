@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import dnnkit
-from dnnkit import arrays, reference
+from dnnkit import arrays, device, reference
 from dnnkit.testing import assert_backends_agree
 
 pytestmark = pytest.mark.gpu
@@ -76,11 +76,11 @@ def test_ops_on_a_non_default_stream(rng, backend):
 
 def test_stream_pointer_of_numba_streams():
     from numba import cuda
-    assert arrays.stream_pointer(cuda.default_stream()) == 0
+    assert device.stream_pointer(cuda.default_stream()) == 0
     s = cuda.stream()
-    assert arrays.stream_pointer(s) != 0
-    assert arrays.stream_pointer(arrays.as_stream(arrays.stream_pointer(s))) == \
-        arrays.stream_pointer(s)
+    assert device.stream_pointer(s) != 0
+    assert device.stream_pointer(arrays.as_stream(device.stream_pointer(s))) == \
+        device.stream_pointer(s)
 
 
 @pytest.mark.parametrize("backend", ["numba", pytest.param("cudnn", marks=pytest.mark.cudnn)])
@@ -123,7 +123,7 @@ def test_threads_get_their_own_handles_and_serial_results():
                 y = dnnkit.softmax(xs[i], backend="cudnn", stream=s)
             s.synchronize()
             results[i] = y.copy_to_host()
-            handles[i] = handle.get(arrays.stream_pointer(s)).value
+            handles[i] = handle.get(device.stream_pointer(s)).value
         except Exception as e:  # pragma: no cover - reported below
             errors.append(e)
 

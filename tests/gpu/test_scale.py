@@ -9,12 +9,12 @@ float64 reference (dnnkit.reference) on sampled rows / planes / images, always i
 first, those around element 2**31, those around the cuDNN piece boundaries and the last ones,
 and the convolution's filter and bias gradients against a closed form (separable inputs);
 every output of every op is checked for NaN on the GPU after its allocator block was filled
-with NaN (tests/gpu_scale_kernels.py ``poison``): an element never written fails. Device
+with NaN (tests/gpu/scale_kernels.py ``poison``): an element never written fails. Device
 memory per test: relu and softmax 17.5 GB of arrays, pooling 11.5 GB, convolution 8.8 GB plus
 cuDNN's workspace (<= 4 GiB); a test is skipped, with the reason, unless that plus a 4 GiB
 margin is free (so it fits an 80 GB H100), and frees everything when it ends.
 
-Run: python3 -m pytest tests/test_gpu_scale.py -q -rs -s   (-s prints what ran, per test)
+Run: python3 -m pytest tests/gpu/test_scale.py -q -rs -s   (-s prints what ran, per test)
 """
 
 import gc
@@ -25,7 +25,7 @@ import pytest
 import dnnkit
 from dnnkit import memory, reference as R
 from dnnkit.ops import split
-from tests import gpu_scale_kernels as G
+from tests.gpu import scale_kernels as G
 from tests.conftest import REL_TOL, backend_params
 
 pytestmark = pytest.mark.gpu
