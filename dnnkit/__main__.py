@@ -6,12 +6,13 @@ import os
 import sys
 import time
 
+from . import backends, config, demo, selfcheck
+
 
 def _ensure_device(argv):
     """Without a CUDA driver, re-run on Numba's CUDA simulator (which must be chosen before
     numba.cuda is imported) so the check still runs, on tiny shapes."""
-    from .backends import driver_available
-    if os.environ.get("NUMBA_ENABLE_CUDASIM") or driver_available():
+    if os.environ.get("NUMBA_ENABLE_CUDASIM") or backends.driver_available():
         return
     print("dnnkit: no CUDA driver or GPU found; running on Numba's CUDA simulator "
           "(NUMBA_ENABLE_CUDASIM=1), tiny shapes, times meaningless", flush=True)
@@ -20,7 +21,6 @@ def _ensure_device(argv):
 
 
 def cmd_info(_args):
-    from . import backends, config
     print(backends.status())
     print("\nflags (value, source):")
     for name, value, source, _doc in config.describe():
@@ -29,7 +29,6 @@ def cmd_info(_args):
 
 
 def cmd_check(args):
-    from . import backends, selfcheck
     st = backends.status()
     print(f"cuDNN: {'available' if st.cudnn_available else 'unavailable'}"
           f"{'' if st.cudnn_available else ' (' + st.cudnn_reason + ')'}; "
@@ -50,7 +49,6 @@ def cmd_check(args):
 
 
 def cmd_demo(args):
-    from . import demo
     results = demo.run(backend=args.backend, crosscheck=args.crosscheck, plot=args.plot,
                        seed=args.seed)
     return 0 if demo.finite(results) else 1

@@ -6,11 +6,11 @@ Numba device arrays. Streams: None (the default stream), a Numba stream, a raw `
 int, or an object with ``.cuda_stream`` (PyTorch) or ``.ptr`` (CuPy).
 """
 
-import threading
-
 import numpy as np
 
+from . import memory
 from .device import device_id, driver, foreign_device, numba_cuda, simulator, stream_pointer
+from .errors import DnnkitError
 
 FLOAT_DTYPES = ("float16", "float32", "float64")
 # dtype -> name by dict lookup (np.dtype(...).name costs ~2 us, called many times per op)
@@ -26,6 +26,7 @@ def float_name(dtype):
 
 
 def is_device_array(a):
+    # imported here, as every numba import of dnnkit: `import dnnkit` does not load numba
     from numba.cuda.cudadrv import devicearray
     return devicearray.is_cuda_ndarray(a)
 
@@ -64,7 +65,7 @@ def host_contiguous(h):
     array C-contiguous whatever the strides of its length-1 axes (a reversed 1-element view
     has stride -itemsize), and Numba's copy to a real GPU then fails ("incompatible shape";
     the simulator does not check); np.ascontiguousarray returns such views unchanged and makes
-    a 0-d array 1-d. Both were found by the fuzzer (tests/fuzz/test_fuzz.py)."""
+    a 0-d array 1-d. tests/fuzz/test_fuzz.py exercises both."""
     if h.size == 0:
         return np.empty(h.shape, h.dtype)
     expect, step = [], h.itemsize
@@ -146,7 +147,6 @@ def zero_fill(a, stream):
     (err,) = driver().cuMemsetD8Async(a.device_ctypes_pointer.value, 0, nbytes,
                                     stream_pointer(stream))
     if int(err):
-        from .errors import DnnkitError
         raise DnnkitError(f"cuMemsetD8Async failed with {err} zeroing {nbytes} bytes")
     return a
 
@@ -159,8 +159,7 @@ def flat(a):
 def reshaped(a, shape):
     """``a.reshape(shape)`` of a C-contiguous device array, without Numba's pure-Python layout
     (dnnkit.memory.reshaped)."""
-    from .memory import reshaped as _reshaped
-    return _reshaped(a, shape)
+    return memory.reshaped(a, shape)
 
 
 def to_host(a):
@@ -214,17 +213,11 @@ def grid_1d(n, threads=256, max_blocks=4096):
 
 
 def allocator(shape, dtype, stream):
-    """``alloc()`` -> ``cuda_empty(shape, dtype, stream)``, its setup done once."""
-    from .memory import allocator as make
-    return make(shape, dtype, stream)
+    """``alloc()`` -> ``cuda_empty(shape, dtype, stream)``, its setup done once
+    (dnnkit.memory.allocator)."""
+    return memory.allocator(shape, dtype, stream)
 
 
 def cuda_empty(shape, dtype, stream):
     """An uninitialised device array (from dnnkit.memory's caching allocator)."""
-    global _device_array
-    if _device_array is None:       # dnnkit.memory imports this module: bind on first use
-        from .memory import device_array as _device_array
-    return _device_array(shape, dtype, stream)
-
-
-_device_array = None
+    return memory.device_array(shape, dtype, stream)

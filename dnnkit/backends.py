@@ -3,6 +3,10 @@
 import dataclasses
 import os
 
+from . import config
+from .cudnn import loader
+from .device import driver
+
 
 @dataclasses.dataclass(frozen=True)
 class NumbaStatus:
@@ -45,6 +49,8 @@ class Status:
 
 
 def numba_status():
+    # numba is imported here: conftest.py and `python -m dnnkit` import this module to decide
+    # on the simulator, which must be chosen before numba is first imported
     from numba.core import config as nconfig
     if nconfig.ENABLE_CUDASIM:
         return NumbaStatus(True, True, "simulator")
@@ -62,13 +68,11 @@ def numba_status():
 
 def status():
     """A record of both backends. Probes (loads) cuDNN unless ``dnn.enabled=disabled``."""
-    from . import config
     policy = config.get("dnn.enabled")
     if policy == "disabled":
         cud = dict(cudnn_available=False, cudnn_version=None, cudnn_path=None,
                    cudnn_found_via=None, cudnn_reason="not probed: dnn.enabled=disabled")
     else:
-        from .cudnn import loader
         st = loader.status()
         cud = dict(cudnn_available=st.available, cudnn_version=st.version_string,
                    cudnn_path=st.path and os.fspath(st.path), cudnn_found_via=st.found_via,
@@ -80,11 +84,11 @@ def driver_available():
     """True when a CUDA driver with at least one device is present. Uses cuda-bindings, so it
     neither imports numba.cuda (which fixes simulator-or-not at import) nor touches ctypes."""
     try:
-        from cuda.bindings import driver
-        err, = driver.cuInit(0)
+        drv = driver()
+        err, = drv.cuInit(0)
         if int(err) != 0:
             return False
-        err, count = driver.cuDeviceGetCount()
+        err, count = drv.cuDeviceGetCount()
         return int(err) == 0 and count > 0
     except Exception:
         return False

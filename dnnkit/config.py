@@ -20,7 +20,7 @@ _TRUE = {"true", "1", "yes", "on"}
 _FALSE = {"false", "0", "no", "off"}
 
 
-def _parse_bool(name, value):
+def parse_bool(name, value):
     if isinstance(value, bool):
         return value
     s = str(value).strip().lower()
@@ -40,8 +40,11 @@ def _enum(*allowed, aliases=None):
             return aliases[key]
         if isinstance(key, str) and key.lower() in allowed:
             return key.lower()
-        shown = ", ".join(allowed) + (" (also " + ", ".join(map(str, aliases)) + ")" if aliases else "")
         raise ValueError(f"flag {name}: bad value {value!r}; allowed: {shown}")
+
+    # True and "True" are two keys but one spelling: each alias is shown once
+    also = list(dict.fromkeys(map(str, aliases)))
+    shown = ", ".join(allowed) + (f" (also {', '.join(also)})" if also else "")
 
     parse.allowed = allowed
     return parse
@@ -68,13 +71,13 @@ FLAGS = {f.name: f for f in [
          "auto: cuDNN where it can, else Numba; forced: cuDNN or an error; disabled: never cuDNN"),
     Flag("dnn.library_path", "", _path,
          "explicit cuDNN library file or folder; '' searches wheels, conda and system paths"),
-    Flag("dnn.deterministic", False, _parse_bool,
+    Flag("dnn.deterministic", False, parse_bool,
          "choose bitwise-reproducible algorithms where an op has a choice"),
-    Flag("dnn.verbose", False, _parse_bool,
+    Flag("dnn.verbose", False, parse_bool,
          "log each backend decision at INFO level through the 'dnnkit' logger"),
-    Flag("dnn.crosscheck", False, _parse_bool,
+    Flag("dnn.crosscheck", False, parse_bool,
          "run every op on both backends and raise CrosscheckError when they disagree"),
-    Flag("dnn.memo", True, _parse_bool,
+    Flag("dnn.memo", True, parse_bool,
          "repeated calls of one signature skip their setup (checks, backend choice, "
          "descriptors, plans); False: every call takes the full path"),
 ]}
@@ -83,18 +86,24 @@ FLAGS = {f.name: f for f in [
 def register_flag(name, default, parse, doc):
     """Add a flag (later op families add their own, e.g. ``dnn.conv.algo_fwd``)."""
     FLAGS[name] = Flag(name, default, parse, doc)
-    _state.loaded = False
-    _state.merged = None
+    state.loaded = False
+    state.merged = None
 
 
-class _State:
+class FlagState:
+    """The flags' values by source. Besides get(), dnnkit/fastpath.py reads two attributes on
+    every call to tell whether its memo is stale: ``merged`` (replaced whenever a flag changes
+    process-wide) and ``local.epoch`` (bumped when this thread enters or leaves a
+    ``change_flags`` block)."""
+
     def __init__(self):
         self.lock = threading.RLock()
         self.python = {}      # process-wide assignments
         self.env = {}
         self.rc = {}
         self.loaded = False
-        self.local = threading.local()   # .stack: list of dicts from change_flags
+        # per thread: .stack (list of dicts from change_flags), .epoch (see the class doc)
+        self.local = threading.local()
         # name -> value of every flag outside change_flags blocks (python > env > rc >
         # default), rebuilt after any change: get() runs several times per op call, and one
         # dict lookup is what it can afford
@@ -111,7 +120,7 @@ class _State:
             return m
 
 
-_state = _State()
+state = FlagState()
 
 
 class UnknownFlagError(ValueError, AttributeError):
@@ -163,42 +172,42 @@ def _read_rc():
 
 def reload():
     """Re-read ``DNNKIT_FLAGS`` and the rc file (Python assignments are kept)."""
-    with _state.lock:
-        _state.env, _state.rc = _read_env(), _read_rc()
-        _state.loaded = True
-        _state.merged = None
+    with state.lock:
+        state.env, state.rc = _read_env(), _read_rc()
+        state.loaded = True
+        state.merged = None
 
 
 def reset():
     """Forget every Python assignment (not ``change_flags`` blocks) and re-read env and rc."""
-    with _state.lock:
-        _state.python.clear()
-        _state.merged = None
+    with state.lock:
+        state.python.clear()
+        state.merged = None
     reload()
 
 
 def get(name):
-    stack = getattr(_state.local, "stack", None)
+    stack = getattr(state.local, "stack", None)
     if stack:
         for layer in reversed(stack):
             if name in layer:
                 return layer[name]
-    merged = _state.merged or _state.merge()
+    merged = state.merged or state.merge()
     try:
         return merged[name]
     except KeyError:
         _flag(name)               # raises UnknownFlagError naming the known flags
-        return _state.merge()[name]   # registered after the last merge
+        return state.merge()[name]   # registered after the last merge
 
 
 def source(name):
     """Where the current value of ``name`` comes from: change_flags, python, env, rc or default."""
     _flag(name)
-    if any(name in layer for layer in getattr(_state.local, "stack", ())):
+    if any(name in layer for layer in getattr(state.local, "stack", ())):
         return "change_flags"
-    if not _state.loaded:
+    if not state.loaded:
         reload()
-    for label, layer in (("python", _state.python), ("env", _state.env), ("rc", _state.rc)):
+    for label, layer in (("python", state.python), ("env", state.env), ("rc", state.rc)):
         if name in layer:
             return label
     return "default"
@@ -206,9 +215,9 @@ def source(name):
 
 def set(name, value):  # noqa: A001 - mirrors get()
     parsed = _flag(name).parse(name, value)
-    with _state.lock:
-        _state.python[name] = parsed
-        _state.merged = None
+    with state.lock:
+        state.python[name] = parsed
+        state.merged = None
 
 
 @contextlib.contextmanager
@@ -220,7 +229,7 @@ def change_flags(flags=None, **kwargs):
     items = dict(flags or {})
     items.update({k.replace("__", "."): v for k, v in kwargs.items()})
     layer = {k: _flag(k).parse(k, v) for k, v in items.items()}
-    local = _state.local
+    local = state.local
     stack = getattr(local, "stack", None)
     if stack is None:
         stack = local.stack = []

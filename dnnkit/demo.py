@@ -19,8 +19,11 @@ import time
 
 import numpy as np
 
-from . import backends, nn, profile
-from .device import simulator
+from . import backends, nn
+from .device import numba_cuda, simulator
+from .nn.loss import CrossEntropyLoss
+from .optim import Adam
+from .profile import profile
 
 
 # ---------------------------------------------------------------- data
@@ -73,10 +76,9 @@ class LastStep(nn.Module):
         return y[y.shape[0] - 1]
 
     def backward(self, dy):
-        from numba import cuda
         key = (self._shape, self._dtype)
         if getattr(self, "_full_key", None) != key:
-            self._full_key, self._full = key, cuda.to_device(np.zeros(self._shape, self._dtype))
+            self._full_key, self._full = key, numba_cuda().to_device(np.zeros(self._shape, self._dtype))
         self._full[self._shape[0] - 1].copy_to_device(dy)
         return self._full
 
@@ -136,8 +138,6 @@ def accuracy(model, x, y, batch, axis=0):
 def train(name, models, data, cfg, rng, log):
     """Train each of ``models`` ({label: model}) on the same batches. Returns the loss curves
     ({label: [per-epoch mean loss]}) and the held-out accuracies."""
-    from .nn.loss import CrossEntropyLoss
-    from .optim import Adam
     (xtr, ytr), (xte, yte), axis = data
     opts = {k: Adam(m.parameters(), lr=cfg["lr"]) for k, m in models.items()}
     loss_fn = {k: nn.convert(CrossEntropyLoss(), k) for k in models}

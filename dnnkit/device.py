@@ -4,6 +4,9 @@ Which device is current (cheaply: several times per op call), whether Numba's CU
 runs, how many devices there are, the device that holds an array, a stream's raw handle, and
 the device's properties (multiprocessor count, shared memory) read from the device once and
 kept: launch shapes and algorithm rules scale with them instead of assuming one GPU.
+
+numba and cuda-bindings are imported inside the functions that need them: ``import dnnkit``
+does not load them, and the tests choose Numba's simulator before numba is first imported.
 """
 
 import threading
@@ -88,7 +91,6 @@ def device_count():
     return _devices
 
 
-
 def stream_pointer(stream):
     """The raw cudaStream_t of a Numba stream (0 for the legacy default stream)."""
     h = getattr(stream, "handle", None)
@@ -98,7 +100,6 @@ def stream_pointer(stream):
     if v is None and not hasattr(h, "value"):
         v = int(h)  # cuda-bindings CUstream
     return int(v or 0)
-
 
 
 def device_of(a):
@@ -134,8 +135,6 @@ def foreign_device(x):
     ``__cuda_array_interface__``); None when it holds no memory or the driver cannot tell."""
     ptr = x.__cuda_array_interface__["data"][0]
     return pointer_device(ptr) if ptr else None
-
-
 
 
 # ---------------------------------------------------------------- properties

@@ -7,7 +7,7 @@ dispatcher stores a *runner* for it under the call's signature: the implementati
 else the implementation itself; plus the checked arguments, with the positions where the
 caller's arrays go. The next call with the same signature runs the runner on its arrays
 directly: the host cost of an op becomes an allocation and the cuDNN call or kernel launch
-(PyTorch's per-op cost is the bar, issue 8).
+(PyTorch's per-op cost is the bar).
 
 The signature: the op, ``backend=``, and per argument its type and value for plain scalars
 (str, int, float, bool, None, tuples of ints) or (shape, strides, dtype) for a device array.
@@ -22,6 +22,7 @@ GPUs (there the full path picks the device). ``dnn.memo = False`` turns it off.
 import threading
 
 from . import config
+from .device import simulator
 
 MAX_ENTRIES = 1024          # per thread; a program with more signatures starts over
 _PLAIN = frozenset((str, int, float, bool, type(None)))
@@ -37,8 +38,8 @@ def invalidate():
 
 
 def _array_types():
+    # numba's array classes are imported on first use: `import dnnkit` does not load numba
     if not _arrays:
-        from .device import simulator
         if simulator():
             from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray as cls
         else:
@@ -53,11 +54,11 @@ def _memo():
         m = _local.m
     except AttributeError:
         m = _local.m = [None, None, None, {}, True]
-    merged, epoch = config._state.merged, config._state.local.__dict__.get("epoch")
+    merged, epoch = config.state.merged, config.state.local.__dict__.get("epoch")
     if m[0] != _gen[0] or m[1] is not merged or m[2] != epoch or len(m[3]) >= MAX_ENTRIES:
         m[3].clear()
         m[4] = config.get("dnn.memo")        # (merges the flags: read them again below)
-        m[0], m[1], m[2] = _gen[0], config._state.merged, epoch
+        m[0], m[1], m[2] = _gen[0], config.state.merged, epoch
     return m[3] if m[4] else _OFF
 
 
@@ -97,8 +98,8 @@ def find(op, args, backend, kw):
         m = _local.m
     except AttributeError:
         return sig, _memo().get(sig)
-    if m[0] != _gen[0] or m[1] is not config._state.merged or \
-            m[2] != config._state.local.__dict__.get("epoch") or not m[4]:
+    if m[0] != _gen[0] or m[1] is not config.state.merged or \
+            m[2] != config.state.local.__dict__.get("epoch") or not m[4]:
         return sig, _memo().get(sig)
     return sig, m[3].get(sig)
 

@@ -22,11 +22,12 @@ directly (the driver copies the parameters during the call, so the buffer is reu
 (per-step slices of an RNN's buffers would otherwise cost a Numba view each).
 """
 
+import ctypes
 import struct
 import threading
 import warnings
 
-from .device import device_id, simulator, stream_pointer
+from .device import device_id, driver, simulator, stream_pointer
 from .errors import DnnkitError
 
 _QUIET_BELOW = 128
@@ -186,6 +187,7 @@ def _learn(kernel, args):
 def _plan(t, v):
     """(struct format, Python expression of its values) of one argument of Numba type ``t``
     held in the variable ``v``."""
+    # imported here, as every numba import of dnnkit: `import dnnkit` does not load numba
     from numba.cuda import types
     if isinstance(t, types.Array):
         return "PPqqP" + "q" * (2 * t.ndim), f"*_arr({v})"
@@ -222,7 +224,6 @@ class _Launcher:
     """cuLaunchKernel of one compiled overload with arguments packed by a fixed plan."""
 
     def __init__(self, overload, argtypes):
-        import ctypes
         self.overload = overload
         names = [f"a{i}" for i in range(len(argtypes))]
         plan = [_plan(t, v) for t, v in zip(argtypes, names)]
@@ -240,8 +241,7 @@ class _Launcher:
         exec(src, scope)               # noqa: S102 (source built here from Numba types only)
         self._pack = scope["pack"]
         self.ctypes = ctypes
-        from cuda.bindings import driver
-        self.cu_launch = driver.cuLaunchKernel
+        self.cu_launch = driver().cuLaunchKernel
         self.buffers = {}      # thread id -> (buffer, pointer array)
         self.functions = {}    # device id -> kernel handle (int)
 

@@ -17,12 +17,13 @@ allocation retried once. ``dnn.allocator = caching | numba`` (default caching) c
 ``empty_cache()`` releases every cached block; ``stats()`` reports hits, misses and bytes.
 """
 
+import gc
 import threading
 
 import numpy as np
 
 from . import config
-from .device import device_id, simulator, stream_pointer
+from .device import device_id, numba_cuda, simulator, stream_pointer
 
 _SMALL, _SMALL_ROUND, _LARGE_ROUND = 1 << 20, 512, 2 << 20
 
@@ -56,8 +57,8 @@ class _Pool:
         # traceback, say) must not take its block into the garbage with it, or the
         # collector runs Numba's finalizer on the block (weakref callbacks run before
         # __del__), frees the memory and then the pointer's __del__ returns the freed block
-        # to the pool (the next array of that size got memory cuMemcpy called invalid: H100,
-        # 2026-11-25, the GPU fuzzer after a failing cuDNN convolution).
+        # to the pool, and the next array of that size gets memory cuMemcpy calls invalid
+        # (seen on an H100 in the GPU fuzzer, after a failing cuDNN convolution).
         self.lent = {}
         self.hits = self.misses = self.cached_bytes = 0
 
@@ -116,6 +117,7 @@ def _template(shape, dtype):
     built once through Numba's constructor (which computes the layout in pure Python: ~5 us a
     call). New arrays of that shape copy the dict and get their own memory and stream."""
     global _MemoryPointer, _DeviceNDArray
+    # imported here, as every numba import of dnnkit: `import dnnkit` does not load numba
     from numba.cuda.cudadrv import devicearray, driver
     _MemoryPointer, _DeviceNDArray = driver.MemoryPointer, devicearray.DeviceNDArray
     asked, dtype = dtype, np.dtype(dtype)
@@ -178,8 +180,8 @@ def _pooled(shape, dtype, stream):
 
 
 def _numba_array(shape, dtype, stream):
-    from numba import cuda
-    return cuda.device_array(shape, dtype=dtype, stream=0 if isinstance(stream, int) else stream)
+    return numba_cuda().device_array(shape, dtype=dtype,
+                                     stream=0 if isinstance(stream, int) else stream)
 
 
 def device_array(shape, dtype, stream):
@@ -223,8 +225,7 @@ def _new(key, attrs, stream):
 
 
 def _context():
-    from numba import cuda
-    return cuda.current_context()
+    return numba_cuda().current_context()
 
 
 _Lent = None     # the class of a block lent to one array (a subclass of Numba's MemoryPointer)
@@ -275,8 +276,7 @@ class scratch:
         if not nbytes:
             return
         if simulator() or config.get("dnn.allocator") != "caching":
-            from numba import cuda
-            self.raw = cuda.device_array(int(nbytes), dtype=np.uint8)
+            self.raw = numba_cuda().device_array(int(nbytes), dtype=np.uint8)
             return
         self.key = (device_id(), int(stream_ptr), rounded(int(nbytes)))
         self.raw = _pool.take(self.key) or _raw_alloc(_context(), self.key[2])
@@ -309,7 +309,6 @@ def empty_cache():
     next flush of Numba's pending frees (measured on an H100: a 652 MiB workspace still held
     after the cache was emptied), so both are forced here."""
     if _pool.clear() and not simulator():
-        import gc
         gc.collect()
         _context().deallocations.clear()
     for fn in _on_empty:

@@ -10,6 +10,9 @@ m and v) are flat device arrays in the accumulation dtype (float32 for float16 a
 parameters, float64 for float64), made on a parameter's first step. ``state_dict()`` holds host
 NumPy copies, in PyTorch's layout: {"state": {index: {...}}, "param_groups": [{hyper-parameters,
 "params": [indices]}]}.
+
+The kernels (dnnkit.kernels) and numba are imported inside the functions that use them:
+``import dnnkit`` must not pay for numba.
 """
 
 import math

@@ -14,7 +14,9 @@ import contextlib
 import dataclasses
 import threading
 
-_local = threading.local()
+from .device import numba_cuda
+
+profile_state = threading.local()    # per thread: .stack (the open profiles, innermost last)
 
 
 @dataclasses.dataclass
@@ -32,20 +34,19 @@ class Profile:
         self.rows = {}         # (op, backend) -> Row
 
     def begin(self, args):
-        from numba import cuda
         stream = next((a for a in reversed(args) if hasattr(a, "auto_synchronize")), 0)
-        start = cuda.event()
+        start = numba_cuda().event()
         start.record(stream)
         return start, stream
 
     def end(self, token, op, backend):
-        from numba import cuda
         start, stream = token
-        stop = cuda.event()
+        stop = numba_cuda().event()
         stop.record(stream)
         self._pending.append((op, backend, start, stop))
 
-    def _collect(self):
+    def collect(self):
+        """Read the times of the calls recorded so far (waits for their end events)."""
         for op, backend, start, stop in self._pending:
             stop.synchronize()
             row = self.rows.setdefault((op, backend), Row(op, backend))
@@ -76,17 +77,17 @@ class Profile:
 
 def active():
     """The innermost profile of this thread, or None."""
-    stack = _local.__dict__.get("stack")     # not getattr: a missing attribute is slow
+    stack = profile_state.__dict__.get("stack")     # not getattr: a missing attribute is slow
     return stack[-1] if stack else None
 
 
 @contextlib.contextmanager
 def profile():
     p = Profile()
-    stack = _local.__dict__.setdefault("stack", [])
+    stack = profile_state.__dict__.setdefault("stack", [])
     stack.append(p)
     try:
         yield p
     finally:
         stack.remove(p)
-        p._collect()
+        p.collect()

@@ -11,9 +11,12 @@ import time
 import numpy as np
 
 from . import ops, reference
-from .ops.activation import MODES as ACT_MODES
-from .dispatch import REGISTRY
+from .backends import numba_status
+from .cudnn import loader
+from .device import numba_cuda
 from .errors import CudnnUnavailableError
+from .ops.activation import MODES as ACT_MODES
+from .registry import REGISTRY
 from .timing import median_ms
 
 # Pass thresholds on the relative error vs float64, per dtype (float16 has an 11-bit mantissa).
@@ -145,7 +148,6 @@ def _conv_cases():
 
 
 def _cudnn_env_reason():
-    from .cudnn import loader
     st = loader.loaded_status()
     return st.describe() if st is not None and not st.available else None
 
@@ -158,8 +160,7 @@ def _time_sim(fn):
 
 def run(dtypes=("float16", "float32", "float64"), reps=20, seed=0, simulator=None, ops_=None):
     """Yield result rows (dicts) for every case, dtype and runnable backend."""
-    from numba import cuda
-    from .backends import numba_status
+    cuda = numba_cuda()
     sim = numba_status().simulator if simulator is None else simulator
     big = not sim
     rng = np.random.default_rng(seed)

@@ -1,6 +1,6 @@
 """Helpers for users' own test suites."""
 
-from .dispatch import compare
+from .crosscheck import compare
 from .errors import CudnnUnavailableError
 
 

@@ -2,6 +2,8 @@
 
 import statistics
 
+from .device import numba_cuda
+
 
 def median_ms(fn, reps=20, warmup=3, inner=1):
     """Median milliseconds of ``fn(i)`` (i = 0, 1, ...: lets callers rotate inputs), each call
@@ -18,7 +20,7 @@ def median_ms_each(fns, reps=20, warmup=3, inner=1):
     the host's load: a host-bound call's time moved 20% between runs of one report on an
     H100) then falls on every function alike, and the ratios between them, which is what a
     side-by-side comparison reads, stay put."""
-    from numba import cuda
+    cuda = numba_cuda()
     for fn in fns.values():
         for i in range(warmup):
             fn(i)

@@ -14,6 +14,9 @@ type (float32 for float16 and float32 data, float64 for float64). ``zero = acc[0
 types the scratch, and scalar arguments (``coef``) are passed in that type by the ops. Literal
 constants are written ``float32(c)``: a Python literal would promote float32 math to float64.
 
+Geometry: a kernel takes its sizes packed in one tuple of int64, ``geo`` (each module documents
+its layout); the ops build it from their geometry objects (``geom``).
+
 Every kernel module defines ``SIGNATURES(t, acc)``: {kernel name: argument types} for data type
 ``t`` accumulating in ``acc`` (Numba types), used by the ahead-of-time PTX checks
 (kernels/signatures.py). Its kernels are found by name (``*_kernel``) or, for kernels built by
@@ -22,14 +25,12 @@ a factory at run time, through the module's ``VARIANTS`` {name: kernel}.
 
 import importlib
 
-# One module per op family; adding a family = adding its module here.
+# One module per op family; adding a family = adding its module here. (Helpers shared between
+# families live in common.py, bounds.py and tensorcore.py: no kernels of their own.)
 MODULES = ("activation", "softmax", "conv", "gemm", "pool", "batchnorm", "dropout", "rnn",
-           "spatial")
-MODULES += ("optim",)
-MODULES += ("loss",)
-MODULES += ("winograd",)
+           "spatial", "optim", "loss", "winograd")
 
-_modules = [importlib.import_module(f".{m}", __name__) for m in MODULES]
+FAMILY_MODULES = tuple(importlib.import_module(f".{m}", __name__) for m in MODULES)
 
 
 def _is_kernel(module, name):
@@ -38,17 +39,17 @@ def _is_kernel(module, name):
             and hasattr(getattr(module, name), "py_func"))
 
 
-for _m in _modules:
+for _m in FAMILY_MODULES:
     for _name in dir(_m):
         if _is_kernel(_m, _name):
             globals()[_name] = getattr(_m, _name)
 
-ALL_KERNELS = tuple(n for _m in _modules for n in dir(_m) if _is_kernel(_m, n))
+ALL_KERNELS = tuple(n for _m in FAMILY_MODULES for n in dir(_m) if _is_kernel(_m, n))
 
 
 def all_kernels():
     """{name: kernel} of every kernel, factory-built variants included."""
     out = {n: globals()[n] for n in ALL_KERNELS}
-    for m in _modules:
+    for m in FAMILY_MODULES:
         out.update(getattr(m, "VARIANTS", {}))
     return out

@@ -12,17 +12,9 @@ import math
 
 from numba import cuda, float32, uint64
 
+from .common import UNROLL, load4, sigmoid
+
 RELU, CLIPPED_RELU, TANH, SIGMOID, ELU, SWISH, IDENTITY = range(7)
-
-
-@cuda.jit(device=True, inline=True)
-def _sigmoid(v, one):
-    # exp of a non-positive argument only, so nothing overflows: 1/(1+e^-v) for v >= 0 and
-    # e^v/(1+e^v) for v < 0 (equal in exact arithmetic). NaN takes the second branch.
-    if v >= one - one:
-        return one / (one + math.exp(-v))
-    e = math.exp(v)
-    return e / (one + e)
 
 
 @cuda.jit(device=True, inline=True)
@@ -39,11 +31,11 @@ def _forward(v, mode, coef, zero):
     if mode == TANH:
         return math.tanh(v)
     if mode == SIGMOID:
-        return _sigmoid(v, one)
+        return sigmoid(v, one)
     if mode == ELU:
         return coef * (math.exp(v) - one) if v <= zero else v
     if mode == SWISH:
-        return v * _sigmoid(coef * v, one)
+        return v * sigmoid(coef * v, one)
     return v
 
 
@@ -65,7 +57,7 @@ def _derivative(v, w, mode, coef, zero):
     if mode == ELU:
         return one if v >= zero else w + coef          # alpha*e^x = y + alpha for x < 0
     if mode == SWISH:
-        s = _sigmoid(coef * v, one)                     # d/dx x*s(bx) = s + b*y*(1 - s)
+        s = sigmoid(coef * v, one)                      # d/dx x*s(bx) = s + b*y*(1 - s)
         return s + coef * w * (one - s)
     return one
 
@@ -81,33 +73,11 @@ def _chain(g, v, w, mode, coef, zero):
     return g * s
 
 
-# Four elements per thread per trip, all loads issued before the first value is used: with
-# one element's loads in flight per thread an SM holds ~8 KB of requests, too few to cover
-# HBM latency (the one-element loop ran at 64% of the copy rate on an H100); the tail takes
-# one per trip. The loads must come before any mode branch: a branch (the mode switch in
-# _forward/_derivative) ends the stretch of code within which the compiler overlaps them.
-# (The backward used to load each element's x, y, dy just before its own slope, so only one
-# element was in flight: 60% of copy on an H100 where the forward reached 80%.)
-# Indices are int64 (cuda.grid is), cast to uint64 for indexing: Numba adds a negative-index
-# fix-up to every signed index.
-UNROLL = 4
-
-
-@cuda.jit(device=True, inline=True)
-def load4(a, i, step, use, zero):
-    """a[i], a[i + step], a[i + 2*step], a[i + 3*step] in the accumulation type, four loads
-    in flight; four zeros, loading nothing, when ``use`` is False (uniform over the grid)."""
-    if use:
-        return (a[uint64(i)] + zero, a[uint64(i + step)] + zero,
-                a[uint64(i + 2 * step)] + zero, a[uint64(i + 3 * step)] + zero)
-    return zero, zero, zero, zero
-
-
 @cuda.jit(cache=True)
 def activation_fwd_kernel(x, y, mode, coef, acc):
     """y[i] = f(x[i]) on flat arrays. Thread mapping: grid-stride loop, consecutive threads on
-    consecutive elements (coalesced), UNROLL elements a grid-stride apart per trip.
-    Traffic: reads x, writes y."""
+    consecutive elements (coalesced), UNROLL elements a grid-stride apart per trip, their loads
+    issued together (kernels/common.py). Traffic: reads x, writes y."""
     zero = acc[0]
     i, step, n = cuda.grid(1), cuda.gridsize(1), x.size
     while i + 3 * step < n:

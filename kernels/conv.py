@@ -20,7 +20,7 @@ col (C*T*R*S rows, nc*O columns; O = OD*OH*OW), row (c, t, r, s), column (n, od,
 
 from numba import cuda
 
-from .softmax import _SUM, _block_reduce
+from .common import REDUCE_SUM, block_reduce
 
 
 
@@ -116,7 +116,7 @@ def conv_bias_bwd_kernel(dy, db, n, k, s, acc):
         part = zero
         for e in range(tid, n * s, nt):
             part += dy[((e // s) * k + ch) * s + e % s] + zero
-        total = _block_reduce(red, part, _SUM)
+        total = block_reduce(red, part, REDUCE_SUM)
         if tid == 0:
             db[ch] = total
 

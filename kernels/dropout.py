@@ -20,11 +20,11 @@ integer would make Numba promote to float64).
 
 Thread mapping: grid-stride loop, two pairs per thread per iteration (j and j + the grid's
 size, loads before stores), consecutive threads on consecutive pairs (coalesced 8-byte spans);
-the Weyl counter advances by a precomputed grid-stride step (an add, not a multiply). Memory traffic: reads x, writes y (2 passes); the
-hash (~20 integer instructions, 64-bit multiplies) is paid once per two elements. Measured on
-an H200 (64x256x56x56 float32): 0.150 ms with one hash per element and with one per pair alike,
-~67% of the measured copy bandwidth and as fast as cuDNN's forward: memory-bound, not
-hash-bound.
+the Weyl counter advances by a precomputed grid-stride step (an add, not a multiply). Memory
+traffic: reads x, writes y (2 passes); the hash (~20 integer instructions, 64-bit multiplies)
+is paid once per two elements. Measured on an H200 (64x256x56x56 float32): 0.150 ms with one
+hash per element and with one per pair alike, ~67% of the measured copy bandwidth and as fast
+as cuDNN's forward: memory-bound, not hash-bound.
 """
 
 import numpy as np

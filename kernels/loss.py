@@ -142,10 +142,112 @@ def mse_bwd_kernel(x, t, dx, scale, acc):
         dx[i] = scale * (x[i] + zero - (t[i] + zero))
 
 
+# ---------------------------------------------------------------- device-side scales
+# The kernels below take the reduction's count and the upstream gradient from device memory,
+# so that a loss and its gradient run with no read back to the host (dnnkit/ops/loss.py).
+# ``reduction``: 0 none (per position), 1 sum, 2 mean.
+
+@cuda.jit(device=True, inline=True)
+def _as_acc(count, zero):
+    """An int64 count in the accumulation type: two pieces exact in float32 (count >> 24 and
+    the low 24 bits), so a float64 count is exact up to 2**48 and a float32 one rounded once."""
+    return (zero + float32(count >> 24)) * float32(16777216) + float32(count & 16777215)
+
+
+@cuda.jit(cache=True)
+def loss_finish_kernel(out, out_cnt, y, mean, acc):
+    """y[0] = out[0] / out_cnt[0] (mean != 0; NaN for a count of 0, as 0/0) or out[0], rounded
+    once to y's type. One thread: the last step of the two-kernel reduction above."""
+    zero = acc[0]
+    if cuda.grid(1) == 0:
+        total = out[0] + zero
+        if mean != 0:
+            if out_cnt[0] == 0:
+                total = zero + float32(math.nan)
+            else:
+                total = total / _as_acc(out_cnt[0], zero)
+        y[0] = total
+
+
+@cuda.jit(cache=True)
+def nll_none_fwd_kernel(logp, target, y, n, c, s, ignore, acc):
+    """Per position: y[n, s] = -logp[n, target, s]; 0 where target == ignore, NaN for a
+    target outside [0, C). Grid-stride over the n*s positions."""
+    zero = acc[0]
+    for p in range(cuda.grid(1), n * s, cuda.gridsize(1)):
+        t = target[p]
+        if t == ignore:
+            y[p] = zero
+        elif t < 0 or t >= c:
+            y[p] = zero + float32(math.nan)
+        else:
+            y[p] = -(logp[((p // s) * c + t) * s + p % s] + zero)
+
+
+@cuda.jit(cache=True)
+def mse_none_fwd_kernel(x, t, y, acc):
+    """Per element: y = (x - t)^2. Grid-stride, coalesced."""
+    zero = acc[0]
+    for i in range(cuda.grid(1), x.size, cuda.gridsize(1)):
+        d = x[i] + zero - (t[i] + zero)
+        y[i] = d * d
+
+
+@cuda.jit(cache=True)
+def nll_bwd_scaled_kernel(logp, target, dx, n, c, s, ignore, dy, cnt, reduction, softmax, acc):
+    """softmax != 0 (cross-entropy, wrt the logits): dx = g * (exp(logp) - onehot(target));
+    softmax == 0 (nll, wrt logp): dx = -g * onehot(target). 0 at ignored positions, NaN where
+    the target is outside [0, C). g = dy[0] / cnt[0] (mean; 0 when nothing counts),
+    dy[0] (sum) or dy[n, s] (none). Grid-stride over the n*c*s elements (coalesced)."""
+    zero = acc[0]
+    one = zero + float32(1)
+    g = zero
+    if reduction == 2:
+        if cnt[0] > 0:
+            g = (dy[0] + zero) / _as_acc(cnt[0], zero)
+    elif reduction == 1:
+        g = dy[0] + zero
+    for i in range(cuda.grid(1), n * c * s, cuda.gridsize(1)):
+        q = (i // (c * s)) * s + i % s      # the position (n, s)
+        t = target[q]
+        if t == ignore:
+            dx[i] = zero
+        elif t < 0 or t >= c:
+            dx[i] = zero + float32(math.nan)
+        else:
+            v = math.exp(logp[i] + zero) if softmax != 0 else zero
+            if (i // s) % c == t:
+                v -= one
+            dx[i] = (dy[q] + zero if reduction == 0 else g) * v
+
+
+@cuda.jit(cache=True)
+def mse_bwd_scaled_kernel(x, t, dx, dy, reduction, acc):
+    """dx = 2 g (x - t) with g = dy[0] / x.size (mean), dy[0] (sum) or dy[i] (none).
+    Grid-stride, coalesced."""
+    zero = acc[0]
+    two = zero + float32(2)
+    g = zero
+    if reduction == 2:
+        if x.size > 0:
+            g = two * (dy[0] + zero) / _as_acc(int64(x.size), zero)
+    elif reduction == 1:
+        g = two * (dy[0] + zero)
+    for i in range(cuda.grid(1), x.size, cuda.gridsize(1)):
+        gi = two * (dy[i] + zero) if reduction == 0 else g
+        dx[i] = gi * (x[i] + zero - (t[i] + zero))
+
+
 def SIGNATURES(t, acc):
     a, z, i = t[::1], acc[::1], int64[::1]
     return {"nll_fwd_kernel": (a, i, z, i, int64, int64, int64, int64, z),
             "mse_fwd_kernel": (a, a, z, i, z),
             "loss_sum_fwd_kernel": (z, i, z, i, z),
             "nll_bwd_kernel": (a, i, a, int64, int64, int64, int64, acc, z),
-            "mse_bwd_kernel": (a, a, a, acc, z)}
+            "mse_bwd_kernel": (a, a, a, acc, z),
+            "loss_finish_kernel": (z, i, a, int64, z),
+            "nll_none_fwd_kernel": (a, i, a, int64, int64, int64, int64, z),
+            "mse_none_fwd_kernel": (a, a, a, z),
+            "nll_bwd_scaled_kernel": (a, i, a, int64, int64, int64, int64, a, i, int64, int64,
+                                      z),
+            "mse_bwd_scaled_kernel": (a, a, a, a, int64, z)}

@@ -21,24 +21,25 @@ then width, i.e. the lowest address), or its first NaN when it holds one. MAX ba
 kernels: ``argmax`` writes, per output, the tap index of its arg-max ((a*KH + b)*KW + c, one
 byte when the window has at most 255 taps), recomputed from x with the forward's rule; the
 gather kernel then adds dy[o] to input i when o's code names i's tap. (Deciding it from y
-instead, "x[i] == y[o] and no earlier tap equals it", made a quarter of the lanes of every
-warp re-scan a window while the others waited: 2.1 ms vs 0.37 for cuDNN on an H200 at
+instead, "x[i] == y[o] and no earlier tap equals it", makes a quarter of the lanes of every
+warp re-scan a window while the others wait: 2.1 ms against cuDNN's 0.37 on an H200 at
 64x64x112x112 3/2/1.) To resolve ties the other way (the last maximum), take ``>=`` in
 ``argmax``.
 
 Specialisation. ``pool_kernels(mode, window, stride)`` builds the kernels of one mode, window
 and stride, all compile-time constants (made on first use and kept): the window loops have
 constant trip counts, so they unroll; divisions by a stride become multiplications; the
-mode's other branches are not compiled. (Measured on an H200: average backward 0.86 -> 0.31
-ms at 64x64x112x112 3/2/1.)
+mode's other branches are not compiled. (Measured on an H200: average backward 0.31 ms at
+64x64x112x112 3/2/1, against 0.86 with the window and stride as run-time values.)
 
 Loads first. A window's taps (and a gather's candidate outputs) are loaded before the first
 of them is compared: each at its coordinates clamped into the plane, so every load is in
 bounds and unconditional, then masked by whether the tap is inside; the folds use ``&`` and
-``|``, never ``and``/``or``, whose short-circuits are branches on the loaded value. Before,
-each tap's load sat behind a branch on the previous tap's compare (SASS: 9 dependent round
-trips per 3x3 window). H100, 64x64x112x112 3/2/1 float32, kernel time: max forward 0.234 ->
-0.141 ms (cuDNN 0.224), max backward 0.683 -> 0.403 ms (cuDNN 0.419).
+``|``, never ``and``/``or``, whose short-circuits are branches on the loaded value. A load
+behind a branch on the previous tap's compare waits for it (SASS: 9 dependent round trips per
+3x3 window). H100, 64x64x112x112 3/2/1 float32, kernel time: max forward 0.141 ms loading
+first against 0.234 with a branch per tap (cuDNN 0.224), max backward 0.403 against 0.683
+(cuDNN 0.419).
 
 Thread mapping (both directions): x threads walk the positions of one plane (output plane
 forward, input plane backward; grid-stride), so a warp reads and writes consecutive
@@ -61,7 +62,7 @@ import math
 
 from numba import boolean, cuda, float32, int64, uint64
 
-from .activation import UNROLL, load4
+from .common import UNROLL, load4
 
 MAX, AVG_INC, AVG_EXC, SUM = 0, 1, 2, 3
 MODE_NAMES = {MAX: "max", AVG_INC: "avginc", AVG_EXC: "avgexc", SUM: "sum"}
@@ -131,8 +132,8 @@ def pool_kernels(mode, window, stride):
     # into registers, every load of a chunk before the first compare, each at its coordinates
     # clamped into the plane (always in bounds; uint64 indices skip Numba's negative-index
     # wraparound) and masked after the load. (A load behind ``if inside:``, or a fold on
-    # ``and``/``or`` short-circuits, branched on the previous tap's value and held the next
-    # load back until it landed: one memory round trip per tap.) Larger windows stream in
+    # ``and``/``or`` short-circuits, branches on the previous tap's value and holds the next
+    # load back until it lands: one memory round trip per tap.) Larger windows stream in
     # chunks of 8: an unrolled chunk, a loop over chunks.
     CHUNK = KSIZE if KSIZE <= 32 else 8
     SPAN = CHUNK * -(-KSIZE // CHUNK)
@@ -212,8 +213,8 @@ def pool_kernels(mode, window, stride):
         so a window of -inf (padding aside) gives that value, not IEEE's -inf. Where y holds
         it (``lowest``, in acc's type), y = the window's maximum again, from x.
         Thread mapping: flat over y, grid-stride, UNROLL outputs a grid stride apart per trip
-        with their loads issued together (kernels/activation.py ``load4``): a walk over planes
-        kept one load in flight per thread and took 53 us for y's 51 MB on an H100 (a third
+        with their loads issued together (kernels/common.py ``load4``): a walk over planes
+        keeps one load in flight per thread and takes 53 us for y's 51 MB on an H100 (a third
         of copy bandwidth). Traffic: reads y; reads x and writes y only around such outputs."""
         zero = acc[0]
         i, step, n = cuda.grid(1), cuda.gridsize(1), y.size

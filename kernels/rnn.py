@@ -21,7 +21,7 @@ and lstm, 4 for gru):
     dgx  (D, T, N, G*H) acc, time-indexed: gradient of the input pre-activations
     dgr  (D, T, N, G*H) acc, step-indexed: gradient of the recurrent pre-activations (for gru
          the n slot holds d(hn), which differs from the input side's d(n pre-activation))
-Weights and biases are read from the flat parameter buffer w (dnnkit.ops.rnn_common layout):
+Weights and biases are read from the flat parameter buffer w (layout: dnnkit/rnn_layout.py):
 a direction's 2G biases are contiguous, input ones first, from ``boff + d*pstride``.
 
 Mode ids: 0 rnn_relu, 1 rnn_tanh, 2 lstm, 3 gru (dnnkit/ops/rnn_numba.py).
@@ -31,8 +31,7 @@ import math
 
 from numba import cuda, float32
 
-from .activation import _sigmoid
-from .softmax import _SUM, _block_reduce
+from .common import REDUCE_SUM, block_reduce, sigmoid
 
 RELU, TANH, LSTM, GRU = 0, 1, 2, 3
 # forward flags
@@ -130,8 +129,8 @@ def rnn_cell_fwd_kernel(ws, gr, w, x, h0, c0, hp, cp, y, hy, cy, lens, geo, acc)
                 hnew = math.tanh(a0)
                 ws[row] = hnew
             elif mode == LSTM:
-                gi, gf = _sigmoid(a0, one), _sigmoid(a1, one)
-                gg, go = math.tanh(a2), _sigmoid(a3, one)
+                gi, gf = sigmoid(a0, one), sigmoid(a1, one)
+                gg, go = math.tanh(a2), sigmoid(a3, one)
                 cnew = gf * cprev + gi * gg
                 hnew = go * math.tanh(cnew)
                 ws[row] = gi
@@ -139,7 +138,7 @@ def rnn_cell_fwd_kernel(ws, gr, w, x, h0, c0, hp, cp, y, hy, cy, lens, geo, acc)
                 ws[row + 2 * nh] = gg
                 ws[row + 3 * nh] = go
             else:
-                gr_, gz = _sigmoid(a0, one), _sigmoid(a1, one)
+                gr_, gz = sigmoid(a0, one), sigmoid(a1, one)
                 gn = math.tanh(a2 + gr_ * a3)
                 hnew = (one - gz) * gn + gz * hprev
                 ws[row] = gr_
@@ -276,7 +275,7 @@ def rnn_bias_bwd_kernel(dgx, dgr, dw, geo, acc):
                 col = d * rows * gh + j % gh
                 for r in range(ty, rows, by):
                     part += dgx[col + r * gh] if j < gh else dgr[col + r * gh]
-            total = _block_reduce(red, part, _SUM)
+            total = block_reduce(red, part, REDUCE_SUM)
             if ty == 0 and j < 2 * gh:
                 dw[boff + d * pstride + j] = total
 

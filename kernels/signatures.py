@@ -5,7 +5,7 @@ Each kernel module declares its own (``SIGNATURES(t, acc)``, see kernels/__init_
 from numba import float32, float64
 from numba.core.types import float16
 
-from . import _modules
+from . import FAMILY_MODULES
 
 # data type -> (data, accumulation) Numba types (see kernels/__init__.py)
 DTYPES = {"float16": (float16, float32), "float32": (float32, float32),
@@ -16,7 +16,7 @@ def signatures(dtype):
     """{kernel name: argument types} for data of ``dtype``."""
     t, acc = DTYPES[dtype]
     out = {}
-    for m in _modules:
+    for m in FAMILY_MODULES:
         out.update(m.SIGNATURES(t, acc))
     return out
 

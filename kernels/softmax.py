@@ -37,10 +37,10 @@ maximum cm gives m' = max(m, cm) and t' = t * exp(m - m'~) + sum_chunk exp(v - m
 per element and one per chunk, and m'~ is never -inf, so no -inf - -inf NaN appears while
 some value is finite. The block then reduces the row's M = max m and total = sum of
 t * exp(m - M) over its threads; the output pass computes exp(x - M) / total again.
-All variants keep the special values of the old three-pass kernel (and of dnnkit.reference):
-a NaN anywhere makes the row NaN (the max lets NaN win); M = +inf makes the total NaN (the
-term exp(inf - inf)); an all -inf row is NaN (exp(-inf - -inf)); -inf elements of other rows
-give 0 (log: -inf). Fast has no maximum: M = 0.
+Every variant gives the special values of dnnkit.reference: a NaN anywhere makes the row NaN
+(the max lets NaN win); M = +inf makes the total NaN (the term exp(inf - inf)); an all -inf
+row is NaN (exp(-inf - -inf)); -inf elements of other rows give 0 (log: -inf). Fast has no
+maximum: M = 0.
 
 Block reduction (``_reduce``): through dynamic shared memory (Numba's simulator has no warp
 shuffles), two levels: each thread stores its value, G = 2^ceil(log2(by)/2) threads per
@@ -62,10 +62,9 @@ import math
 from numba import cuda, float32, int64, uint32, uint64
 
 from .bounds import bounded_jit
+from .common import MAX_THREADS, REDUCE_MAX, REDUCE_SUM, nanmax
 
 FAST, ACCURATE, LOG = 0, 1, 2
-MAX_THREADS = 256
-_MAX, _SUM = 0, 1
 CACHED_K = (4, 16, 32)      # register-cached variants: K values per thread (launcher's choice)
 STREAM_K = 8                # chunk of the streaming variant
 ROW_BY = MAX_THREADS        # blockDim.y of the row-block variants (softmax_kernels' BY)
@@ -77,39 +76,13 @@ ROW_FWD_BLOCKS = {16: 5}
 
 
 @cuda.jit(device=True, inline=True)
-def _nanmax(a, b):
-    # NaN wins, so a NaN anywhere in the row makes the whole row NaN.
-    return a if (a > b or a != a) else b
-
-
-@cuda.jit(device=True, inline=True)
-def _block_reduce(red, val, op):
-    """Combine ``val`` over threadIdx.y for each threadIdx.x; every thread gets its column's
-    result. ``blockDim.y`` must be a power of two. (A tree with a barrier per level; kept for
-    conv_bias_bwd_kernel, kernels/conv.py.)"""
-    tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
-    bx, by = cuda.blockDim.x, cuda.blockDim.y
-    red[ty * bx + tx] = val
-    cuda.syncthreads()
-    half = by // 2
-    while half > 0:
-        if ty < half:
-            a, b = red[ty * bx + tx], red[(ty + half) * bx + tx]
-            red[ty * bx + tx] = _nanmax(a, b) if op == _MAX else a + b
-        cuda.syncthreads()
-        half //= 2
-    out = red[tx]
-    cuda.syncthreads()  # red is reused by the next reduction
-    return out
-
-
-@cuda.jit(device=True, inline=True)
 def _reduce(red, val, op, turn, by):
-    """Combine ``val`` over threadIdx.y for each threadIdx.x (``op`` _MAX or _SUM); every
-    thread gets its column's result. Two levels, two barriers (module docstring); ``turn``
-    (0 or 1) picks the half of ``red`` (2*bx*by elements): consecutive calls alternate.
-    ``by`` is blockDim.y (a constant in the row-block variant: the loops unroll).
-    Shared-memory indices are unsigned (Numba adds a negative-index fix-up to signed ones)."""
+    """Combine ``val`` over threadIdx.y for each threadIdx.x (``op`` REDUCE_MAX or
+    REDUCE_SUM); every thread gets its column's result. Two levels, two barriers (module
+    docstring); ``turn`` (0 or 1) picks the half of ``red`` (2*bx*by elements): consecutive
+    calls alternate. ``by`` is blockDim.y (a constant in the row-block variant: the loops
+    unroll). Shared-memory indices are unsigned (Numba adds a negative-index fix-up to signed
+    ones)."""
     tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
     bx = cuda.blockDim.x
     g = 1
@@ -123,7 +96,7 @@ def _reduce(red, val, op, turn, by):
         r = ty + g
         while r < by:
             w = red[col + uint32(r * bx)]
-            v = _nanmax(v, w) if op == _MAX else v + w
+            v = nanmax(v, w) if op == REDUCE_MAX else v + w
             r += g
         red[col + uint32(ty * bx)] = v      # row ty is read and written by this thread only
     cuda.syncthreads()
@@ -131,7 +104,7 @@ def _reduce(red, val, op, turn, by):
     r = 1
     while r < g:
         w = red[col + uint32(r * bx)]
-        out = _nanmax(out, w) if op == _MAX else out + w
+        out = nanmax(out, w) if op == REDUCE_MAX else out + w
         r += 1
     return out
 
@@ -206,7 +179,7 @@ def softmax_kernels(K, cached, BY=0):
             m2 = m
             if algo != FAST:
                 for j in range(K):
-                    m2 = _nanmax(v[j], m2)
+                    m2 = nanmax(v[j], m2)
             m2t = zero if m2 == ninf else m2
             part = zero
             for j in range(K):
@@ -237,8 +210,8 @@ def softmax_kernels(K, cached, BY=0):
                 if algo != FAST:
                     m = ninf
                     for j in range(K):
-                        m = _nanmax(v[j], m)
-                    big = _reduce(red, m, _MAX, turn, by)
+                        m = nanmax(v[j], m)
+                    big = _reduce(red, m, REDUCE_MAX, turn, by)
                     turn = 1 - turn
                 t = zero
                 if live:                     # (dead lanes: exp(-inf - -inf))
@@ -250,11 +223,11 @@ def softmax_kernels(K, cached, BY=0):
             else:
                 m, t = _online_stats(x, v, first, step, rest, c, s, algo, zero)
                 if algo != FAST:
-                    big = _reduce(red, m, _MAX, turn, by)
+                    big = _reduce(red, m, REDUCE_MAX, turn, by)
                     turn = 1 - turn
                     if live:
                         t *= math.exp(m - big)
-            total = _reduce(red, t, _SUM, turn, by)
+            total = _reduce(red, t, REDUCE_SUM, turn, by)
             turn = 1 - turn
             if not live:
                 continue
@@ -298,7 +271,7 @@ def softmax_kernels(K, cached, BY=0):
                 for j in range(K):
                     t += vg[j] if algo == LOG else vg[j] * vy[j]
                 cb += K * by
-            total = _reduce(red, t, _SUM, turn, by)
+            total = _reduce(red, t, REDUCE_SUM, turn, by)
             turn = 1 - turn
             if not live:
                 continue

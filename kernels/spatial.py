@@ -4,7 +4,7 @@ Layouts, C-contiguous and passed flat: theta (N, 2, 3), grid (N, H', W', 2) hold
 img (N, C, H, W), y and dy (N, C, H', W'). ``geo`` = (N, C, H, W, H', W') as int64.
 
 THE COORDINATE CONVENTION lives here only (``_grid_coord``, ``_pixel_coord``, ALIGN_CORNERS;
-dnnkit/reference.py reads ALIGN_CORNERS): with ALIGN_CORNERS output index i of n maps to
+dnnkit/reference/spatial.py keeps an equal one): with ALIGN_CORNERS output index i of n maps to
 x = -1 + 2i/(n-1) (corner pixel centres at +-1; -1 when n == 1, as cuDNN) and normalized x
 reads pixel u = (x + 1)(n-1)/2 -- PyTorch's align_corners=True. With ALIGN_CORNERS False:
 x = -1 + (2i+1)/n and u = ((x + 1)n - 1)/2 (align_corners=False).
@@ -205,7 +205,7 @@ def _scatter(dimg, base, inside, v):
 
 # Channels per trip of the samplers (CB, the launcher takes min(C, 4)): the taps of CB
 # channels are loaded before the first is used, each at its pixel clamped into the image and
-# masked after the load. (A tap read behind ``if inside:`` waited for the previous one: one
+# masked after the load. (A tap read behind ``if inside:`` waits for the previous one: one
 # memory round trip per tap and channel.)
 MAX_CB = 4
 # Forward block: 32 columns x 8 rows of output points (no index division; a warp on a row)

@@ -75,10 +75,11 @@ def mma_tf32(typingctx, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
 def _stable_uuid(fn, name):
     """Give intrinsic ``fn`` a fixed uuid. Numba keys a kernel's on-disk cache by the pickled
     bytes of its closure (numba.core.caching, ``_index_key``), and an intrinsic pickles with a
-    uuid drawn afresh in each process: every GEMM kernel that calls these (through its
-    ``mma_slab`` closure) got a new key per process, so no process ever found it in the cache
-    (the first conv of a second process recompiled: 5.2 s against 0.8 before the tensor-core
-    GEMM, H100). tests/kernels/test_cache.py checks the keys are stable."""
+    uuid drawn afresh in each process: without a fixed one, every GEMM kernel that calls these
+    (through its ``mma_slab`` closure) gets a new key per process and no process finds it in
+    the cache (the first conv of a second process recompiles: 5.2 s, against 0.8 s for the
+    GEMM without tensor cores loaded from the cache; H100). tests/kernels/test_cache.py checks
+    the keys are stable."""
     set_uuid = getattr(fn, "_set_uuid", None)     # (the simulator's intrinsics have none)
     if set_uuid is not None:
         set_uuid(f"dnnkit.kernels.tensorcore.{name}")

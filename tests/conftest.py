@@ -69,9 +69,9 @@ def pytest_collection_modifyitems(config, items):  # noqa: F811 - pytest hook na
     skip_gpu = pytest.mark.skip(reason="needs a real CUDA GPU (running on the simulator)")
     skip_cudnn = None
     for item in items:
-        if "gpu" in item.keywords and SIMULATOR:
+        if item.get_closest_marker("gpu") and SIMULATOR:
             item.add_marker(skip_gpu)
-        if "cudnn" in item.keywords:
+        if item.get_closest_marker("cudnn"):
             if skip_cudnn is None:
                 from dnnkit.cudnn import loader
                 st = loader.status("")

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import dnnkit
-from dnnkit import config, dispatch
+from dnnkit import config, crosscheck, dispatch, placement, policy, registry
 from dnnkit.cudnn.loader import CudnnStatus
 from dnnkit.errors import CrosscheckError, CudnnError, CudnnUnavailableError
 from tests.conftest import cudnn_ok
@@ -28,7 +28,7 @@ def test_forced_raises_with_op_and_reason():
     config.dnn.enabled = "forced"
     with pytest.raises(CudnnUnavailableError) as ei:
         dnnkit.softmax(X)
-    st = dispatch.cudnn_status()
+    st = policy.cudnn_status()
     assert str(ei.value) == (f"softmax: cuDNN is required (dnn.enabled=forced) but cannot be "
                              f"used: {st.describe()}")
     assert ei.value.op == "softmax" and ei.value.reason == st.describe()
@@ -88,7 +88,7 @@ def test_trace_records_op_backend_algo_shapes_dtype():
 def test_fallback_is_logged_once_and_verbose_logs_every_decision(caplog):
     if cudnn_ok():
         pytest.skip("cuDNN works here: nothing falls back")
-    dispatch._announced.clear()
+    policy.announced.clear()
     with caplog.at_level(logging.INFO, logger="dnnkit"):
         dnnkit.relu(X)
         dnnkit.relu(X)
@@ -108,14 +108,14 @@ def test_fallback_is_logged_once_and_verbose_logs_every_decision(caplog):
 @pytest.fixture
 def fake_op(monkeypatch):
     """An op 'fake' whose cuDNN side is scripted, with cuDNN reported available."""
-    monkeypatch.setattr(dispatch, "cudnn_status", lambda: CudnnStatus(True, version=91900))
+    monkeypatch.setattr(policy, "cudnn_status", lambda: CudnnStatus(True, version=91900))
     script = {"cudnn": lambda a: a * 2, "numba": lambda a: a * 2, "supports": None}
-    dispatch.register("fake", "numba")(lambda a: script["numba"](a))
-    dispatch.register("fake", "cudnn", supports=lambda a: script["supports"])(
+    registry.register("fake", "numba")(lambda a: script["numba"](a))
+    registry.register("fake", "cudnn", supports=lambda a: script["supports"])(
         lambda a: script["cudnn"](a))
     yield script
-    dispatch.REGISTRY.pop("fake")
-    dispatch.OPS.pop("fake")
+    registry.REGISTRY.pop("fake")
+    registry.OPS.pop("fake")
 
 
 def _raise(status):
@@ -148,7 +148,7 @@ def test_other_cudnn_errors_propagate(fake_op):
 
 def test_supports_predicate_routes_and_forced_reports_it(fake_op):
     fake_op["supports"] = "odd sizes are not supported"
-    assert dispatch.select_backend.__name__  # public
+    assert policy.select_backend.__name__  # public
     with dnnkit.trace() as t:
         dispatch.dispatch("fake", np.arange(3.0))
     assert t.backends() == ["numba"] and t[0].reason == "odd sizes are not supported"
@@ -198,7 +198,7 @@ def test_assert_backends_agree(fake_op):
 @pytest.mark.skipif(cudnn_ok(), reason="cuDNN works here")
 def test_crosscheck_without_cudnn_warns_once_and_returns(caplog):
     config.dnn.crosscheck = True
-    dispatch._announced.clear()
+    policy.announced.clear()
     with caplog.at_level(logging.WARNING, logger="dnnkit"):
         y1 = dnnkit.relu(X)
         dnnkit.relu(X)
@@ -218,10 +218,10 @@ def test_crosscheck_without_cudnn_warns_once_and_returns(caplog):
 def test_compare_treats_nan_and_inf_as_ieee(a, b, ok):
     a, b = np.array(a, np.float32), np.array(b, np.float32)
     if ok:
-        dispatch.compare("x", a, b)
+        crosscheck.compare("x", a, b)
     else:
         with pytest.raises(CrosscheckError):
-            dispatch.compare("x", a, b)
+            crosscheck.compare("x", a, b)
 
 
 def test_unknown_backend_names_the_op():
@@ -241,7 +241,7 @@ def test_launch_configurations_do_not_leak_between_block_shapes(rng):
             assert dnnkit.reference.rel_error(y, dnnkit.reference.softmax(x)) < 1e-6
 
 
-# ------------------------------------------------ several devices (issue 9)
+# ------------------------------------------------ several devices
 
 class DeviceNDArrayBase:      # stands for Numba's base class (recognised by name)
     pass
@@ -256,21 +256,21 @@ class FakeDeviceArray(DeviceNDArrayBase):
 
 @pytest.fixture
 def two_devices(monkeypatch):
-    monkeypatch.setattr(dispatch, "_single_device", lambda: False)
+    monkeypatch.setattr(placement, "single_device", lambda: False)
 
 
 def test_one_device_needs_no_check(monkeypatch):
-    monkeypatch.setattr(dispatch, "_single_device", lambda: True)    # also on a 2-GPU machine
-    assert dispatch.call_device("op", (FakeDeviceArray(0), FakeDeviceArray(1))) is None
+    monkeypatch.setattr(placement, "single_device", lambda: True)    # also on a 2-GPU machine
+    assert placement.call_device("op", (FakeDeviceArray(0), FakeDeviceArray(1))) is None
 
 
 def test_call_device_is_the_device_of_the_arrays(two_devices):
     a0, b0, c1 = FakeDeviceArray(0), FakeDeviceArray(0), FakeDeviceArray(1)
-    assert dispatch.call_device("op", (a0, "relu", 0.0, b0)) == 0
-    assert dispatch.call_device("op", (c1, 3, None)) == 1
-    assert dispatch.call_device("op", ("no arrays", 1.0)) is None
+    assert placement.call_device("op", (a0, "relu", 0.0, b0)) == 0
+    assert placement.call_device("op", (c1, 3, None)) == 1
+    assert placement.call_device("op", ("no arrays", 1.0)) is None
     with pytest.raises(ValueError) as ei:
-        dispatch.call_device("conv2d", (a0, c1))
+        placement.call_device("conv2d", (a0, c1))
     msg = str(ei.value)
     assert "conv2d" in msg and "argument 0 on device 0" in msg and "argument 1 on device 1" \
         in msg and "numba.cuda.gpus[1]" in msg
@@ -290,13 +290,13 @@ def test_foreign_arrays_devices_are_asked_of_the_driver(monkeypatch, two_devices
     owner = {0x1000: 0, 0x2000: 1}
     monkeypatch.setattr(device, "pointer_device", lambda ptr: owner.get(ptr))
     t1 = FakeForeignArray(0x2000)
-    assert dispatch.call_device("softmax", (t1, "accurate")) == 1
-    assert dispatch.call_device("relu", (FakeForeignArray(0x1000),)) == 0
+    assert placement.call_device("softmax", (t1, "accurate")) == 1
+    assert placement.call_device("relu", (FakeForeignArray(0x1000),)) == 0
     # an empty tensor (address 0) or one the driver cannot place decides nothing
-    assert dispatch.call_device("op", (FakeForeignArray(0), t1)) == 1
-    assert dispatch.call_device("op", (FakeForeignArray(0x3000),)) is None
+    assert placement.call_device("op", (FakeForeignArray(0), t1)) == 1
+    assert placement.call_device("op", (FakeForeignArray(0x3000),)) is None
     with pytest.raises(ValueError, match=r"argument 0 on device 0, argument 1 on device 1"):
-        dispatch.call_device("conv2d", (FakeDeviceArray(0), t1))
+        placement.call_device("conv2d", (FakeDeviceArray(0), t1))
 
 
 def test_a_call_on_another_device_runs_inside_that_device(monkeypatch, two_devices):
@@ -307,10 +307,9 @@ def test_a_call_on_another_device_runs_inside_that_device(monkeypatch, two_devic
         seen.append(("enter", dev))
         yield
         seen.append(("exit", dev))
-    monkeypatch.setattr(dispatch, "_on_device", on_device)
-    monkeypatch.setattr(dispatch, "_dispatch", lambda op, args, b, kw: (seen.append(op) or 7, None))
-    import dnnkit.arrays
-    monkeypatch.setattr(dnnkit.arrays, "device_id", lambda: 0)
+    monkeypatch.setattr(placement, "on_device", on_device)
+    monkeypatch.setattr(dispatch, "_run_here", lambda op, args, b, kw: (seen.append(op) or 7, None))
+    monkeypatch.setattr(dispatch, "device_id", lambda: 0)
     assert dispatch.dispatch("relu", FakeDeviceArray(1)) == 7
     assert seen == [("enter", 1), "relu", ("exit", 1)]
     seen.clear()

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import dnnkit
-from dnnkit import config, dispatch, fastpath, reference
+from dnnkit import config, dispatch, fastpath, policy, reference, registry
 from dnnkit.cudnn.loader import CudnnStatus
 from dnnkit.errors import CudnnError
 
@@ -16,7 +16,7 @@ def counted(monkeypatch):
     """A public op 'fp_fake'(x, scale) -> x * scale whose steps are counted: argument checks
     (prepare), binds, and runs of the bound runner; cuDNN reported available."""
     from numba import cuda
-    monkeypatch.setattr(dispatch, "cudnn_status", lambda: CudnnStatus(True, version=91900))
+    monkeypatch.setattr(policy, "cudnn_status", lambda: CudnnStatus(True, version=91900))
     n = {"prepare": 0, "bind": 0, "run": 0, "cudnn": None}
 
     @dispatch.public_op("fp_fake")
@@ -41,10 +41,10 @@ def counted(monkeypatch):
             return run
         return bind
     for b in ("numba", "cudnn"):
-        dispatch.register("fp_fake", b)(impl)
-        dispatch.binder("fp_fake", b)(binder(b))
+        registry.register("fp_fake", b)(impl)
+        registry.binder("fp_fake", b)(binder(b))
     yield fp_fake, n
-    for table in (dispatch.REGISTRY, dispatch.OPS, dispatch.PREPARE):
+    for table in (registry.REGISTRY, registry.OPS, registry.PREPARE):
         table.pop("fp_fake")
 
 

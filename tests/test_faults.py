@@ -1,4 +1,4 @@
-"""Issue 9, faults: cuDNN absent, broken, foreign, too old, or found without a GPU.
+"""Faults: cuDNN absent, broken, foreign, too old, or found without a GPU.
 
 For each case, with the real cuDNN wheel and real library files (copies and symlinks in a temp
 folder, never mock objects):
@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 import dnnkit
-from dnnkit import config, dispatch
+from dnnkit import config, policy
 from dnnkit.cudnn import loader
 from dnnkit.errors import CudnnUnavailableError
 from tests.conftest import HAVE_DRIVER
@@ -78,7 +78,7 @@ def _link_cudnn_folder(real, dest, *, main=None, skip=()):
 def _check(library_path, expect, caplog, capfd):
     """auto: Numba, one INFO line naming ``expect``, nothing on stdout; forced: the error."""
     config.set("dnn.library_path", library_path)
-    dispatch._announced.clear()     # "once" is per process: start this case afresh
+    policy.announced.clear()     # "once" is per process: start this case afresh
     capfd.readouterr()
     x, w, want = _conv_inputs()
     with caplog.at_level(logging.INFO, logger="dnnkit"), dnnkit.trace() as t:
@@ -130,7 +130,7 @@ def test_explicit_path_is_libc(caplog, capfd):
 
 def test_libz_named_libcudnn_beside_the_real_sub_libraries(real, tmp_path, caplog, capfd):
     """The folder looks complete, but its libcudnn.so.9 is libz: identified by its soname
-    before it is loaded (it used to be loaded and then fail with an AttributeError)."""
+    before it is loaded (loading it would fail later, with an AttributeError)."""
     _link_cudnn_folder(real, tmp_path, main=_libz_path())
     st = _check(str(tmp_path), "not a cuDNN library", caplog, capfd)
     assert "soname libz.so.1, expected libcudnn.so.9" in st.reason

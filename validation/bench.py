@@ -1,5 +1,5 @@
 """The benchmark report: every op, forward and backward, on each backend and PyTorch, correctness
-first, then time; the device's two ceilings; the targets of issue 8. Needs a GPU.
+first, then time; the device's two ceilings; the targets (docs/performance.md). Needs a GPU.
 
     python -m validation.bench [--reps 20] [--only conv,pool,...] [--out DIR]
 
@@ -231,7 +231,7 @@ def _gmean(v):
 
 
 def targets(rows, ceil, over, cold):
-    """The issue's targets, each with the figure reached."""
+    """The performance targets (docs/performance.md), each with the figure reached."""
     t = []
 
     def rows_of(prefix, dtype="float32"):

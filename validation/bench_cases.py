@@ -1,6 +1,6 @@
 """The cases of the benchmark report (validation/bench.py): every op, forward and backward, on
-the shapes of issue 8, each with its dnnkit calls per backend, PyTorch's equivalent and a
-float64 reference.
+the shapes of the performance targets, each with its dnnkit calls per backend, PyTorch's
+equivalent and a float64 reference.
 
 A case holds SETS input sets (fresh random draws, rotated between timed calls so the L2 cache
 does not flatter small ops), ``impl[backend](inp)`` -> tuple of outputs, ``torch(T, inp)`` ->

@@ -11,16 +11,17 @@ independent oracle and a time to compare with.
 
 Time, two ways: ``call ms`` = dnnkit.timing.median_ms of 10 back-to-back calls between CUDA
 events (after a warm-up; inputs rotated among SETS sets so the L2 cache does not flatter): what
-a user sees, host overhead and per-call allocations included (dnnkit calls are host-bound,
-validation/NOTES.md); ``kernel ms`` = the sum of the GPU kernels' durations per call from the
-PyTorch profiler (CUPTI sees Numba's and cuDNN's kernels too; validation.overhead.gpu_us),
-when PyTorch is installed. Bandwidth = bytes read + written / kernel ms (call ms without
-PyTorch), with two byte counts per op, the same for every backend: ``alg`` = the Numba
-algorithm's traffic (BN training 3 passes over the tensor: x, x, y; inference 2; backward 5:
-x, dy, x, dy, dx; dropout 2) and ``min`` = what any implementation must move (training 2,
-inference 2, backward 3, dropout 2), each as a fraction of the device's copy bandwidth
-measured in the same run (validation.activation_softmax.copy_bandwidth).
-Target (issue 4): every Numba kernel >= 70% of copy bandwidth or no slower than cuDNN.
+a user sees, host overhead and per-call allocations included (a small call's time is host
+time: validation/notes/host-overhead.md); ``kernel ms`` = the sum of the GPU kernels'
+durations per call from the PyTorch profiler (CUPTI sees Numba's and cuDNN's kernels too;
+validation.overhead.gpu_us), when PyTorch is installed. Bandwidth = bytes read + written /
+kernel ms (call ms without PyTorch), with two byte counts per op, the same for every backend:
+``alg`` = the Numba algorithm's traffic (BN training 3 passes over the tensor: x, x, y;
+inference 2; backward 5: x, dy, x, dy, dx; dropout 2) and ``min`` = what any implementation
+must move (training 2, inference 2, backward 3, dropout 2), each as a fraction of the device's
+copy bandwidth measured in the same run (validation.activation_softmax.copy_bandwidth).
+Target (docs/performance.md): every Numba kernel >= 70% of copy bandwidth or no slower than
+cuDNN.
 """
 
 import argparse
@@ -52,8 +53,8 @@ def _flat(outs):
 
 def _bn_case(mode, dt, torch, rng):
     from numba import cuda
-    from dnnkit.ops.batchnorm import _param_shapes
-    ps = _param_shapes(SHAPE, mode)[0]
+    from dnnkit.ops.batchnorm import param_shapes
+    ps = param_shapes(SHAPE, mode)[0]
     pdt = arrays.acc_dtype(dt)
     hx = [(rng.standard_normal(SHAPE, np.float32) * 2 + 0.5).astype(dt) for _ in range(SETS)]
     hdy = (rng.standard_normal(SHAPE, np.float32)).astype(dt)

@@ -15,7 +15,7 @@ with PyTorch; the inputs are PyTorch tensors whose addresses go into the variant
 import argparse
 
 from dnnkit.cudnn import conv_graph, graph, handle
-from dnnkit.cudnn.conv import descriptor_dims
+from dnnkit.cudnn.conv_plans import descriptor_dims
 from dnnkit.cudnn.enums import BEHAVIOR_NOTE, NUMERICAL_NOTE
 from dnnkit.geometry import ConvGeom
 
@@ -43,10 +43,10 @@ def _configs(g):
     return out
 
 
-def _time(T, fn, reps):
+def _time(torch, fn, reps):
     fn()
-    T.cuda.synchronize()
-    a, b = T.cuda.Event(enable_timing=True), T.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize()
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     a.record()
     for _ in range(reps):
         fn()
@@ -55,35 +55,35 @@ def _time(T, fn, reps):
     return a.elapsed_time(b) / reps
 
 
-def _kernels(T, fn):
+def _kernels(torch, fn):
     from torch.profiler import ProfilerActivity, profile
     fn()
-    T.cuda.synchronize()
+    torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         fn()
-        T.cuda.synchronize()
+        torch.cuda.synchronize()
     names = [e.key for e in prof.key_averages() if e.device_type.name == "CUDA"]
     return "; ".join(n[:70] for n in names) or "-"
 
 
-def _tensors(T, c, k, hw, r, st, pad, batch, dtype):
-    tdt = getattr(T, dtype)
-    x = T.randn(batch, c, hw, hw, device="cuda", dtype=tdt)
-    w = T.randn(k, c, r, r, device="cuda", dtype=tdt) * 0.1
-    y = T.nn.functional.conv2d(x, w, stride=st, padding=pad)
+def _tensors(torch, c, k, hw, r, st, pad, batch, dtype):
+    tdt = getattr(torch, dtype)
+    x = torch.randn(batch, c, hw, hw, device="cuda", dtype=tdt)
+    w = torch.randn(k, c, r, r, device="cuda", dtype=tdt) * 0.1
+    y = torch.nn.functional.conv2d(x, w, stride=st, padding=pad)
     return x, w, y.normal_()
 
 
-def _torch_fn(T, direction, x, w, dy, st, pad):
-    g = T.nn.grad
-    return {"fwd": lambda: T.nn.functional.conv2d(x, w, stride=st, padding=pad),
+def _torch_fn(torch, direction, x, w, dy, st, pad):
+    g = torch.nn.grad
+    return {"fwd": lambda: torch.nn.functional.conv2d(x, w, stride=st, padding=pad),
             "bwd_data": lambda: g.conv2d_input(x.shape, w, dy, st, pad),
             "bwd_filter": lambda: g.conv2d_weight(x, w.shape, dy, st, pad)}[direction]
 
 
-def report(T, shape, args):
+def report(torch, shape, args):
     c, k, hw, r, st, pad = shape
-    x, w, y = _tensors(T, c, k, hw, r, st, pad, args.batch, args.dtype)
+    x, w, y = _tensors(torch, c, k, hw, r, st, pad, args.batch, args.dtype)
     geom = ConvGeom(2, (args.batch, c, 1, hw, hw), (k, c, 1, r, r), (1, st, st), (0, pad, pad),
                     (1, 1, 1), 1, False)
     ct = "float64" if args.dtype == "float64" else "float32"
@@ -93,9 +93,9 @@ def report(T, shape, args):
                                           ct, False, 16)
     g = graph.operation_graph(h, [op])
     ptr = {1: x.data_ptr(), 2: w.data_ptr(), 3: y.data_ptr()}
-    uids = conv_graph._UIDS[args.direction]
+    uids = conv_graph.UIDS[args.direction]
     pointers = tuple(ptr[u] for u in uids)
-    ws = T.empty(1 << 30, dtype=T.uint8, device="cuda")
+    ws = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
     print(f"\n## {args.direction} {c}->{k} {hw}^2 {r}x{r}/{st} batch {args.batch} {args.dtype}"
           f"{' tf32' if args.tf32 else ''}\n")
     print("| mode | # | engine config | notes | kept | workspace MB | ms |")
@@ -116,17 +116,17 @@ def report(T, shape, args):
             pick = p
         ms = "-"
         if p.workspace <= ws.numel():
-            ms = f"{_time(T, lambda p=p: p.execute(h, pointers, ws.data_ptr()), args.reps):.3f}"
+            ms = f"{_time(torch, lambda p=p: p.execute(h, pointers, ws.data_ptr()), args.reps):.3f}"
         print(f"| {mode} | {i} | {p.name} | {_notes(cfg)} | {kept} | "
               f"{p.workspace / 2**20:.1f} | {ms} |")
-    T.backends.cudnn.allow_tf32 = args.tf32
-    tf = _torch_fn(T, args.direction, x, w, y, st, pad)
+    torch.backends.cudnn.allow_tf32 = args.tf32
+    tf = _torch_fn(torch, args.direction, x, w, y, st, pad)
     print(f"\ndnnkit guess_once: {pick.name if pick else None}; PyTorch: "
-          f"{_time(T, tf, args.reps):.3f} ms")
+          f"{_time(torch, tf, args.reps):.3f} ms")
     if pick is not None:
         print(f"kernels, dnnkit's pick: "
-              f"{_kernels(T, lambda: pick.execute(h, pointers, ws.data_ptr()))}")
-    print(f"kernels, PyTorch: {_kernels(T, tf)}")
+              f"{_kernels(torch, lambda: pick.execute(h, pointers, ws.data_ptr()))}")
+    print(f"kernels, PyTorch: {_kernels(torch, tf)}")
 
 
 def main():
@@ -139,11 +139,11 @@ def main():
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--shapes", default="", help="comma-separated indices into RESNET50")
     args = ap.parse_args()
-    import torch as T
-    T.backends.cudnn.benchmark = False
+    import torch
+    torch.backends.cudnn.benchmark = False
     idx = [int(i) for i in args.shapes.split(",")] if args.shapes else range(len(RESNET50))
     for i in idx:
-        report(T, RESNET50[i], args)
+        report(torch, RESNET50[i], args)
 
 
 if __name__ == "__main__":

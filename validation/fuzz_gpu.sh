@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 9 ("Bad input") on a GPU: the property-based fuzzer (tests/fuzz/test_fuzz.py) scaled up, on
+# Bad input on a GPU: the property-based fuzzer (tests/fuzz/test_fuzz.py) scaled up, on
 # both backends (Numba and cuDNN: the cudnn-marked half runs where cuDNN works), then a small
 # sample of it under compute-sanitizer memcheck (out-of-bounds and misaligned accesses in the
 # Numba kernels and cuDNN calls the fuzzer drives; no leak check: the caching allocator keeps
@@ -18,10 +18,10 @@ REPORT=${DNNKIT_FUZZ_REPORT:-${OUT:-/tmp}/fuzz_report.txt}
 status=0
 
 echo "== fuzz, both backends, DNNKIT_FUZZ_EXAMPLES=$SCALE"
-# DNNKIT_FUZZ_SHRINK=0: each failure is reported as first drawn. Shrinking on a GPU took
-# minutes per failing test: a run killed by its time limit printed nothing (H100, 2026-11-24);
-# unshrunk, the whole fuzzer with 16 failing tests ran in 145 s (2026-11-25). At scale 5 with
-# Numba's disk cache warm it passes in about 2 min (13,700 cases, H100, 2026-11-25).
+# DNNKIT_FUZZ_SHRINK=0: each failure is reported as first drawn. Shrinking on a GPU takes
+# minutes per failing test, so a run killed by its time limit prints nothing (H100); unshrunk,
+# the whole fuzzer with 16 failing tests ran in 145 s. At scale 5 with Numba's disk cache warm
+# it passes in about 2 min (13,700 cases, H100; validation/notes/reliability.md).
 DNNKIT_FUZZ_SHRINK=${DNNKIT_FUZZ_SHRINK:-0} DNNKIT_FUZZ_EXAMPLES=$SCALE \
   DNNKIT_FUZZ_REPORT=$REPORT timeout 420 \
   python3 -m pytest -q --tb=short -p no:cacheprovider -W ignore::RuntimeWarning \

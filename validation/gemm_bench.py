@@ -51,7 +51,7 @@ _DUMMIES = []
 
 def _dummies():
     """The accumulation-type marker and the unused tap table, made once: a copy to the device
-    per call would sit inside the timed region (the first version of this script did that)."""
+    per call would sit inside the timed region."""
     from numba import cuda
     if not _DUMMIES:
         _DUMMIES.extend([cuda.to_device(np.zeros(1, np.float32)),

@@ -1,4 +1,5 @@
-"""Host cost of each step of a small op call, on a GPU (the performance issue's overhead target):
+"""Host cost of each step of a small op call, on a GPU (the host-overhead target of
+docs/performance.md):
 
     python -m validation.host_cost [--profile DIR]
 
@@ -38,8 +39,8 @@ def steps():
     from numba import cuda
 
     import dnnkit
-    from dnnkit import arrays, dispatch, memory
-    from dnnkit.cudnn import calls, handle
+    from dnnkit import arrays, memory, policy
+    from dnnkit.cudnn import activation as cudnn_activation, handle
     from dnnkit.cudnn.descriptors import TensorDescriptor
     rng = np.random.default_rng(0)
     x = cuda.to_device(rng.standard_normal(1024).astype(np.float32))
@@ -48,7 +49,7 @@ def steps():
     s = arrays.as_stream(None)
     y = arrays.empty_like(x, s)
     dnnkit.relu(x, backend="cudnn")
-    bound = calls.bind_activation(False, x.size, x.dtype, "relu", 0.0, 0)
+    bound = cudnn_activation.bind(False, x.size, x.dtype, "relu", 0.0, 0)
 
     def descriptor():
         with TensorDescriptor((1, 1, 1, 1024), np.float32):
@@ -60,11 +61,12 @@ def steps():
         ("memory.device_array(1024 f32)", lambda: memory.device_array((1024,), np.float32, s)),
         ("cuda.device_array(1024 f32)", lambda: cuda.device_array(1024, np.float32)),
         ("config.get('dnn.enabled')", lambda: dnnkit.config.get("dnn.enabled")),
-        ("dispatch._choose(relu, cudnn)",
-         lambda: dispatch._choose("activation", (x, "relu", 0.0, s), {}, "cudnn")),
+        ("policy.choose(relu, cudnn)",
+         lambda: policy.choose("activation", (x, "relu", 0.0, s), {}, "cudnn")),
         ("handle.get(0)", lambda: handle.get(0)),
         ("TensorDescriptor create+destroy", descriptor),
-        ("calls.activation_forward", lambda: calls.activation_forward(x, y, "relu", 0.0, 0)),
+        ("cudnn_activation.forward",
+         lambda: cudnn_activation.forward(x, y, "relu", 0.0, 0)),
         # the floor of dnnkit's relu: cuDNN's own host time, ctypes and the handle (what the
         # memoised call adds is the dispatch, the allocation and the output array)
         ("cudnnActivationForward, bound", lambda: bound(x, y)),

@@ -7,13 +7,13 @@ For each ResNet-50 layer of validation/conv_bench.py (float32) and each of the t
 max relative error of both Numba paths against PyTorch's float64 result (against each other
 without PyTorch), then the time per call (median of CUDA-event timed samples after a warm-up)
 of the im2col + GEMM path, the implicit GEMM path (kernels/gemm.py ``implicit``: no column
-buffer) and cuDNN, and the ratios implicit / im2col and cuDNN / implicit (issue 8's targets:
+buffer) and cuDNN, and the ratios implicit / im2col and cuDNN / implicit (the targets:
 Numba >= 0.5 of cuDNN's throughput forward, >= 0.4 for the gradients).
 
 ``--split``: instead, the column-buffer forward with its k split into each given number of
-parts (``conv_numba.SPLIT_K``; the largest divisor of the rows up to it), then the filter
-gradient in each given number of image slices (``conv_numba.FILTER_PARTS``), each with the
-default rule's choice last, per layer: error (against the first count) and ms.
+parts (``conv_tuning.settings.split_k``; the largest divisor of the rows up to it), then the
+filter gradient in each given number of image slices (``conv_tuning.settings.filter_parts``),
+each with the default rule's choice last, per layer: error (against the first count) and ms.
 """
 
 import argparse
@@ -22,7 +22,7 @@ import math
 import numpy as np
 
 import dnnkit
-from dnnkit.ops import conv_numba
+from dnnkit.ops.conv_tuning import settings as tuning
 from dnnkit.timing import median_ms
 from validation.conv_bench import RESNET50, _torch
 
@@ -52,7 +52,7 @@ def main():
     print(f"{'C':>4} {'K':>4} {'HW':>4} {'k':>2} {'s':>2} {'pass':>10} {'err im2col':>10} "
           f"{'err impl':>9} {'im2col ms':>9} {'impl ms':>8} {'cuDNN ms':>8} "
           f"{'impl/im2col':>11} {'cuDNN/impl':>10}")
-    default = conv_numba.IMPLICIT
+    default = tuning.implicit
     for c, k, hw, ks, st, pad in RESNET50:
         kw = dict(stride=st, padding=pad)
         xh = rng.standard_normal((args.batch, c, hw, hw)).astype(np.float32)
@@ -70,10 +70,10 @@ def main():
         for pas, call in calls.items():
             outs, times = {}, {}
             for name, implicit in (("im2col", False), ("impl", True)):
-                conv_numba.IMPLICIT = implicit
+                tuning.implicit = implicit
                 outs[name] = call("numba").copy_to_host()
                 times[name] = median_ms(lambda i: call("numba"), args.reps)
-            conv_numba.IMPLICIT = default
+            tuning.implicit = default
             times["cudnn"] = median_ms(lambda i: call("cudnn"), args.reps) if have_cudnn \
                 else float("nan")
             ref = refs[pas] if refs else outs["im2col"]
@@ -85,8 +85,8 @@ def main():
 
 
 def split_sweep(args, counts):
-    """The forward (im2col + GEMM) per layer with SPLIT_K = each count, then the filter
-    gradient with FILTER_PARTS = each count; the rule's choice last."""
+    """The forward (im2col + GEMM) per layer with split_k = each count, then the filter
+    gradient with filter_parts = each count; the rule's choice last."""
     from numba import cuda
     rng = np.random.default_rng(0)
     print(f"{'C':>4} {'K':>4} {'HW':>4} {'k':>2} {'s':>2} {'pass':>10} {'parts':>6} {'err':>9} "
@@ -99,25 +99,25 @@ def split_sweep(args, counts):
         x, w, b = cuda.to_device(xh), cuda.to_device(wh), cuda.to_device(bh)
         dy = cuda.to_device(rng.standard_normal(
             dnnkit.conv2d(x, w, backend="numba", **kw).shape).astype(np.float32))
-        calls = {"fwd": ("SPLIT_K", lambda: dnnkit.conv2d(x, w, b, backend="numba", **kw)),
-                 "bwd_filter": ("FILTER_PARTS", lambda: dnnkit.conv2d_backward_filter(
+        calls = {"fwd": ("split_k", lambda: dnnkit.conv2d(x, w, b, backend="numba", **kw)),
+                 "bwd_filter": ("filter_parts", lambda: dnnkit.conv2d_backward_filter(
                      x, dy, w.shape, backend="numba", **kw))}
-        saved = conv_numba.IMPLICIT, conv_numba.SPLIT_K, conv_numba.FILTER_PARTS
-        conv_numba.IMPLICIT = False
+        saved = tuning.implicit, tuning.split_k, tuning.filter_parts
+        tuning.implicit = False
         try:
             for pas, (switch, call) in calls.items():
                 ref = None
                 for parts in counts + [None]:
-                    setattr(conv_numba, switch, parts)
+                    setattr(tuning, switch, parts)
                     y = call().copy_to_host()
                     ref = y.astype(np.float64) if ref is None else ref
                     err = float(np.abs(y - ref).max() / np.abs(ref).max())
                     ms = median_ms(lambda i: call(), args.reps)
                     print(f"{c:4d} {k:4d} {hw:4d} {ks:2d} {st:2d} {pas:>10} "
                           f"{str(parts or 'rule'):>6} {err:9.2e} {ms:8.3f}", flush=True)
-                setattr(conv_numba, switch, None)
+                setattr(tuning, switch, None)
         finally:
-            conv_numba.IMPLICIT, conv_numba.SPLIT_K, conv_numba.FILTER_PARTS = saved
+            tuning.implicit, tuning.split_k, tuning.filter_parts = saved
 
 if __name__ == "__main__":
     main()

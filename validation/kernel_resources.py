@@ -5,7 +5,8 @@
 Compiles each kernel to PTX with numba.cuda.compile_ptx (the signatures of
 kernels/signatures.py) and assembles it with ptxas -v (from the CUDA toolkit or the
 nvidia-cuda-nvcc wheel). Run with NUMBA_ENABLE_CUDASIM unset. Spills (local-memory stores and
-loads) and a stack frame in a hot kernel are the first thing to fix (validation/NOTES.md).
+loads) and a stack frame in a hot kernel are the first thing to fix; the figures that set a
+kernel's launch bounds are on its page under validation/notes/.
 """
 
 import argparse
@@ -40,10 +41,10 @@ _FIELDS = {"registers": r"Used (\d+) registers", "stack": r"(\d+) bytes stack fr
 def report(ptxas):
     from numba import cuda
 
-    import dnnkit.kernels as K
+    import dnnkit.kernels as kernels
     from dnnkit.kernels.signatures import DTYPES, signatures
     rows = []
-    kernels = K.all_kernels()
+    kernels = kernels.all_kernels()
     names = sorted(kernels)
     with tempfile.TemporaryDirectory() as tmp:
         for dt in DTYPES:

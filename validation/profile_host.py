@@ -3,7 +3,7 @@
     python -m validation.profile_host [backend] [relu|conv]
 
 relu: a 1,024-element ReLU; conv: a 3x3 convolution of a (1, 8, 8, 8) input (the small-call
-shapes of the performance issue)."""
+shapes of the benchmark's host-overhead rows)."""
 
 import cProfile
 import pstats

@@ -2,7 +2,7 @@
 
     python -m validation.rnn_bench [--reps 20] [--dtype float32] [--no-reference] [--json f]
 
-Shapes (issue 5; one layer, unidirectional, input size = hidden size):
+Shapes (the benchmark's; one layer, unidirectional, input size = hidden size):
 LSTM H=512 N=64 T=50, GRU H=1024 N=32 T=50, LSTM H=1024 N=16 T=100.
 
 Correctness first, on the same weights and inputs for every backend: the max relative error
@@ -15,7 +15,7 @@ pseudo-layer's weight_ih, weight_hh, bias_ih, bias_hh are four contiguous blocks
 Times: dnnkit.timing.median_ms (CUDA events on the default stream, after a warm-up) of
 ``forward`` (inference) and ``forward+backward`` (training forward, then backward; for
 PyTorch the module call and autograd.backward with the same upstream gradients, weight
-gradients included). Target (issue 5): Numba within 2.5x of cuDNN on forward.
+gradients included). Target (docs/performance.md): Numba within 2.5x of cuDNN on forward.
 """
 
 import argparse
@@ -60,7 +60,7 @@ def _torch_module(torch, rnn, w_host, dt):
     cls = {"lstm": torch.nn.LSTM, "gru": torch.nn.GRU}[c.mode]
     m = cls(c.input_size, c.hidden_size, c.num_layers, bidirectional=c.bidirectional)
     m = m.to(device="cuda", dtype=getattr(torch, dt))
-    from dnnkit.ops.rnn_common import param_layout
+    from dnnkit.rnn_layout import param_layout
     g = c.gates
     # A pseudo-layer's G input matrices, G recurrent matrices, G input biases and G recurrent
     # biases are each one contiguous block: weight_ih, weight_hh, bias_ih, bias_hh.

@@ -18,7 +18,7 @@ import numpy as np
 
 import dnnkit
 from dnnkit import config
-from dnnkit import reference as R
+from dnnkit import reference
 from dnnkit.timing import median_ms
 
 # float32 at 224 pixels: coordinates carry ~224 * 2^-24 pixels of rounding (PyTorch's too)
@@ -47,15 +47,15 @@ def _check(shape, dtype, backend, img, theta, dy):
     dimg, dgrid = dnnkit.grid_sample_backward(img, grid, dy, backend=backend)
     dtheta = dnnkit.affine_grid_backward(dgrid, backend=backend)
     g = grid.copy_to_host()
-    rimg, rgrid = R.grid_sample_backward(img[:SUB], g[:SUB], dy[:SUB])
+    rimg, rgrid = reference.grid_sample_backward(img[:SUB], g[:SUB], dy[:SUB])
     return {
-        "grid": R.rel_error(g, R.affine_grid(theta, shape)),
-        "y": R.rel_error(y.copy_to_host()[:SUB], R.grid_sample(img[:SUB], g[:SUB])),
-        "dimg": R.rel_error(dimg.copy_to_host()[:SUB], rimg),
-        # off the kinks (pixel coordinates on an integer: one-sided slopes, R.spatial_kinks)
-        "dgrid": R.rel_error(R.off_kinks(dgrid.copy_to_host()[:SUB], g[:SUB], shape[2:]),
-                             R.off_kinks(rgrid, g[:SUB], shape[2:])),
-        "dtheta": R.rel_error(dtheta.copy_to_host(), R.affine_grid_backward(dgrid.copy_to_host())),
+        "grid": reference.rel_error(g, reference.affine_grid(theta, shape)),
+        "y": reference.rel_error(y.copy_to_host()[:SUB], reference.grid_sample(img[:SUB], g[:SUB])),
+        "dimg": reference.rel_error(dimg.copy_to_host()[:SUB], rimg),
+        # off the kinks (pixel coordinates on an integer: one-sided slopes, reference.spatial_kinks)
+        "dgrid": reference.rel_error(reference.off_kinks(dgrid.copy_to_host()[:SUB], g[:SUB], shape[2:]),
+                             reference.off_kinks(rgrid, g[:SUB], shape[2:])),
+        "dtheta": reference.rel_error(dtheta.copy_to_host(), reference.affine_grid_backward(dgrid.copy_to_host())),
     }
 
 
@@ -65,8 +65,8 @@ def _torch_check(shape, img, theta):
     tg = F.affine_grid(torch.tensor(theta, device="cuda"), shape, align_corners=True)
     ty = F.grid_sample(torch.tensor(img, device="cuda"), tg, align_corners=True)
     g = tg.cpu().double().numpy()
-    return {"grid": R.rel_error(g, R.affine_grid(theta, shape)),
-            "y": R.rel_error(ty.cpu().numpy()[:SUB], R.grid_sample(img[:SUB], g[:SUB]))}
+    return {"grid": reference.rel_error(g, reference.affine_grid(theta, shape)),
+            "y": reference.rel_error(ty.cpu().numpy()[:SUB], reference.grid_sample(img[:SUB], g[:SUB]))}
 
 
 def _times(shape, backend, img, theta, dy, reps):

@@ -10,9 +10,9 @@ the Numba backend without Winograd (its default otherwise: implicit GEMM or im2c
 with Winograd, and cuDNN the time per call (median of CUDA-event timed samples of 5
 back-to-back calls after a warm-up, as validation/bench.py) and the GPU time with the host
 out of the way (``kms``: the calls queued behind a sleeping kernel, validation/pool_bench.py);
-the ratios winograd / other and cuDNN / winograd (issue 8's throughput ratio), by kms.
-``--parts``: also the filter gradient with each number of tile slices (``PARTS``), the rule's
-choice last.
+the ratios winograd / other and cuDNN / winograd (the conv targets' ratio), by kms.
+``--parts``: also the filter gradient with each number of tile slices
+(``conv_tuning.settings.winograd_parts``), the rule's choice last.
 """
 
 import argparse
@@ -21,7 +21,7 @@ import math
 import numpy as np
 
 import dnnkit
-from dnnkit.ops import conv_winograd
+from dnnkit.ops.conv_tuning import settings as tuning
 from dnnkit.timing import median_ms
 from validation.conv_bench import RESNET50, _torch
 from validation.implicit_bench import _reference
@@ -57,7 +57,7 @@ def main():
     print(f"{'C':>4} {'K':>4} {'HW':>4} {'pass':>10} {'err other':>9} {'err wino':>9} "
           f"{'other ms':>8} {'wino ms':>8} {'cuDNN ms':>8} {'other kms':>9} {'wino kms':>8} "
           f"{'cuDNN kms':>9} {'wino/other':>10} {'cuDNN/wino':>10}")
-    saved = conv_winograd.WINOGRAD, conv_winograd.PARTS
+    saved = tuning.winograd, tuning.winograd_parts
     for c, k, hw, ks, st, pad in RESNET50:
         if (ks, st) != (3, 1):
             continue
@@ -73,10 +73,10 @@ def main():
             for pas, call in calls.items():
                 outs, times = {}, {}
                 for name, on in (("other", False), ("wino", True)):
-                    conv_winograd.WINOGRAD = on
+                    tuning.winograd = on
                     outs[name] = call("numba").copy_to_host()
                     times[name] = _times(lambda: call("numba"), args.reps)
-                conv_winograd.WINOGRAD = saved[0]
+                tuning.winograd = saved[0]
                 times["cudnn"] = _times(lambda: call("cudnn"), args.reps) \
                     if have_cudnn else (float("nan"),) * 2
                 ref = refs[pas] if refs else outs["other"].astype(np.float64)
@@ -88,9 +88,9 @@ def main():
                       f"{wi[1]:8.3f} {cu[1]:9.3f} {wi[1] / o[1]:10.2f} {cu[1] / wi[1]:10.2f}",
                       flush=True)
             if args.parts:
-                conv_winograd.WINOGRAD = True
+                tuning.winograd = True
                 for parts in [int(v) for v in args.parts.split(",")] + [None]:
-                    conv_winograd.PARTS = parts
+                    tuning.winograd_parts = parts
                     got = calls["bwd_filter"]("numba").copy_to_host()
                     ref = refs["bwd_filter"] if refs else got.astype(np.float64)
                     e = float(np.abs(got - ref).max() / np.abs(ref).max())
@@ -98,7 +98,7 @@ def main():
                     print(f"{c:4d} {k:4d} {hw:4d}  bwd_filter parts {str(parts or 'rule'):>4} "
                           f"err {e:9.2e} {ms:8.3f} ms {kms:8.3f} kms", flush=True)
         finally:
-            conv_winograd.WINOGRAD, conv_winograd.PARTS = saved
+            tuning.winograd, tuning.winograd_parts = saved
 
 
 if __name__ == "__main__":

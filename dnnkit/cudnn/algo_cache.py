@@ -3,8 +3,8 @@
 A key (``make_key``) is a canonical JSON string of everything that can change cuDNN's answer:
 direction, device (PCI address, name, compute capability), cuDNN version, shapes and strides,
 padding, stride, dilation, groups, mode, data and compute dtypes, math type, determinism,
-workspace limit (rounded down to a power of two) and the kind of choice (guess or time). Being a string it is hashable, and it
-saves to JSON and reloads byte for byte.
+workspace limit (rounded down to a power of two) and the kind of choice (guess or time). Being
+a string it is hashable, and it saves to JSON and reloads byte for byte.
 
 ``*_once`` choices stay for the life of the process (``get``/``put``). ``*_on_shape_change``
 keeps only the last key and answer per (direction, kind) and forgets the old one when the key
@@ -14,6 +14,8 @@ another device or cuDNN version load harmlessly: their keys never match a lookup
 
 The lock guards the dicts only; choosing (GPU work) happens outside it, so two threads that miss
 at once may both choose, and the last ``put`` wins.
+
+Numba is imported inside ``current_device``: ``import dnnkit`` must not load it.
 """
 
 import json
@@ -23,6 +25,7 @@ import threading
 
 import numpy as np
 
+from .. import fastpath
 from .enums import CONV_BWD_DATA_ALGO, CONV_BWD_FILTER_ALGO, CONV_FWD_ALGO, MATH_NAMES
 
 FORMAT = "dnnkit-cudnn-algo-cache"
@@ -68,7 +71,7 @@ def _canonical(obj):
     return json.dumps(obj, sort_keys=True, separators=(",", ":"))
 
 
-def _limit_bucket(limit):
+def limit_bucket(limit):
     """The workspace limit rounded down to a power of two. An "auto" limit that follows the
     free memory would otherwise make a new key (and a new choice) on almost every call; the
     exact limit is still enforced when the remembered algorithm runs."""
@@ -94,7 +97,7 @@ def make_key(direction, choice, *, device, cudnn_version, nd, shapes, strides, p
         "compute_dtype": np.dtype(compute_dtype).name,
         "math_type": MATH_NAMES.get(int(math_type), str(int(math_type))),
         "deterministic": bool(deterministic),
-        "workspace_limit": _limit_bucket(workspace_limit),
+        "workspace_limit": limit_bucket(workspace_limit),
     }
     return _canonical(fields)
 
@@ -158,7 +161,6 @@ def clear():
         _once.clear()
         _latest.clear()
         _counts.update(hits=0, misses=0)
-    from .. import fastpath
     fastpath.invalidate()     # memoised convolutions keep the plans they chose
 
 

@@ -1,14 +1,21 @@
-"""Thin ctypes layer over the cuDNN 9 C API: prototypes and ``check()``.
+"""The core of the ctypes layer over the cuDNN 9 C API, shared by every op family.
 
-Each prototype carries its C signature as a comment. ``call(name, *args, context=...)`` runs a
-function and raises ``dnnkit.CudnnError`` with the function, status name and context (shapes,
-values) when it does not return CUDNN_STATUS_SUCCESS.
+- ``PROTOTYPES``: the functions every family uses (handles, tensor descriptors, the version and
+  error strings). Each family declares its own functions in its own file with
+  ``register_prototypes`` (C signatures as comments), so a family's calls and their prototypes
+  sit together.
+- ``library()``, ``function(name)``: the loaded library and its functions, prototypes set.
+- ``check()`` and ``call(name, *args, context=...)``: a status other than
+  CUDNN_STATUS_SUCCESS raises ``dnnkit.CudnnError`` with the function, the status name and the
+  context (shapes, values).
+- ``ptr()`` and ``copy_async()``: device arrays as cuDNN takes them (raw addresses).
 """
 
 import ctypes
-from ctypes import POINTER, c_double, c_int, c_size_t, c_void_p
+from ctypes import POINTER, c_int, c_size_t, c_void_p
 
-from ..errors import CudnnError, CudnnUnavailableError
+from .. import device
+from ..errors import CudnnError, CudnnUnavailableError, DnnkitError
 from . import loader
 from .enums import STATUS_SUCCESS
 
@@ -29,167 +36,10 @@ PROTOTYPES = {
     # cudnnStatus_t cudnnSetTensorNdDescriptor(cudnnTensorDescriptor_t tensorDesc,
     #     cudnnDataType_t dataType, int nbDims, const int dimA[], const int strideA[]);
     "cudnnSetTensorNdDescriptor": [_p, c_int, c_int, _int_p, _int_p],
-    # cudnnStatus_t cudnnCreateActivationDescriptor(cudnnActivationDescriptor_t *activationDesc);
-    "cudnnCreateActivationDescriptor": [POINTER(_p)],
-    # cudnnStatus_t cudnnDestroyActivationDescriptor(cudnnActivationDescriptor_t activationDesc);
-    "cudnnDestroyActivationDescriptor": [_p],
-    # cudnnStatus_t cudnnSetActivationDescriptor(cudnnActivationDescriptor_t activationDesc,
-    #     cudnnActivationMode_t mode, cudnnNanPropagation_t reluNanOpt, double coef);
-    "cudnnSetActivationDescriptor": [_p, c_int, c_int, c_double],
-    # cudnnStatus_t cudnnSetActivationDescriptorSwishBeta(cudnnActivationDescriptor_t activationDesc,
-    #     double swish_beta);
-    "cudnnSetActivationDescriptorSwishBeta": [_p, c_double],
-    # cudnnStatus_t cudnnActivationForward(cudnnHandle_t handle,
-    #     cudnnActivationDescriptor_t activationDesc, const void *alpha,
-    #     const cudnnTensorDescriptor_t xDesc, const void *x, const void *beta,
-    #     const cudnnTensorDescriptor_t yDesc, void *y);
-    "cudnnActivationForward": [_p, _p, _p, _p, _p, _p, _p, _p],
-    # cudnnStatus_t cudnnActivationBackward(cudnnHandle_t handle,
-    #     cudnnActivationDescriptor_t activationDesc, const void *alpha,
-    #     const cudnnTensorDescriptor_t yDesc, const void *y,
-    #     const cudnnTensorDescriptor_t dyDesc, const void *dy,
-    #     const cudnnTensorDescriptor_t xDesc, const void *x, const void *beta,
-    #     const cudnnTensorDescriptor_t dxDesc, void *dx);
-    "cudnnActivationBackward": [_p] * 12,
-    # cudnnStatus_t cudnnSoftmaxForward(cudnnHandle_t handle, cudnnSoftmaxAlgorithm_t algorithm,
-    #     cudnnSoftmaxMode_t mode, const void *alpha, const cudnnTensorDescriptor_t xDesc,
-    #     const void *x, const void *beta, const cudnnTensorDescriptor_t yDesc, void *y);
-    "cudnnSoftmaxForward": [_p, c_int, c_int, _p, _p, _p, _p, _p, _p],
-    # cudnnStatus_t cudnnSoftmaxBackward(cudnnHandle_t handle, cudnnSoftmaxAlgorithm_t algorithm,
-    #     cudnnSoftmaxMode_t mode, const void *alpha, const cudnnTensorDescriptor_t yDesc,
-    #     const void *y, const cudnnTensorDescriptor_t dyDesc, const void *dy,
-    #     const void *beta, const cudnnTensorDescriptor_t dxDesc, void *dx);
-    "cudnnSoftmaxBackward": [_p, c_int, c_int, _p, _p, _p, _p, _p, _p, _p, _p],
     # const char *cudnnGetErrorString(cudnnStatus_t status);
     "cudnnGetErrorString": [c_int],
     # size_t cudnnGetVersion(void);
     "cudnnGetVersion": [],
-    # --- convolution (cudnn_ops.h / cudnn_cnn.h). Every perfResults argument is a pointer to
-    # an array of cudnnConvolution{Fwd,BwdData,BwdFilter}AlgoPerf_t, declared as void* here
-    # (the struct lives in dnnkit.cudnn.conv); size_t* arguments are POINTER(c_size_t).
-    # cudnnStatus_t cudnnCreateFilterDescriptor(cudnnFilterDescriptor_t *filterDesc);
-    "cudnnCreateFilterDescriptor": [POINTER(_p)],
-    # cudnnStatus_t cudnnDestroyFilterDescriptor(cudnnFilterDescriptor_t filterDesc);
-    "cudnnDestroyFilterDescriptor": [_p],
-    # cudnnStatus_t cudnnSetFilterNdDescriptor(cudnnFilterDescriptor_t filterDesc,
-    #     cudnnDataType_t dataType, cudnnTensorFormat_t format, int nbDims,
-    #     const int filterDimA[]);
-    "cudnnSetFilterNdDescriptor": [_p, c_int, c_int, c_int, _int_p],
-    # cudnnStatus_t cudnnCreateConvolutionDescriptor(cudnnConvolutionDescriptor_t *convDesc);
-    "cudnnCreateConvolutionDescriptor": [POINTER(_p)],
-    # cudnnStatus_t cudnnDestroyConvolutionDescriptor(cudnnConvolutionDescriptor_t convDesc);
-    "cudnnDestroyConvolutionDescriptor": [_p],
-    # cudnnStatus_t cudnnSetConvolutionNdDescriptor(cudnnConvolutionDescriptor_t convDesc,
-    #     int arrayLength, const int padA[], const int filterStrideA[], const int dilationA[],
-    #     cudnnConvolutionMode_t mode, cudnnDataType_t computeType);
-    "cudnnSetConvolutionNdDescriptor": [_p, c_int, _int_p, _int_p, _int_p, c_int, c_int],
-    # cudnnStatus_t cudnnSetConvolutionGroupCount(cudnnConvolutionDescriptor_t convDesc,
-    #     int groupCount);
-    "cudnnSetConvolutionGroupCount": [_p, c_int],
-    # cudnnStatus_t cudnnSetConvolutionMathType(cudnnConvolutionDescriptor_t convDesc,
-    #     cudnnMathType_t mathType);
-    "cudnnSetConvolutionMathType": [_p, c_int],
-    # cudnnStatus_t cudnnGetConvolutionForwardAlgorithmMaxCount(cudnnHandle_t handle, int *count);
-    "cudnnGetConvolutionForwardAlgorithmMaxCount": [_p, _int_p],
-    # cudnnStatus_t cudnnGetConvolutionBackwardDataAlgorithmMaxCount(cudnnHandle_t handle,
-    #     int *count);
-    "cudnnGetConvolutionBackwardDataAlgorithmMaxCount": [_p, _int_p],
-    # cudnnStatus_t cudnnGetConvolutionBackwardFilterAlgorithmMaxCount(cudnnHandle_t handle,
-    #     int *count);
-    "cudnnGetConvolutionBackwardFilterAlgorithmMaxCount": [_p, _int_p],
-    # cudnnStatus_t cudnnGetConvolutionForwardAlgorithm_v7(cudnnHandle_t handle,
-    #     const cudnnTensorDescriptor_t srcDesc, const cudnnFilterDescriptor_t filterDesc,
-    #     const cudnnConvolutionDescriptor_t convDesc, const cudnnTensorDescriptor_t destDesc,
-    #     const int requestedAlgoCount, int *returnedAlgoCount,
-    #     cudnnConvolutionFwdAlgoPerf_t *perfResults);
-    "cudnnGetConvolutionForwardAlgorithm_v7": [_p, _p, _p, _p, _p, c_int, _int_p, _p],
-    # cudnnStatus_t cudnnGetConvolutionBackwardDataAlgorithm_v7(cudnnHandle_t handle,
-    #     const cudnnFilterDescriptor_t filterDesc, const cudnnTensorDescriptor_t diffDesc,
-    #     const cudnnConvolutionDescriptor_t convDesc, const cudnnTensorDescriptor_t gradDesc,
-    #     const int requestedAlgoCount, int *returnedAlgoCount,
-    #     cudnnConvolutionBwdDataAlgoPerf_t *perfResults);
-    "cudnnGetConvolutionBackwardDataAlgorithm_v7": [_p, _p, _p, _p, _p, c_int, _int_p, _p],
-    # cudnnStatus_t cudnnGetConvolutionBackwardFilterAlgorithm_v7(cudnnHandle_t handle,
-    #     const cudnnTensorDescriptor_t srcDesc, const cudnnTensorDescriptor_t diffDesc,
-    #     const cudnnConvolutionDescriptor_t convDesc, const cudnnFilterDescriptor_t gradDesc,
-    #     const int requestedAlgoCount, int *returnedAlgoCount,
-    #     cudnnConvolutionBwdFilterAlgoPerf_t *perfResults);
-    "cudnnGetConvolutionBackwardFilterAlgorithm_v7": [_p, _p, _p, _p, _p, c_int, _int_p, _p],
-    # cudnnStatus_t cudnnFindConvolutionForwardAlgorithmEx(cudnnHandle_t handle,
-    #     const cudnnTensorDescriptor_t xDesc, const void *x,
-    #     const cudnnFilterDescriptor_t wDesc, const void *w,
-    #     const cudnnConvolutionDescriptor_t convDesc, const cudnnTensorDescriptor_t yDesc,
-    #     void *y, const int requestedAlgoCount, int *returnedAlgoCount,
-    #     cudnnConvolutionFwdAlgoPerf_t *perfResults, void *workSpace,
-    #     size_t workSpaceSizeInBytes);
-    "cudnnFindConvolutionForwardAlgorithmEx": [_p, _p, _p, _p, _p, _p, _p, _p, c_int, _int_p,
-                                               _p, _p, c_size_t],
-    # cudnnStatus_t cudnnFindConvolutionBackwardDataAlgorithmEx(cudnnHandle_t handle,
-    #     const cudnnFilterDescriptor_t wDesc, const void *w,
-    #     const cudnnTensorDescriptor_t dyDesc, const void *dy,
-    #     const cudnnConvolutionDescriptor_t convDesc, const cudnnTensorDescriptor_t dxDesc,
-    #     void *dx, const int requestedAlgoCount, int *returnedAlgoCount,
-    #     cudnnConvolutionBwdDataAlgoPerf_t *perfResults, void *workSpace,
-    #     size_t workSpaceSizeInBytes);
-    "cudnnFindConvolutionBackwardDataAlgorithmEx": [_p, _p, _p, _p, _p, _p, _p, _p, c_int,
-                                                    _int_p, _p, _p, c_size_t],
-    # cudnnStatus_t cudnnFindConvolutionBackwardFilterAlgorithmEx(cudnnHandle_t handle,
-    #     const cudnnTensorDescriptor_t xDesc, const void *x,
-    #     const cudnnTensorDescriptor_t dyDesc, const void *y,
-    #     const cudnnConvolutionDescriptor_t convDesc, const cudnnFilterDescriptor_t dwDesc,
-    #     void *dw, const int requestedAlgoCount, int *returnedAlgoCount,
-    #     cudnnConvolutionBwdFilterAlgoPerf_t *perfResults, void *workSpace,
-    #     size_t workSpaceSizeInBytes);
-    "cudnnFindConvolutionBackwardFilterAlgorithmEx": [_p, _p, _p, _p, _p, _p, _p, _p, c_int,
-                                                      _int_p, _p, _p, c_size_t],
-    # cudnnStatus_t cudnnGetConvolutionForwardWorkspaceSize(cudnnHandle_t handle,
-    #     const cudnnTensorDescriptor_t xDesc, const cudnnFilterDescriptor_t wDesc,
-    #     const cudnnConvolutionDescriptor_t convDesc, const cudnnTensorDescriptor_t yDesc,
-    #     cudnnConvolutionFwdAlgo_t algo, size_t *sizeInBytes);
-    "cudnnGetConvolutionForwardWorkspaceSize": [_p, _p, _p, _p, _p, c_int, POINTER(c_size_t)],
-    # cudnnStatus_t cudnnGetConvolutionBackwardDataWorkspaceSize(cudnnHandle_t handle,
-    #     const cudnnFilterDescriptor_t wDesc, const cudnnTensorDescriptor_t dyDesc,
-    #     const cudnnConvolutionDescriptor_t convDesc, const cudnnTensorDescriptor_t dxDesc,
-    #     cudnnConvolutionBwdDataAlgo_t algo, size_t *sizeInBytes);
-    "cudnnGetConvolutionBackwardDataWorkspaceSize": [_p, _p, _p, _p, _p, c_int,
-                                                     POINTER(c_size_t)],
-    # cudnnStatus_t cudnnGetConvolutionBackwardFilterWorkspaceSize(cudnnHandle_t handle,
-    #     const cudnnTensorDescriptor_t xDesc, const cudnnTensorDescriptor_t dyDesc,
-    #     const cudnnConvolutionDescriptor_t convDesc, const cudnnFilterDescriptor_t gradDesc,
-    #     cudnnConvolutionBwdFilterAlgo_t algo, size_t *sizeInBytes);
-    "cudnnGetConvolutionBackwardFilterWorkspaceSize": [_p, _p, _p, _p, _p, c_int,
-                                                       POINTER(c_size_t)],
-    # cudnnStatus_t cudnnConvolutionForward(cudnnHandle_t handle, const void *alpha,
-    #     const cudnnTensorDescriptor_t xDesc, const void *x,
-    #     const cudnnFilterDescriptor_t wDesc, const void *w,
-    #     const cudnnConvolutionDescriptor_t convDesc, cudnnConvolutionFwdAlgo_t algo,
-    #     void *workSpace, size_t workSpaceSizeInBytes, const void *beta,
-    #     const cudnnTensorDescriptor_t yDesc, void *y);
-    "cudnnConvolutionForward": [_p, _p, _p, _p, _p, _p, _p, c_int, _p, c_size_t, _p, _p, _p],
-    # cudnnStatus_t cudnnConvolutionBackwardData(cudnnHandle_t handle, const void *alpha,
-    #     const cudnnFilterDescriptor_t wDesc, const void *w,
-    #     const cudnnTensorDescriptor_t dyDesc, const void *dy,
-    #     const cudnnConvolutionDescriptor_t convDesc, cudnnConvolutionBwdDataAlgo_t algo,
-    #     void *workSpace, size_t workSpaceSizeInBytes, const void *beta,
-    #     const cudnnTensorDescriptor_t dxDesc, void *dx);
-    "cudnnConvolutionBackwardData": [_p, _p, _p, _p, _p, _p, _p, c_int, _p, c_size_t, _p, _p,
-                                     _p],
-    # cudnnStatus_t cudnnConvolutionBackwardFilter(cudnnHandle_t handle, const void *alpha,
-    #     const cudnnTensorDescriptor_t xDesc, const void *x,
-    #     const cudnnTensorDescriptor_t dyDesc, const void *dy,
-    #     const cudnnConvolutionDescriptor_t convDesc, cudnnConvolutionBwdFilterAlgo_t algo,
-    #     void *workSpace, size_t workSpaceSizeInBytes, const void *beta,
-    #     const cudnnFilterDescriptor_t dwDesc, void *dw);
-    "cudnnConvolutionBackwardFilter": [_p, _p, _p, _p, _p, _p, _p, c_int, _p, c_size_t, _p,
-                                       _p, _p],
-    # cudnnStatus_t cudnnConvolutionBackwardBias(cudnnHandle_t handle, const void *alpha,
-    #     const cudnnTensorDescriptor_t dyDesc, const void *dy, const void *beta,
-    #     const cudnnTensorDescriptor_t dbDesc, void *db);
-    "cudnnConvolutionBackwardBias": [_p, _p, _p, _p, _p, _p, _p],
-    # cudnnStatus_t cudnnAddTensor(cudnnHandle_t handle, const void *alpha,
-    #     const cudnnTensorDescriptor_t aDesc, const void *A, const void *beta,
-    #     const cudnnTensorDescriptor_t cDesc, void *C);
-    "cudnnAddTensor": [_p, _p, _p, _p, _p, _p, _p],
 }
 RESTYPES = {"cudnnGetErrorString": ctypes.c_char_p, "cudnnGetVersion": c_size_t}
 
@@ -201,6 +51,7 @@ def register_prototypes(prototypes, restypes=None):
         raise ValueError(f"cuDNN prototypes declared twice: {sorted(clash)}")
     PROTOTYPES.update(prototypes)
     RESTYPES.update(restypes or {})
+
 
 _bound = {}  # id(lib) -> {name: function with prototype set}
 
@@ -228,7 +79,7 @@ def function(name):
 
 
 def status_name(status):
-    return loader._status_name(library(), status)
+    return loader.status_name(library(), status)
 
 
 def check(name, status, context=""):
@@ -246,3 +97,33 @@ def call(name, *args, context=""):
     status = function(name)(*args)
     if status != STATUS_SUCCESS:
         check(name, status, context)
+
+
+def ptr(a):
+    """The device address of an array, as an int (ctypes passes it as void*). A Numba array's
+    is read once and kept on the array (it cannot change); others through the interface."""
+    d = getattr(a, "__dict__", None)
+    if d is not None:
+        p = d.get("_dnnkit_ptr")
+        if p is not None:
+            return p
+    c = getattr(a, "device_ctypes_pointer", None)
+    if c is None:
+        return a.__cuda_array_interface__["data"][0] or None
+    p = c.value or None
+    if d is not None:
+        d["_dnnkit_ptr"] = p
+    return p
+
+
+def copy_async(dst_ptr, src, nbytes, stream_ptr):
+    """Copy the first ``nbytes`` of device array ``src`` to the device address ``dst_ptr``,
+    ordered on the raw stream ``stream_ptr`` and asynchronous to the host. (Numba's
+    ``copy_to_device`` takes the synchronous cuMemcpyDtoD for the legacy default stream,
+    which holds the host until the GPU has caught up: 0.23 ms a call in cuDNN dropout's
+    RNG-state reset, H100.)"""
+    if not nbytes:
+        return
+    (err,) = device.driver().cuMemcpyDtoDAsync(dst_ptr, (ptr(src) or 0), nbytes, stream_ptr)
+    if int(err) != 0:
+        raise DnnkitError(f"cuMemcpyDtoDAsync failed with {err} copying {nbytes} bytes")

@@ -23,19 +23,19 @@ the op (ops/batchnorm.py), which writes them back to the user's arrays.
 from ctypes import c_double, c_int, c_void_p
 
 from . import api, handle
-from .calls import _ptr
-from .descriptors import _Cache, _Descriptor, scalar_refs, tensor
+from .api import ptr
+from .descriptors import Descriptor, DescriptorCache, scalar_refs, tensor
 
 _p = c_void_p
 
 # cudnnBatchNormMode_t
 BN_MODE = {"per-activation": 0, "spatial": 1}   # 2 = SPATIAL_PERSISTENT, unused (see above)
-# cuDNN before 7.x required epsilon >= CUDNN_BN_MIN_EPSILON = 1e-5; later headers define it as
-# 0.0. dnnkit keeps 1e-5 as the bound for the cuDNN path (issue 4): smaller epsilons run on
-# Numba under auto and raise under forced.
+# cuDNN 7 and older required epsilon >= CUDNN_BN_MIN_EPSILON = 1e-5; cuDNN 9's headers define
+# it as 0.0. dnnkit keeps 1e-5 as the bound for the cuDNN path: smaller epsilons run on Numba
+# under auto and raise under forced.
 MIN_EPSILON = 1e-5
 
-api.register_prototypes({
+PROTOTYPES = {
     # cudnnStatus_t cudnnDeriveBNTensorDescriptor(cudnnTensorDescriptor_t derivedBnDesc,
     #     const cudnnTensorDescriptor_t xDesc, cudnnBatchNormMode_t mode);
     "cudnnDeriveBNTensorDescriptor": [_p, _p, c_int],
@@ -69,12 +69,13 @@ api.register_prototypes({
     #     const void *savedInvVariance);
     "cudnnBatchNormalizationBackward": [_p, c_int, _p, _p, _p, _p, _p, _p, _p, _p, _p, _p, _p,
                                         _p, _p, _p, c_double, _p, _p],
-})
+}
+api.register_prototypes(PROTOTYPES)
 
 
-class BNParamDescriptor(_Descriptor):
+class BNParamDescriptor(Descriptor):
     """The scale/bias/mean/variance descriptor cuDNN derives from x's (type and shape)."""
-    _create, _destroy_fn = "cudnnCreateTensorDescriptor", "cudnnDestroyTensorDescriptor"
+    create_fn, destroy_fn = "cudnnCreateTensorDescriptor", "cudnnDestroyTensorDescriptor"
 
     def __init__(self, x_desc, mode):
         super().__init__()
@@ -96,10 +97,10 @@ def _ctx(op, x, mode, eps, more=""):
 
 
 def _null(a):
-    return None if a is None else _ptr(a)
+    return None if a is None else ptr(a)
 
 
-_params = _Cache(lambda dims, dtype, mode: BNParamDescriptor(tensor(dims, dtype), mode))
+_params = DescriptorCache(lambda dims, dtype, mode: BNParamDescriptor(tensor(dims, dtype), mode))
 
 
 def _descs(x, mode):
@@ -115,9 +116,9 @@ def forward_training(x, y, gamma, beta, mean, invstd, run_mean, run_var, mode, e
     alpha, beta_ = scalar_refs(x.dtype)
     xd, pd = _descs(x, mode)
     api.call("cudnnBatchNormalizationForwardTraining", handle.get(stream), BN_MODE[mode],
-             alpha, beta_, xd, _ptr(x), xd, _ptr(y), pd,
-             _ptr(gamma), _ptr(beta), c_double(momentum), _null(run_mean), _null(run_var),
-             c_double(eps), _ptr(mean), _ptr(invstd),
+             alpha, beta_, xd, ptr(x), xd, ptr(y), pd,
+             ptr(gamma), ptr(beta), c_double(momentum), _null(run_mean), _null(run_var),
+             c_double(eps), ptr(mean), ptr(invstd),
              context=_ctx("batch_norm_train", x, mode, eps, f", momentum {momentum}"))
 
 
@@ -125,8 +126,8 @@ def forward_inference(x, y, gamma, beta, mean, var, mode, eps, stream):
     alpha, beta_ = scalar_refs(x.dtype)
     xd, pd = _descs(x, mode)
     api.call("cudnnBatchNormalizationForwardInference", handle.get(stream), BN_MODE[mode],
-             alpha, beta_, xd, _ptr(x), xd, _ptr(y), pd,
-             _ptr(gamma), _ptr(beta), _ptr(mean), _ptr(var), c_double(eps),
+             alpha, beta_, xd, ptr(x), xd, ptr(y), pd,
+             ptr(gamma), ptr(beta), ptr(mean), ptr(var), c_double(eps),
              context=_ctx("batch_norm_inference", x, mode, eps))
 
 
@@ -135,6 +136,6 @@ def backward(x, dy, dx, gamma, dgamma, dbeta, mean, invstd, mode, eps, stream):
     alpha, beta_ = scalar_refs(x.dtype)
     xd, pd = _descs(x, mode)
     api.call("cudnnBatchNormalizationBackward", handle.get(stream), BN_MODE[mode],
-             alpha, beta_, alpha, beta_, xd, _ptr(x), xd, _ptr(dy), xd, _ptr(dx), pd,
-             _ptr(gamma), _ptr(dgamma), _ptr(dbeta), c_double(eps), _ptr(mean), _ptr(invstd),
+             alpha, beta_, alpha, beta_, xd, ptr(x), xd, ptr(dy), xd, ptr(dx), pd,
+             ptr(gamma), ptr(dgamma), ptr(dbeta), c_double(eps), ptr(mean), ptr(invstd),
              context=_ctx("batch_norm_backward", x, mode, eps))

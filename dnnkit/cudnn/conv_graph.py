@@ -10,7 +10,9 @@ and as the plan object itself, keyed by the call's raw arguments, so a steady lo
 dict lookup, a workspace from the per-stream cache and one ``cudnnBackendExecute``.
 
 Tensor unique ids: 1 = x (or dx), 2 = w (or dw), 3 = y (or dy); pointers are bound in the
-direction's (a, b, o) argument order, as in conv.py.
+direction's (a, b, o) argument order (``UIDS``), as in conv.py.
+
+Numba is imported inside ``_time``: ``import dnnkit`` must not load it.
 """
 
 import logging
@@ -25,7 +27,7 @@ log = logging.getLogger("dnnkit")
 
 TIME_MAX = 12               # candidates timed by time_* (heuristics order: the best are first)
 TIME_REPS = 3
-_UIDS = {"fwd": (1, 2, 3), "bwd_data": (2, 3, 1), "bwd_filter": (1, 3, 2)}   # (a, b, o)
+UIDS = {"fwd": (1, 2, 3), "bwd_data": (2, 3, 1), "bwd_filter": (1, 3, 2)}   # (a, b, o)
 _OPS = {  # direction -> (operation type, attribute prefix, {attribute suffix: tensor uid})
     "fwd": ("OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR", "OPERATION_CONVOLUTION_FORWARD_",
             {"X": 1, "W": 2, "Y": 3}),
@@ -38,7 +40,7 @@ _OPS = {  # direction -> (operation type, attribute prefix, {attribute suffix: t
 
 def build_operation(direction, dims, dtype, compute_dtype, flip, align):
     """The finalized convolution operation of ``direction`` and what it references (pure
-    cuDNN host work: no handle, no GPU). ``dims`` is conv.ConvDims."""
+    cuDNN host work: no handle, no GPU). ``dims`` is conv_plans.ConvDims."""
     dt = DATA_TYPES[dtype]
     tensors = {1: graph.tensor(1, dims.x, dt, align), 2: graph.tensor(2, dims.w, dt, align),
                3: graph.tensor(3, dims.y, dt, align)}
@@ -72,7 +74,7 @@ class _Graph:
         self.op, self.refs = build_operation(direction, dims, dtype, compute_dtype, flip, align)
         self.graph = graph.operation_graph(h, [self.op])
         self.configs = [c for c in graph.engine_configs(self.graph) if c.usable(allow_tc, det)]
-        self.uids = _UIDS[direction]
+        self.uids = UIDS[direction]
         self.plans = {}
         self.lock = threading.Lock()
 
@@ -96,7 +98,7 @@ class _Graph:
 
 GRAPHS_MAX = 512
 _graphs = {}                 # (handle, direction, dims, ...) -> _Graph
-_fast = {}                   # raw call arguments -> (plan, the workspace limit it was chosen for)
+_fast = {}                   # (handle value, alignment, raw call arguments) -> (plan, graph)
 _lock = threading.Lock()
 
 
@@ -121,6 +123,12 @@ def drop_variant_packs():
 memory.on_empty_cache(drop_variant_packs)
 
 
+def fast_plans():
+    """A copy of the remembered choices: {(handle value, alignment, raw): (plan, graph)}."""
+    with _lock:
+        return dict(_fast)
+
+
 def chosen(key, raw):
     """The plan a ``*_once`` choice made for (handle value, alignment) ``key`` and ``raw``
     (convolve's arguments), or None."""
@@ -128,7 +136,8 @@ def chosen(key, raw):
     return hit[0] if hit is not None else None
 
 
-def _graph(h, direction, dims, dtype, compute_dtype, flip, align, allow_tc, det):
+def cached_graph(h, direction, dims, dtype, compute_dtype, flip, align, allow_tc, det):
+    """The operation graph of these arguments on handle ``h`` (built on first use)."""
     key = (h.value, direction, dims, dtype, compute_dtype, flip, align, allow_tc, det)
     g = _graphs.get(key)
     if g is None:
@@ -218,7 +227,7 @@ def convolve(direction, pointers, raw, make_key, make_spec, limit, stream, choic
         algo_cache.hit()
     else:
         spec = make_spec()
-        g = _graph(h, direction, *spec[:4], align, *spec[4:])
+        g = cached_graph(h, direction, *spec[:4], align, *spec[4:])
         p = _choose(g, h, choice, make_key(), direction, pointers, limit, stream)
         if p is None:
             log.debug("cuDNN graph %s: no usable engine configuration (%d after the filters, "

@@ -1,8 +1,11 @@
 """cuDNN descriptors as context managers; ``weakref.finalize`` destroys any that escape.
 
-Every cuDNN object dnnkit creates (descriptors here and in the op families' modules, which
-subclass ``_Descriptor``; handles in ``handle.py``) is counted per kind on creation and on
-destruction, so leak tests can check that ``live_counts()`` returns to where it started.
+``Descriptor`` is the base of every legacy descriptor (tensors here; each op family subclasses
+it in its own file), ``DescriptorCache`` shares descriptors by their arguments, and
+``scalar_refs`` gives the alpha/beta host scalars. Every cuDNN object dnnkit creates
+(descriptors, graph-API descriptors in ``graph.py``, handles in ``handle.py``) is counted per
+kind on creation and on destruction, so leak tests can check that ``live_counts()`` returns to
+where it started.
 """
 
 import collections
@@ -12,8 +15,9 @@ import weakref
 
 import numpy as np
 
+from .. import fastpath
 from . import api
-from .enums import DATA_TYPES, PROPAGATE_NAN, TENSOR_NCHW
+from .enums import DATA_TYPES
 
 INT_MAX = 2**31 - 1
 
@@ -59,15 +63,17 @@ def _destroy(fn_name, ptr, kind):
     count(kind, destroyed=1)
 
 
-class _Descriptor:
-    _create = _destroy_fn = None
+class Descriptor:
+    """A legacy cuDNN descriptor: subclasses name their C create and destroy functions
+    (``create_fn``, ``destroy_fn``) and set the descriptor in ``__init__``."""
+    create_fn = destroy_fn = None
 
     def __init__(self):
         self.ptr = ctypes.c_void_p()
-        api.call(self._create, ctypes.byref(self.ptr))
-        kind = kind_of(self._create)
+        api.call(self.create_fn, ctypes.byref(self.ptr))
+        kind = kind_of(self.create_fn)
         count(kind, created=1)   # only after cuDNN succeeded: a failed create made nothing
-        self._fin = weakref.finalize(self, _destroy, self._destroy_fn, self.ptr, kind)
+        self._fin = weakref.finalize(self, _destroy, self.destroy_fn, self.ptr, kind)
 
     def close(self):
         self._fin()
@@ -83,10 +89,10 @@ class _Descriptor:
         return self.ptr
 
 
-class TensorDescriptor(_Descriptor):
+class TensorDescriptor(Descriptor):
     """A packed (C-contiguous) tensor of 3 to 8 dims; ranks below ``min_rank`` are padded with
     1s (most calls want 4; the RNN's state tensors are exactly 3-D)."""
-    _create, _destroy_fn = "cudnnCreateTensorDescriptor", "cudnnDestroyTensorDescriptor"
+    create_fn, destroy_fn = "cudnnCreateTensorDescriptor", "cudnnDestroyTensorDescriptor"
 
     def __init__(self, shape, dtype, min_rank=4):
         super().__init__()
@@ -110,69 +116,12 @@ class TensorDescriptor(_Descriptor):
             raise
 
 
-class ActivationDescriptor(_Descriptor):
-    _create, _destroy_fn = "cudnnCreateActivationDescriptor", "cudnnDestroyActivationDescriptor"
-
-    def __init__(self, mode_id, coef, swish_beta=None):
-        super().__init__()
-        try:
-            api.call("cudnnSetActivationDescriptor", self.ptr, mode_id, PROPAGATE_NAN,
-                     float(coef), context=f"mode {mode_id}, coef {coef}")
-            if swish_beta is not None:
-                api.call("cudnnSetActivationDescriptorSwishBeta", self.ptr, float(swish_beta),
-                         context=f"beta {swish_beta}")
-        except Exception:
-            self.close()
-            raise
-
-
-def _int_array(values, what):
+def int_array(values, what):
+    """``values`` as a C int array; ValueError naming ``what`` when one exceeds 32 bits."""
     values = [int(v) for v in values]
     if values and max(abs(v) for v in values) > INT_MAX:
         raise ValueError(f"{what} {tuple(values)} exceeds cuDNN's 32-bit dimension limit")
     return (ctypes.c_int * len(values))(*values)
-
-
-class FilterDescriptor(_Descriptor):
-    """A packed NCHW (or NCDHW) filter (K, C/groups, [T,] R, S) of 4 or 5 dims."""
-    _create, _destroy_fn = "cudnnCreateFilterDescriptor", "cudnnDestroyFilterDescriptor"
-
-    def __init__(self, shape, dtype):
-        dims = _int_array(shape, "filter")  # before creating, so a bad shape leaks nothing
-        super().__init__()
-        self.shape = tuple(shape)
-        try:
-            api.call("cudnnSetFilterNdDescriptor", self.ptr, DATA_TYPES[np.dtype(dtype).name],
-                     TENSOR_NCHW, len(dims), dims,
-                     context=f"filter {self.shape}, dtype {np.dtype(dtype).name}")
-        except Exception:
-            self.close()
-            raise
-
-
-class ConvolutionDescriptor(_Descriptor):
-    """Padding, stride and dilation per spatial dim (2 or 3 of each), mode, compute type, group
-    count and math type (cudnnSetConvolutionNdDescriptor, ...GroupCount, ...MathType)."""
-    _create, _destroy_fn = "cudnnCreateConvolutionDescriptor", "cudnnDestroyConvolutionDescriptor"
-
-    def __init__(self, padding, stride, dilation, mode, compute_dtype, groups=1, math_type=0):
-        n = len(padding)
-        if not len(stride) == len(dilation) == n:
-            raise ValueError(f"padding {padding}, stride {stride} and dilation {dilation} must "
-                             "have one value per spatial dimension")
-        arrays = [_int_array(v, name) for v, name in
-                  ((padding, "padding"), (stride, "stride"), (dilation, "dilation"))]
-        super().__init__()
-        ctx = (f"padding {tuple(padding)}, stride {tuple(stride)}, dilation {tuple(dilation)}, "
-               f"mode {mode}, compute {compute_dtype}, groups {groups}, math type {math_type}")
-        try:
-            api.call("cudnnSetConvolutionNdDescriptor", self.ptr, n, *arrays, int(mode),
-                     DATA_TYPES[np.dtype(compute_dtype).name], context=ctx)
-            api.call("cudnnSetConvolutionGroupCount", self.ptr, int(groups), context=ctx)
-            api.call("cudnnSetConvolutionMathType", self.ptr, int(math_type), context=ctx)
-        except Exception:
-            self.close()
-            raise
 
 
 def scalars(dtype):
@@ -195,10 +144,10 @@ def scalar_refs(dtype, alpha=1.0):
     return refs
 
 
-_CACHES = []      # every _Cache, so clear_cached() reaches the op families' caches too
+_CACHES = []      # every DescriptorCache, so clear_cached() reaches the op families' too
 
 
-class _Cache:
+class DescriptorCache:
     """Descriptors by their arguments, made once and shared by every call and thread (cuDNN
     only reads a descriptor once it is set; creating, setting and destroying one costs tens of
     microseconds of host time, more than a small op's own call). Bounded: when full it is
@@ -225,8 +174,7 @@ class _Cache:
             self.items = {}
 
 
-_tensors = _Cache(TensorDescriptor)
-_activations = _Cache(ActivationDescriptor)
+_tensors = DescriptorCache(TensorDescriptor)
 
 
 def tensor(shape, dtype, min_rank=4):
@@ -234,15 +182,9 @@ def tensor(shape, dtype, min_rank=4):
     return _tensors.get(tuple(shape), dtype, min_rank)
 
 
-def activation(mode_id, coef, swish_beta=None):
-    """The shared (cached) activation descriptor; callers must not close it."""
-    return _activations.get(mode_id, coef, swish_beta)
-
-
 def clear_cached():
     """Drop every shared descriptor, of every family (each is destroyed once no call holds
     it): leak tests, and tests that fake cuDNN's calls."""
     for c in _CACHES:
         c.clear()
-    from .. import fastpath
     fastpath.invalidate()     # memoised calls hold descriptors

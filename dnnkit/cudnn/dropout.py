@@ -20,6 +20,8 @@ cudnnDropoutForward advances. dnnkit promises "same seed, same mask", so:
 A lock per entry serialises the calls that use its descriptor (restore + forward, backward) on
 the host, since the descriptor is shared.
 x is described as a packed (1, 1, 1, size) tensor: dropout is elementwise.
+
+Numba is imported inside the functions that use it: ``import dnnkit`` must not load it.
 """
 
 import collections
@@ -29,14 +31,16 @@ from ctypes import POINTER, c_float, c_size_t, c_ulonglong, c_void_p
 
 import numpy as np
 
+from ..device import stream_pointer
+from ..memory import device_array
 from . import api, handle
-from .calls import _ptr, copy_async
-from .descriptors import _Descriptor, tensor
+from .api import copy_async, ptr
+from .descriptors import Descriptor, tensor
 
 _p = c_void_p
 _CACHE_MAX = 8
 
-api.register_prototypes({
+PROTOTYPES = {
     # cudnnStatus_t cudnnCreateDropoutDescriptor(cudnnDropoutDescriptor_t *dropoutDesc);
     "cudnnCreateDropoutDescriptor": [POINTER(_p)],
     # cudnnStatus_t cudnnDestroyDropoutDescriptor(cudnnDropoutDescriptor_t dropoutDesc);
@@ -64,11 +68,13 @@ api.register_prototypes({
     #     const void *dy, const cudnnTensorDescriptor_t dxdesc, void *dx, void *reserveSpace,
     #     size_t reserveSpaceSizeInBytes);
     "cudnnDropoutBackward": [_p, _p, _p, _p, _p, _p, _p, c_size_t],
-})
+}
+api.register_prototypes(PROTOTYPES)
 
 
-class DropoutDescriptor(_Descriptor):
-    _create, _destroy_fn = "cudnnCreateDropoutDescriptor", "cudnnDestroyDropoutDescriptor"
+class DropoutDescriptor(Descriptor):
+    """Set by cudnnSetDropoutDescriptor (with RNG states) or cudnnRestoreDropoutDescriptor."""
+    create_fn, destroy_fn = "cudnnCreateDropoutDescriptor", "cudnnDestroyDropoutDescriptor"
 
 
 def _device_id():
@@ -92,7 +98,7 @@ class _Entry:
         self.work = {}                 # stream pointer -> working states
         self.lock = threading.Lock()
         self.desc = DropoutDescriptor()
-        api.call("cudnnSetDropoutDescriptor", self.desc, h, c_float(p), _ptr(self.pristine),
+        api.call("cudnnSetDropoutDescriptor", self.desc, h, c_float(p), ptr(self.pristine),
                  c_size_t(self.size), c_ulonglong(seed),
                  context=f"dropout {p}, seed {seed}, {self.size}-byte states")
         from numba import cuda
@@ -103,7 +109,7 @@ class _Entry:
         buf = self.work.get(stream.handle_value)
         if buf is None:
             buf = self.work[stream.handle_value] = _bytes(self.size)
-        copy_async(_ptr(buf), self.pristine, self.size, stream.handle_value)
+        copy_async(ptr(buf), self.pristine, self.size, stream.handle_value)
         return buf
 
 
@@ -128,7 +134,6 @@ def _entry(h, p, seed):
 
 class _Stream:
     def __init__(self, numba_stream):
-        from ..device import stream_pointer
         self.numba, self.handle_value = numba_stream, stream_pointer(numba_stream)
 
 
@@ -152,15 +157,14 @@ def forward(x, y, p, seed, stream):
     n = c_size_t()
     api.call("cudnnDropoutGetReserveSpaceSize", xd, ctypes.byref(n))
     # the reserve space (mask) from dnnkit's caching pool, on the call's stream: a fresh
-    # cudaMalloc per call (and Numba's deferred frees) held the host ~0.3 ms a call at
+    # cudaMalloc per call (and Numba's deferred frees) holds the host ~0.3 ms a call at
     # 64x256x56x56 (H100: 0.41 ms host time per call against the Numba path's 0.10)
-    from ..memory import device_array
     reserve = device_array((max(1, n.value),), np.uint8, stream)
     with e.lock:
         work = e.working(s)
-        api.call("cudnnRestoreDropoutDescriptor", e.desc, h, c_float(p), _ptr(work),
+        api.call("cudnnRestoreDropoutDescriptor", e.desc, h, c_float(p), ptr(work),
                  c_size_t(e.size), c_ulonglong(seed), context=_ctx("dropout", x, p, seed))
-        api.call("cudnnDropoutForward", h, e.desc, xd, _ptr(x), xd, _ptr(y), _ptr(reserve),
+        api.call("cudnnDropoutForward", h, e.desc, xd, ptr(x), xd, ptr(y), ptr(reserve),
                  c_size_t(n.value), context=_ctx("dropout", x, p, seed))
     return Saved(e, reserve, n.value)
 
@@ -171,6 +175,6 @@ def backward(dy, dx, saved, stream):
     e = saved.entry
     dd = tensor((1, 1, 1, dy.size), dy.dtype)
     with e.lock:
-        api.call("cudnnDropoutBackward", h, e.desc, dd, _ptr(dy), dd, _ptr(dx),
-                 _ptr(saved.reserve), c_size_t(saved.nbytes),
+        api.call("cudnnDropoutBackward", h, e.desc, dd, ptr(dy), dd, ptr(dx),
+                 ptr(saved.reserve), c_size_t(saved.nbytes),
                  context=_ctx("dropout_backward", dy, e.p, e.seed))

@@ -17,13 +17,14 @@ import ctypes
 import weakref
 from ctypes import POINTER, c_double, c_float, c_int, c_int64, c_void_p
 
+from ..errors import CudnnError
 from . import api
 from .descriptors import count
 from .enums import ATTR, ATTR_TYPE, BACKEND_DESCRIPTOR, BEHAVIOR_NOTE, HEUR_MODE, NUMERICAL_NOTE
 
 _p = c_void_p
 
-api.register_prototypes({
+PROTOTYPES = {
     # cudnnStatus_t cudnnBackendCreateDescriptor(cudnnBackendDescriptorType_t descriptorType,
     #     cudnnBackendDescriptor_t *descriptor);
     "cudnnBackendCreateDescriptor": [c_int, POINTER(_p)],
@@ -42,7 +43,8 @@ api.register_prototypes({
     # cudnnStatus_t cudnnBackendExecute(cudnnHandle_t handle,
     #     cudnnBackendDescriptor_t executionPlan, cudnnBackendDescriptor_t variantPack);
     "cudnnBackendExecute": [_p, _p, _p],
-})
+}
+api.register_prototypes(PROTOTYPES)
 
 # The C element type of each attribute type we set or read (enums are C ints).
 _CTYPE = {"HANDLE": c_void_p, "DATA_TYPE": c_int, "INT64": c_int64, "FLOAT": c_float,
@@ -52,7 +54,7 @@ _CTYPE = {"HANDLE": c_void_p, "DATA_TYPE": c_int, "INT64": c_int64, "FLOAT": c_f
 _NOTES_MAX = 16   # more than cuDNN 9 defines of either kind of note
 
 
-def _kind(type_name):
+def backend_kind(type_name):
     """'EXECUTION_PLAN_DESCRIPTOR' -> 'BackendExecutionPlan' (the leak counter's kind)."""
     words = type_name[:-len("_DESCRIPTOR")].split("_")
     return "Backend" + "".join(w.capitalize() for w in words)
@@ -77,7 +79,7 @@ class Backend:
         self.ptr = c_void_p()
         api.call("cudnnBackendCreateDescriptor", BACKEND_DESCRIPTOR[type_name],
                  ctypes.byref(self.ptr), context=type_name)
-        kind = _kind(type_name)
+        kind = backend_kind(type_name)
         count(kind, created=1)
         self._fin = weakref.finalize(self, _destroy, self.ptr, kind)
 
@@ -213,7 +215,7 @@ def engine_configs(graph, modes=("A", "FALLBACK")):
         try:
             heur.finalize()
             cfgs = heur.get_descriptors("ENGINEHEUR_RESULTS", "ENGINECFG_DESCRIPTOR")
-        except api.CudnnError:
+        except CudnnError:
             continue            # a mode with nothing for this graph
         finally:
             heur.close()
@@ -233,8 +235,8 @@ class Plan:
     lock."""
 
     # A loop that rotates its inputs (or a benchmark) cycles through several address sets;
-    # 16 with a clear-all on overflow made such loops rebuild a pack on every call (seen on
-    # float16 convolutions on an H100: ~20 us of host time per call). The oldest goes first.
+    # a cache of 16 emptied on overflow rebuilds a pack on every call of such a loop (float16
+    # convolutions on an H100: ~20 us of host time per call). The oldest goes first.
     PACKS_MAX = 64
 
     def __init__(self, handle, config, uids):

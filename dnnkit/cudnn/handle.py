@@ -9,7 +9,7 @@ import ctypes
 import threading
 import weakref
 
-from ..device import device_id# noqa: F401 - the current device's ordinal (re-exported)
+from ..device import device_id
 from . import api
 from .descriptors import count
 
@@ -32,8 +32,6 @@ class _PerThread:
         self.streams = {}         # device id -> the stream its handle is bound to
         fin = weakref.finalize(self, _destroy_all, self.handles)
         fin.atexit = False  # at interpreter exit the CUDA context may already be gone
-
-
 
 
 def get(stream_ptr=0):

@@ -9,6 +9,9 @@ ELF soname (is it cuDNN's main library, and which major version? -- a path may n
 sub-library or a cuDNN 8 file, and calling into those would crash or mislead), check that the
 sub-libraries sit beside it, and only then ask ``cudnnGetVersion`` and try ``cudnnCreate``
 (which answers CUDNN_STATUS_NOT_INITIALIZED when there is no CUDA device).
+
+``cuda.pathfinder`` and Numba are imported inside the functions that need them: ``import
+dnnkit`` loads neither (tests/cudnn/test_loader.py checks).
 """
 
 import ctypes
@@ -158,7 +161,8 @@ def _locate(library_path):
     return loaded.abs_path, getattr(loaded, "found_via", None) or "cuda.pathfinder"
 
 
-def _status_name(lib, status):
+def status_name(lib, status):
+    """The name of a cudnnStatus_t value: from ``enums``, else ``lib``'s cudnnGetErrorString."""
     name = STATUS_NAMES.get(status)
     if name is None:
         try:
@@ -178,7 +182,7 @@ def _probe(library_path, device_ok, device_reason):
     why = identity_problem(path, soname(path))
     if why:
         return CudnnStatus(False, why, path=path, found_via=via)
-    folder = os.path.dirname(os.path.realpath(path)) if os.path.islink(path) else os.path.dirname(path)
+    folder = os.path.dirname(os.path.realpath(path) if os.path.islink(path) else path)
     missing = [s for s in SUBLIBRARIES if not os.path.exists(os.path.join(folder, s))
                and not os.path.exists(os.path.join(os.path.dirname(path), s))]
     if missing:
@@ -204,7 +208,7 @@ def _probe(library_path, device_ok, device_reason):
     handle = ctypes.c_void_p()
     st = lib.cudnnCreate(ctypes.byref(handle))
     if st != STATUS_SUCCESS:
-        name = _status_name(lib, st)
+        name = status_name(lib, st)
         why = "no CUDA device" if name == "CUDNN_STATUS_NOT_INITIALIZED" else "cannot initialise"
         return CudnnStatus(False, f"{why} (cudnnCreate returned {name})", **base)
     # int cudnnDestroy(cudnnHandle_t handle);

@@ -13,14 +13,14 @@ import math
 from ctypes import POINTER, c_int, c_void_p
 
 from . import api, handle
-from .calls import _ptr
-from .descriptors import _Cache, _Descriptor, _int_array, scalar_refs, tensor
+from .api import ptr
+from .descriptors import Descriptor, DescriptorCache, int_array, scalar_refs, tensor
 from .enums import PROPAGATE_NAN
 
 _p = c_void_p
 _int_p = POINTER(c_int)
 
-api.register_prototypes({
+PROTOTYPES = {
     # cudnnStatus_t cudnnCreatePoolingDescriptor(cudnnPoolingDescriptor_t *poolingDesc);
     "cudnnCreatePoolingDescriptor": [POINTER(_p)],
     # cudnnStatus_t cudnnDestroyPoolingDescriptor(cudnnPoolingDescriptor_t poolingDesc);
@@ -41,7 +41,8 @@ api.register_prototypes({
     #     const cudnnTensorDescriptor_t xDesc, const void *x, const void *beta,
     #     const cudnnTensorDescriptor_t dxDesc, void *dx);
     "cudnnPoolingBackward": [_p] * 12,
-})
+}
+api.register_prototypes(PROTOTYPES)
 
 # cudnnPoolingMode_t (cudnn_ops.h)
 POOLING_MAX = 0
@@ -54,17 +55,17 @@ MODES = {"max": POOLING_MAX, "max_deterministic": POOLING_MAX_DETERMINISTIC,
          "sum": POOLING_AVERAGE_COUNT_INCLUDE_PADDING}
 
 
-class PoolingDescriptor(_Descriptor):
+class PoolingDescriptor(Descriptor):
     """Mode, window, padding and stride per spatial dim (2 or 3 of each), NaN propagated
     (cudnnSetPoolingNdDescriptor)."""
-    _create, _destroy_fn = "cudnnCreatePoolingDescriptor", "cudnnDestroyPoolingDescriptor"
+    create_fn, destroy_fn = "cudnnCreatePoolingDescriptor", "cudnnDestroyPoolingDescriptor"
 
     def __init__(self, mode_id, window, padding, stride):
         n = len(window)
         if not len(padding) == len(stride) == n:
             raise ValueError(f"window {window}, padding {padding} and stride {stride} must have "
                              "one value per spatial dimension")
-        arrays = [_int_array(v, name) for v, name in
+        arrays = [int_array(v, name) for v, name in
                   ((window, "window"), (padding, "padding"), (stride, "stride"))]
         super().__init__()   # after the checks, so a bad argument leaks nothing
         self.mode_id, self.window = mode_id, tuple(window)
@@ -77,7 +78,7 @@ class PoolingDescriptor(_Descriptor):
             raise
 
 
-_descs = _Cache(PoolingDescriptor)
+_descs = DescriptorCache(PoolingDescriptor)
 
 
 def _setup(x, y, window, padding, stride, mode):
@@ -96,7 +97,7 @@ def forward(x, y, window, padding, stride, mode, stream):
     cudaStream_t."""
     pd, alpha, beta, ctx = _setup(x, y, window, padding, stride, mode)
     api.call("cudnnPoolingForward", handle.get(stream), pd, alpha, tensor(x.shape, x.dtype),
-             _ptr(x), beta, tensor(y.shape, y.dtype), _ptr(y),
+             ptr(x), beta, tensor(y.shape, y.dtype), ptr(y),
              context=lambda: "pool forward: " + ctx())
 
 
@@ -104,5 +105,5 @@ def backward(x, y, dy, dx, window, padding, stride, mode, stream):
     """dx from x, y = pool(x) and dy (cuDNN's argument order: y, dy, x, then dx)."""
     pd, alpha, beta, ctx = _setup(x, y, window, padding, stride, mode)
     xd, yd = tensor(x.shape, x.dtype), tensor(y.shape, y.dtype)
-    api.call("cudnnPoolingBackward", handle.get(stream), pd, alpha, yd, _ptr(y), yd, _ptr(dy),
-             xd, _ptr(x), beta, xd, _ptr(dx), context=lambda: "pool backward: " + ctx())
+    api.call("cudnnPoolingBackward", handle.get(stream), pd, alpha, yd, ptr(y), yd, ptr(dy),
+             xd, ptr(x), beta, xd, ptr(dx), context=lambda: "pool backward: " + ctx())

@@ -4,7 +4,7 @@ One RNN descriptor per (device, RNNConfig), set with cudnnSetRNNDescriptor_v8:
 - algo CUDNN_RNN_ALGO_STANDARD (the persistent algorithms need fixed batch sizes, or do not
   take variable lengths; STANDARD takes every configuration);
 - biasMode CUDNN_RNN_DOUBLE_BIAS: an input and a recurrent bias per linear layer, the layout
-  both backends read (ops/rnn_common.py);
+  both backends read (dnnkit/rnn_layout.py);
 - projSize = hiddenSize (no LSTM projection);
 - precision (``precision()``): half data computes in float with tensor cores (mathPrec
   CUDNN_DATA_FLOAT, as PyTorch does: accumulating in half over long sequences loses too
@@ -41,13 +41,13 @@ from ctypes import POINTER, c_float, c_int, c_int32, c_size_t, c_uint32, c_ulong
 
 import numpy as np
 
-from ..arrays import float_name, zero_fill
-from ..device import stream_pointer
+from .. import memory
+from ..arrays import constant, float_name, zero_fill
+from ..device import device_id, stream_pointer
 from ..errors import DnnkitError
 from . import api, handle
-from .calls import _ptr
-from .calls import copy_async as _copy
-from .descriptors import INT_MAX, TensorDescriptor, _Descriptor
+from .api import copy_async, ptr
+from .descriptors import INT_MAX, Descriptor, TensorDescriptor
 from .dropout import DropoutDescriptor
 from .enums import DATA_TYPES, MATH_DEFAULT, MATH_FMA, MATH_TENSOR_OP
 
@@ -149,14 +149,15 @@ def precision(dtype):
 
 # --- descriptors ---------------------------------------------------------------------------
 
-class RNNDescriptor(_Descriptor):
-    _create, _destroy_fn = "cudnnCreateRNNDescriptor", "cudnnDestroyRNNDescriptor"
+class RNNDescriptor(Descriptor):
+    """Set by cudnnSetRNNDescriptor_v8 (see the module docstring)."""
+    create_fn, destroy_fn = "cudnnCreateRNNDescriptor", "cudnnDestroyRNNDescriptor"
 
 
-class RNNDataDescriptor(_Descriptor):
+class RNNDataDescriptor(Descriptor):
     """A time-major padded batch: T steps of N vectors of ``vector`` elements; sequence n has
     ``lengths[n]`` valid steps and its output is filled with 0 past them."""
-    _create, _destroy_fn = "cudnnCreateRNNDataDescriptor", "cudnnDestroyRNNDataDescriptor"
+    create_fn, destroy_fn = "cudnnCreateRNNDataDescriptor", "cudnnDestroyRNNDataDescriptor"
 
     def __init__(self, dtype, T, N, vector, lengths):
         super().__init__()
@@ -173,9 +174,9 @@ class RNNDataDescriptor(_Descriptor):
             raise
 
 
-class _QueryTensor(_Descriptor):
+class _QueryTensor(Descriptor):
     """An unset tensor descriptor that cudnnGetRNNWeightParams fills in."""
-    _create, _destroy_fn = "cudnnCreateTensorDescriptor", "cudnnDestroyTensorDescriptor"
+    create_fn, destroy_fn = "cudnnCreateTensorDescriptor", "cudnnDestroyTensorDescriptor"
 
     def dims(self):
         dt, nb = c_int(), c_int()
@@ -261,12 +262,11 @@ def _new_net(cfg, h):
 
 
 def net(cfg, h):
-    return _cached(_nets, NETS_MAX, (handle.device_id(), cfg), lambda: _new_net(cfg, h))
+    return _cached(_nets, NETS_MAX, (device_id(), cfg), lambda: _new_net(cfg, h))
 
 
-def _device_lengths(lengths, stream):
+def device_lengths(lengths, stream):
     """The lengths as a device int32 array (made once per content: arrays.constant)."""
-    from ..arrays import constant
     return constant(lengths, np.int32)
 
 
@@ -281,7 +281,7 @@ def _new_data(cfg, T, N, lengths):
 def data(cfg, T, N, lengths):
     """The data plan; ``lengths`` None means every sequence has T steps."""
     lengths = (int(T),) * int(N) if lengths is None else tuple(int(n) for n in lengths)
-    key = (handle.device_id(), cfg, int(T), int(N), lengths)
+    key = (device_id(), cfg, int(T), int(N), lengths)
     return _cached(_datas, DATAS_MAX, key, lambda: _new_data(cfg, int(T), int(N), lengths))
 
 
@@ -311,7 +311,7 @@ class Saved:
 
 
 def _null(a):
-    return c_void_p(None) if a is None else _ptr(a)
+    return c_void_p(None) if a is None else ptr(a)
 
 
 def _nbytes(a):
@@ -326,14 +326,14 @@ def _check_weights(n, w):
             "match this cuDNN")
 
 
-def _scratch(nbytes, stream_ptr):
-    from .. import memory
+def scratch_buffer(nbytes, stream_ptr):
+    """A scratch block of ``nbytes`` on the raw stream (a context: its pointer when entered)."""
     return memory.scratch(int(nbytes), stream_ptr)
 
 
-def _reserve_array(nbytes, stream):
-    from ..memory import device_array
-    return device_array((max(1, int(nbytes)),), np.uint8, stream)
+def reserve_array(nbytes, stream):
+    """A training forward's reserve space: a device byte array kept by its Saved state."""
+    return memory.device_array((max(1, int(nbytes)),), np.uint8, stream)
 
 
 def forward(cfg, w, x, hx, cx, y, hy, cy, lengths, training, stream):
@@ -347,12 +347,12 @@ def forward(cfg, w, x, hx, cx, y, hy, cy, lengths, training, stream):
     d = data(cfg, T, N, lengths)
     mode = FWD_TRAINING if training else FWD_INFERENCE
     work, nres = temp_sizes(h, n, d, mode)
-    reserve = _reserve_array(nres, stream) if training else None
-    dev_lengths = _device_lengths(d.lengths, stream)
-    with _scratch(work, sp) as ws:
-        api.call("cudnnRNNForward", h, n.rnn, mode, _ptr(dev_lengths), d.x, _ptr(x), d.y,
-                 _ptr(y), d.h, _null(hx), _ptr(hy), d.h, _null(cx), _null(cy),
-                 c_size_t(n.weight_bytes), _ptr(w), c_size_t(work), c_void_p(ws),
+    reserve = reserve_array(nres, stream) if training else None
+    dev_lengths = device_lengths(d.lengths, stream)
+    with scratch_buffer(work, sp) as ws:
+        api.call("cudnnRNNForward", h, n.rnn, mode, ptr(dev_lengths), d.x, ptr(x), d.y,
+                 ptr(y), d.h, _null(hx), ptr(hy), d.h, _null(cx), _null(cy),
+                 c_size_t(n.weight_bytes), ptr(w), c_size_t(work), c_void_p(ws),
                  c_size_t(nres), _null(reserve),
                  context=f"{n.ctx}, T {T}, N {N}, {'training' if training else 'inference'}")
     return Saved(n, d, reserve, nres, dev_lengths) if training else None
@@ -373,17 +373,17 @@ def backward(cfg, w, x, y, dy, dhy, dcy, hx, cx, dx, dhx, dcx, dw, saved, stream
     # cudnnRNNBackwardData_v8 writes into the reserve space (measured on an H200: a second
     # backward from the same reserve gave a different dx), so each backward runs on a copy and
     # the state stays reusable; the copy is one device-to-device pass over the reserve bytes.
-    with _scratch(work, sp) as ws, _scratch(saved.reserve_bytes, sp) as res:
-        _copy(res, saved.reserve, saved.reserve_bytes, sp)
-        api.call("cudnnRNNBackwardData_v8", h, n.rnn, _ptr(saved.dev_lengths), d.y, _ptr(y),
-                 _ptr(dy), d.x, _ptr(dx), d.h, _null(hx), _null(dhy), _ptr(dhx), d.h,
-                 _null(cx), _null(dcy), _null(dcx), c_size_t(n.weight_bytes), _ptr(w),
+    with scratch_buffer(work, sp) as ws, scratch_buffer(saved.reserve_bytes, sp) as res:
+        copy_async(res, saved.reserve, saved.reserve_bytes, sp)
+        api.call("cudnnRNNBackwardData_v8", h, n.rnn, ptr(saved.dev_lengths), d.y, ptr(y),
+                 ptr(dy), d.x, ptr(dx), d.h, _null(hx), _null(dhy), ptr(dhx), d.h,
+                 _null(cx), _null(dcy), _null(dcx), c_size_t(n.weight_bytes), ptr(w),
                  c_size_t(work), c_void_p(ws), c_size_t(saved.reserve_bytes),
                  c_void_p(res), context=ctx)
         api.call("cudnnRNNBackwardWeights_v8", h, n.rnn, WGRAD_MODE_ADD,
-                 _ptr(saved.dev_lengths),
-                 d.x, _ptr(x), d.h, _null(hx), d.y, _ptr(y), c_size_t(n.weight_bytes),
-                 _ptr(dw), c_size_t(work), c_void_p(ws), c_size_t(saved.reserve_bytes),
+                 ptr(saved.dev_lengths),
+                 d.x, ptr(x), d.h, _null(hx), d.y, ptr(y), c_size_t(n.weight_bytes),
+                 ptr(dw), c_size_t(work), c_void_p(ws), c_size_t(saved.reserve_bytes),
                  c_void_p(res), context=ctx)
 
 
@@ -421,14 +421,14 @@ def weight_params(cfg, w, stream_ptr=0):
     h = handle.get(stream_ptr)
     n = net(cfg, h)
     _check_weights(n, w)
-    base, item = (_ptr(w) or 0), np.dtype(w.dtype).itemsize
+    base, item = (ptr(w) or 0), np.dtype(w.dtype).itemsize
     out = []
     for pl in range(cfg.num_layers * cfg.directions):
         for lin in range(2 * cfg.gates):
             m, b = c_void_p(), c_void_p()
             with _QueryTensor() as md, _QueryTensor() as bd:
                 api.call("cudnnGetRNNWeightParams", h, n.rnn, pl, c_size_t(n.weight_bytes),
-                         _ptr(w), lin, md, ctypes.byref(m), bd, ctypes.byref(b),
+                         ptr(w), lin, md, ctypes.byref(m), bd, ctypes.byref(b),
                          context=f"{n.ctx}, pseudo-layer {pl}, linear layer {lin}")
                 mshape = md.dims()[1:] if m.value else None     # {1, rows, cols}
                 bshape = bd.dims()[1:2] if b.value else None    # {1, rows, 1}

@@ -19,14 +19,14 @@ from ctypes import POINTER, c_int, c_void_p
 import numpy as np
 
 from . import api, handle
-from .calls import _ptr
-from .descriptors import _Cache, _Descriptor, _int_array, scalar_refs, tensor
+from .api import ptr
+from .descriptors import Descriptor, DescriptorCache, int_array, scalar_refs, tensor
 from .enums import DATA_TYPES
 
 _p = c_void_p
 _int_p = POINTER(c_int)
 
-api.register_prototypes({
+PROTOTYPES = {
     # cudnnStatus_t cudnnCreateSpatialTransformerDescriptor(
     #     cudnnSpatialTransformerDescriptor_t *stDesc);
     "cudnnCreateSpatialTransformerDescriptor": [POINTER(_p)],
@@ -55,22 +55,23 @@ api.register_prototypes({
     #     const cudnnTensorDescriptor_t dyDesc, const void *dy, const void *grid,
     #     const void *betaDgrid, void *dgrid);
     "cudnnSpatialTfSamplerBackward": [_p] * 14,
-})
+}
+api.register_prototypes(PROTOTYPES)
 
 SAMPLER_BILINEAR = 0   # cudnnSamplerType_t: CUDNN_SAMPLER_BILINEAR
 
 
-class SpatialTransformerDescriptor(_Descriptor):
+class SpatialTransformerDescriptor(Descriptor):
     """Bilinear sampler, data type, 4-D output dims (N, C, H', W')
     (cudnnSetSpatialTransformerNdDescriptor)."""
-    _create = "cudnnCreateSpatialTransformerDescriptor"
-    _destroy_fn = "cudnnDestroySpatialTransformerDescriptor"
+    create_fn = "cudnnCreateSpatialTransformerDescriptor"
+    destroy_fn = "cudnnDestroySpatialTransformerDescriptor"
 
     def __init__(self, out_dims, dtype):
         if len(out_dims) != 4:
             raise ValueError(f"spatial transformer: output dims must be 4-D (N, C, H', W'); "
                              f"got {tuple(out_dims)}")
-        dims = _int_array(out_dims, "output dims")
+        dims = int_array(out_dims, "output dims")
         name = np.dtype(dtype).name
         super().__init__()   # after the checks, so a bad argument leaks nothing
         self.out_dims = tuple(out_dims)
@@ -83,7 +84,7 @@ class SpatialTransformerDescriptor(_Descriptor):
             raise
 
 
-_sts = _Cache(SpatialTransformerDescriptor)
+_sts = DescriptorCache(SpatialTransformerDescriptor)
 
 
 def _st(dims, dtype):
@@ -95,7 +96,7 @@ def grid_forward(theta, grid, stream):
     """grid (N, H', W', 2) from theta (N, 2, 3)."""
     n, oh, ow, _ = grid.shape
     api.call("cudnnSpatialTfGridGeneratorForward", handle.get(stream),
-             _st((n, 1, oh, ow), grid.dtype), _ptr(theta), _ptr(grid),
+             _st((n, 1, oh, ow), grid.dtype), ptr(theta), ptr(grid),
              context=lambda: f"grid forward: grid {tuple(grid.shape)} {grid.dtype}")
 
 
@@ -103,7 +104,7 @@ def grid_backward(dgrid, dtheta, stream):
     """dtheta (N, 2, 3) from dgrid (N, H', W', 2)."""
     n, oh, ow, _ = dgrid.shape
     api.call("cudnnSpatialTfGridGeneratorBackward", handle.get(stream),
-             _st((n, 1, oh, ow), dgrid.dtype), _ptr(dgrid), _ptr(dtheta),
+             _st((n, 1, oh, ow), dgrid.dtype), ptr(dgrid), ptr(dtheta),
              context=lambda: f"grid backward: dgrid {tuple(dgrid.shape)}")
 
 
@@ -111,8 +112,8 @@ def sampler_forward(img, grid, y, stream):
     """y (N, C, H', W') = bilinear samples of img (N, C, H, W) at grid."""
     alpha, beta = scalar_refs(img.dtype)
     api.call("cudnnSpatialTfSamplerForward", handle.get(stream), _st(y.shape, y.dtype), alpha,
-             tensor(img.shape, img.dtype), _ptr(img), _ptr(grid), beta,
-             tensor(y.shape, y.dtype), _ptr(y),
+             tensor(img.shape, img.dtype), ptr(img), ptr(grid), beta,
+             tensor(y.shape, y.dtype), ptr(y),
              context=lambda: f"sampler forward: img {tuple(img.shape)}, y {tuple(y.shape)} "
                              f"{img.dtype}")
 
@@ -122,7 +123,7 @@ def sampler_backward(img, grid, dy, dimg, dgrid, stream):
     alpha, beta = scalar_refs(img.dtype)
     xd = tensor(img.shape, img.dtype)
     api.call("cudnnSpatialTfSamplerBackward", handle.get(stream), _st(dy.shape, dy.dtype), alpha,
-             xd, _ptr(img), beta, xd, _ptr(dimg), alpha, tensor(dy.shape, dy.dtype), _ptr(dy),
-             _ptr(grid), beta, _ptr(dgrid),
+             xd, ptr(img), beta, xd, ptr(dimg), alpha, tensor(dy.shape, dy.dtype), ptr(dy),
+             ptr(grid), beta, ptr(dgrid),
              context=lambda: f"sampler backward: img {tuple(img.shape)}, dy {tuple(dy.shape)} "
                              f"{img.dtype}")

@@ -1,4 +1,4 @@
-"""Layers, models and losses on top of dnnkit's ops (issue 7).
+"""Layers, models and losses on top of dnnkit's ops.
 
 Every module has ``forward(x)`` and ``backward(grad_out)`` (returns the input gradient and
 accumulates parameter gradients), ``parameters()``, ``zero_grad()``, ``train()``/``eval()``,

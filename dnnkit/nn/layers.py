@@ -8,7 +8,7 @@ import math
 
 import numpy as np
 
-from .. import ops
+from .. import ops, recurrent
 from .module import Module
 from .parameter import Parameter
 
@@ -257,7 +257,7 @@ class _BatchNorm(Module):
         pdt = "float32" if np.dtype(dtype) != np.float64 else "float64"
         self.weight = Parameter(np.ones(num_features, pdt))
         self.bias = Parameter(np.zeros(num_features, pdt))
-        from numba import cuda
+        from numba import cuda      # on first use: ``import dnnkit`` does not load numba
         self.register_buffer("running_mean", cuda.to_device(np.zeros(num_features, pdt)))
         self.register_buffer("running_var", cuda.to_device(np.ones(num_features, pdt)))
 
@@ -339,10 +339,9 @@ class _Recurrent(Module):
     def __init__(self, input_size, hidden_size, num_layers=1, *, bidirectional=False,
                  batch_first=False, input_mode="linear", dtype="float32", seed=0):
         super().__init__()
-        from ..rnn import RNN
-        self.rnn = RNN(self.mode, input_size, hidden_size, num_layers,
-                       bidirectional=bidirectional, input_mode=input_mode,
-                       batch_first=batch_first, dtype=dtype)
+        self.rnn = recurrent.RNN(self.mode, input_size, hidden_size, num_layers,
+                                 bidirectional=bidirectional, input_mode=input_mode,
+                                 batch_first=batch_first, dtype=dtype)
         self.weight = Parameter(self.rnn.init_params(seed=seed))
 
     def extra_repr(self):
@@ -361,8 +360,8 @@ class _Recurrent(Module):
         if self._state is None:
             raise ValueError(f"{type(self).__name__}.backward: the forward ran in eval mode")
         dx, self.dhx, self.dcx, dw = self.run_as(
-            "rnn_forward", self.rnn.backward, self.weight.data, self._x, self._y, dy, dhy, dcy, self._hx, self._cx,
-            state=self._state, lengths=self._lengths)
+            "rnn_forward", self.rnn.backward, self.weight.data, self._x, self._y, dy, dhy, dcy,
+            self._hx, self._cx, state=self._state, lengths=self._lengths)
         self.weight.accumulate(dw)
         return dx
 

@@ -12,13 +12,17 @@ With every position ignored, the mean is NaN (0/0, as PyTorch) and the gradient 
 
 Both are modules: the log-softmax runs through ``dnnkit.log_softmax`` on the loss's pinned
 backend (``nn.convert`` pins a loss like any layer; unpinned, the library's policy picks and
-``used`` records the choice); the gather/sum and the gradient are the Numba kernels of kernels/loss.py, with a
-deterministic reduction. ``forward`` returns a Python float, so it synchronises the stream.
+``used`` records the choice); the gather/sum and the gradient are the Numba kernels of
+kernels/loss.py, with a deterministic reduction. ``forward`` returns a Python float, so it
+synchronises the stream.
+
+The kernels (dnnkit.kernels) are imported inside the functions that launch them: importing
+them imports numba, which ``import dnnkit`` must not pay for.
 """
 
 import numpy as np
 
-from .. import arrays, device
+from .. import arrays, device, ops
 from ..launch import launch, pow2_at_most
 from .module import Module
 
@@ -124,7 +128,6 @@ class CrossEntropyLoss(Module):
 
     def forward(self, logits, target, *, stream=None):
         """The loss as a Python float (synchronises); remembers what backward needs."""
-        from .. import log_softmax
         from ..kernels import nll_fwd_kernel
         s = arrays.as_stream(stream)
         x, t, on_device = self._inputs(logits, target, s)
@@ -134,7 +137,7 @@ class CrossEntropyLoss(Module):
             total, count, logp = 0.0, 0, x
         else:
             # log_softmax takes 2-D or 4-D: any spatial dims become (N, C, S, 1), same memory
-            logp = self.run(log_softmax, x if x.ndim == 2 else x.reshape(n, c, sp, 1),
+            logp = self.run(ops.log_softmax, x if x.ndim == 2 else x.reshape(n, c, sp, 1),
                             "channel", stream=s)
             args = (arrays.flat(logp), arrays.flat(t), n, c, sp, self.ignore_index)
             total, count = _reduce(nll_fwd_kernel, args, n * sp, arrays.acc_array(x.dtype), s)

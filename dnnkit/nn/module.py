@@ -12,7 +12,7 @@ forward that fell back to Numba is differentiated on Numba too.
 import numpy as np
 
 from .. import arrays
-from ..dispatch import trace
+from ..tracing import trace
 from .parameter import Parameter
 
 BACKENDS = (None, "auto", "cudnn", "numba")

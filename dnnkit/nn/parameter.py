@@ -3,6 +3,7 @@
 import numpy as np
 
 from .. import arrays
+from ..ops.elementwise import axpy
 
 
 class Parameter:
@@ -39,7 +40,6 @@ class Parameter:
         if self.grad is None:
             self.grad = g
             return
-        from ..ops.elementwise import axpy
         axpy(1.0, g, self.grad, stream=stream)
 
     def __repr__(self):

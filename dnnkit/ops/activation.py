@@ -18,17 +18,38 @@ x = 0: that case runs on Numba too. Arrays over cuDNN's 32-bit tensor limit run 
 (ops/split.py).
 """
 
+from typing import NamedTuple
+
 import numpy as np
 
 from .. import arrays, device
-from ..cudnn import calls
-from ..dispatch import binder, public_op, register
+from ..cudnn import activation as cudnn_activation
+from ..dispatch import public_op
 from ..launch import launch
+from ..registry import binder, register
 from . import split
 
 MODES = ("relu", "clipped_relu", "tanh", "sigmoid", "elu", "swish", "identity")
 _MODE_ID = {m: i for i, m in enumerate(MODES)}   # matches kernels/activation.py
 _TOL = {"float16": (2e-3, 1e-3), "float32": (1e-5, 1e-6), "float64": (1e-12, 1e-14)}
+
+
+class ActivationArgs(NamedTuple):
+    """activation's checked arguments, as its implementations take them."""
+    x: object
+    mode: str
+    coef: float
+    stream: object
+
+
+class ActivationBackwardArgs(NamedTuple):
+    """activation_backward's checked arguments, as its implementations take them."""
+    x: object
+    y: object
+    dy: object
+    mode: str
+    coef: float
+    stream: object
 
 
 def _check(op, mode, coef):
@@ -56,7 +77,7 @@ def activation(x, mode="relu", coef=0.0, *, stream=None):
     coef = _check("activation", mode, coef)
     s = arrays.as_stream(stream)
     x = arrays.device_input("activation", "x", x, s)
-    return x, mode, coef, s
+    return ActivationArgs(x, mode, coef, s)
 
 
 @public_op("activation_backward")
@@ -69,7 +90,7 @@ def activation_backward(x, y, dy, mode="relu", coef=0.0, *, stream=None):
     y = arrays.device_input(op, "y", y, s)
     dy = arrays.device_input(op, "dy", dy, s)
     arrays.same_shape(op, "x", x, y=y, dy=dy)
-    return x, y, dy, mode, coef, s
+    return ActivationBackwardArgs(x, y, dy, mode, coef, s)
 
 
 def _shortcut(mode):
@@ -87,6 +108,8 @@ relu, tanh, sigmoid = _shortcut("relu"), _shortcut("tanh"), _shortcut("sigmoid")
 
 
 # ---------------------------------------------------------------- Numba
+# (The kernels are imported inside the functions: they import numba, which ``import dnnkit``
+# does not pay for.)
 
 def _launch(kernel, n, stream, *args):
     if n:
@@ -116,9 +139,8 @@ def _activation_backward_numba(x, y, dy, mode, coef, stream):
 
 # ---------------------------------------------------------------- cuDNN
 
-def _cudnn_supports(x, *rest):
+def _cudnn_supports(x, mode, coef, stream):
     """Any size: arrays over cuDNN's 32-bit limit run as flat pieces (ops/split.py)."""
-    mode = rest[-3]   # (x, mode, coef, stream) or (x, y, dy, mode, coef, stream)
     if mode == "identity":
         return "cuDNN has no stand-alone identity activation (only inside fused convolutions)"
     return None
@@ -129,7 +151,7 @@ def _cudnn_backward_supports(x, y, dy, mode, coef, stream):
         # measured on an H100 (cuDNN 9.19): slope 1 where y = 0, i.e. for every x < 0
         return ("cuDNN's ELU backward takes the slope from y, and with alpha = 0 y is 0 for "
                 "every x <= 0: it cannot tell the slope 0 of x < 0 from the 1 of x = 0")
-    return _cudnn_supports(x, y, dy, mode, coef, stream)
+    return _cudnn_supports(x, mode, coef, stream)
 
 
 @register("activation", "cudnn", supports=_cudnn_supports)
@@ -137,7 +159,7 @@ def _activation_cudnn(x, mode, coef, stream):
     y = arrays.empty_like(x, stream)
     if x.size:
         for xp, yp in split.flat(x, y):
-            calls.activation_forward(xp, yp, mode, coef, device.stream_pointer(stream))
+            cudnn_activation.forward(xp, yp, mode, coef, device.stream_pointer(stream))
     return y
 
 
@@ -146,7 +168,7 @@ def _activation_backward_cudnn(x, y, dy, mode, coef, stream):
     dx = arrays.empty_like(x, stream)
     if x.size:
         for xp, yp, dyp, dxp in split.flat(x, y, dy, dx):
-            calls.activation_backward(xp, yp, dyp, dxp, mode, coef,
+            cudnn_activation.backward(xp, yp, dyp, dxp, mode, coef,
                                       device.stream_pointer(stream))
     return dx
 
@@ -157,7 +179,7 @@ def _activation_backward_cudnn(x, y, dy, mode, coef, stream):
 def _bind_activation_cudnn(x, mode, coef, stream):
     if not 0 < x.size <= split.LIMIT:
         return None
-    run = calls.bind_activation(False, x.size, x.dtype, mode, coef, device.stream_pointer(stream))
+    run = cudnn_activation.bind(False, x.size, x.dtype, mode, coef, device.stream_pointer(stream))
     alloc = arrays.allocator(x.shape, x.dtype, stream)
 
     def activation(x, mode, coef, stream):
@@ -171,7 +193,7 @@ def _bind_activation_cudnn(x, mode, coef, stream):
 def _bind_activation_backward_cudnn(x, y, dy, mode, coef, stream):
     if not 0 < x.size <= split.LIMIT:
         return None
-    run = calls.bind_activation(True, x.size, x.dtype, mode, coef, device.stream_pointer(stream))
+    run = cudnn_activation.bind(True, x.size, x.dtype, mode, coef, device.stream_pointer(stream))
     alloc = arrays.allocator(x.shape, x.dtype, stream)
 
     def activation_backward(x, y, dy, mode, coef, stream):

@@ -19,27 +19,61 @@ converted; device parameters must already have it.
 momentum is cuDNN's exponentialAverageFactor (PyTorch's momentum is the same). The saved
 statistics are the batch mean and 1/sqrt(var + eps) (cuDNN's resultSaveInvVariance).
 
-Backends: Numba (kernels/batchnorm.py: Welford statistics, deterministic) and cuDNN
-(cudnn/batchnorm.py). cuDNN is not used for epsilon < 1e-5 (CUDNN_MIN_EPSILON; see
-cudnn/batchnorm.py) nor for empty or >2**31-element tensors.
+Backends: Numba (ops/batchnorm_numba.py on kernels/batchnorm.py: Welford statistics,
+deterministic) and cuDNN (cudnn/batchnorm.py). cuDNN is not used for epsilon < 1e-5
+(CUDNN_MIN_EPSILON; see cudnn/batchnorm.py) nor for empty or >2**31-element tensors.
 """
 
-import collections
+from typing import NamedTuple
 
 import numpy as np
 
-from .. import arrays, device
-from ..dispatch import public_op, register
-from ..launch import launch, pow2_at_most
+from .. import arrays, device, reference
+from ..cudnn import batchnorm as cudnn_bn
+from ..dispatch import public_op
+from ..registry import register
+from .batchnorm_numba import flat_copy, ncs
 
 MODES = ("spatial", "per-activation")
 CUDNN_MIN_EPSILON = 1e-5
-_THREADS = 256              # block size, at most: <= kernels.batchnorm.MAX_THREADS
-_TARGET_THREADS = 2**18     # threads to keep resident: fills 132 SMs x 2048
-_MAX_GRID_Y = 65535
-_TOL = {"float16": (2e-3, 1e-3), "float32": (1e-5, 1e-6), "float64": (1e-12, 1e-14)}
-# dgamma/dbeta are long sums: the two backends add in different orders.
-_TOL_BWD = {"float16": (5e-3, 2e-3), "float32": (1e-4, 1e-5), "float64": (1e-10, 1e-12)}
+
+
+class BatchNormTrainArgs(NamedTuple):
+    """batch_norm_train's checked arguments, as its implementations take them (the
+    running statistics: None, or device arrays the implementations copy and update)."""
+    x: object
+    gamma: object
+    beta: object
+    mode: str
+    epsilon: float
+    momentum: float
+    running_mean: object
+    running_var: object
+    stream: object
+
+
+class BatchNormInferenceArgs(NamedTuple):
+    """batch_norm_inference's checked arguments."""
+    x: object
+    gamma: object
+    beta: object
+    mean: object
+    var: object
+    mode: str
+    epsilon: float
+    stream: object
+
+
+class BatchNormBackwardArgs(NamedTuple):
+    """batch_norm_backward's checked arguments."""
+    x: object
+    dy: object
+    gamma: object
+    saved_mean: object
+    saved_invstd: object
+    mode: str
+    epsilon: float
+    stream: object
 
 
 # ---------------------------------------------------------------- arguments
@@ -68,13 +102,8 @@ def _check_momentum(op, momentum):
     return mom
 
 
-def _ncs(shape, mode):
-    """(N, C, S): statistics per c over (n, s); per-activation is spatial on (N, C*S, 1)."""
-    s = int(np.prod(shape[2:], dtype=np.int64))
-    return (shape[0], shape[1] * s, 1) if mode == "per-activation" else (shape[0], shape[1], s)
-
-
-def _param_shapes(shape, mode):
+def param_shapes(shape, mode):
+    """The two accepted shapes of a parameter or statistic of x (shape): flat, broadcast."""
     if mode == "per-activation":
         return tuple(shape[1:]), (1,) + tuple(shape[1:])
     return (shape[1],), (1, shape[1]) + (1,) * (len(shape) - 2)
@@ -90,7 +119,7 @@ def _param(op, name, a, x, mode, stream):
     if d.dtype != pdt:
         raise TypeError(f"{op}: {name} must be {pdt} for {x.dtype} x (cuDNN's rule: float32 "
                         f"parameters for float16 and float32 data); got {d.dtype}")
-    allowed = _param_shapes(x.shape, mode)
+    allowed = param_shapes(x.shape, mode)
     if tuple(d.shape) not in allowed:
         raise ValueError(f"{op}: {name} has shape {tuple(d.shape)}; for x {tuple(x.shape)} in "
                          f"{mode} mode it must be {allowed[0]} or {allowed[1]}")
@@ -127,11 +156,11 @@ def _train_args(x, gamma, beta, *, mode="spatial", epsilon=1e-5, momentum=0.1,
     x = _x(op, x, s)
     g, b = _param(op, "gamma", gamma, x, mode, s), _param(op, "beta", beta, x, mode, s)
     rm, rv = _running(op, running_mean, running_var, x, mode, s)
-    n, _, sp = _ncs(x.shape, mode)
+    n, _, sp = ncs(x.shape, mode)
     if n * sp < 2:
         raise ValueError(f"{op}: needs more than one value per statistic to estimate a variance;"
                          f" x {tuple(x.shape)} in {mode} mode gives {n * sp}")
-    return x, g, b, mode, eps, mom, rm, rv, s
+    return BatchNormTrainArgs(x, g, b, mode, eps, mom, rm, rv, s)
 
 
 _train = public_op("batch_norm_train")(_train_args)
@@ -181,7 +210,7 @@ def batch_norm_inference(x, gamma, beta, mean, var, *, mode="spatial", epsilon=1
     x = _x(op, x, s)
     p = [_param(op, name, a, x, mode, s) for name, a in
          (("gamma", gamma), ("beta", beta), ("mean", mean), ("var", var))]
-    return (x, *p, mode, eps, s)
+    return BatchNormInferenceArgs(x, *p, mode, eps, s)
 
 
 @public_op("batch_norm_backward")
@@ -201,120 +230,7 @@ def batch_norm_backward(x, dy, gamma, saved_mean, saved_invstd, *, mode="spatial
     if x.shape[0] == 0:
         raise ValueError(f"{op}: x {tuple(x.shape)} is an empty batch (no statistics to "
                          "differentiate)")
-    return (x, dy, *p, mode, eps, s)
-
-
-# ---------------------------------------------------------------- Numba
-
-_Plan = collections.namedtuple("_Plan", "threads sw cw splits_i grid")
-
-
-def _plan(n, c, s):
-    """Block shape and grid of the kernels that walk x (mapping: kernels/batchnorm.py). Splits
-    give each channel more blocks when there are few channels, but leave every thread a few
-    unrolled trips. Depends only on the shape, so results are bitwise repeatable."""
-    from ..kernels.batchnorm import MAX_THREADS, UNROLL
-    assert _THREADS <= MAX_THREADS, "blocks larger than the kernels' launch bound"
-    sw = pow2_at_most(s, _THREADS)
-    cw = pow2_at_most(c, _THREADS // sw)
-    by = pow2_at_most(n, _THREADS // (sw * cw))
-    threads = sw * cw * by
-    cgroups = -(-c // cw)
-    want = -(-max(1, _TARGET_THREADS // threads) // cgroups)
-    if s > sw:   # long rows: split the samples, then the positions
-        so = max(1, min(want, n))
-        si = max(1, min(-(-want // so), -(-s // (sw * UNROLL))))
-    else:
-        so, si = max(1, min(want, -(-n // (by * UNROLL)))), 1
-    return _Plan(threads, sw, cw, si, (so * si, min(cgroups, _MAX_GRID_Y)))
-
-
-def _geo(n, c, s, plan):
-    return (n, c, s, plan.sw, plan.cw, plan.splits_i)
-
-
-def _copy(a, stream):
-    if a is None:
-        return None
-    out = arrays.cuda_empty((a.size,), a.dtype, stream)
-    out.copy_to_device(arrays.flat(a), stream=stream)
-    return out
-
-
-def _launch_1d(kernel, n, stream, args):
-    blocks, threads = arrays.grid_1d(n)
-    launch(kernel, blocks, threads, stream, args)
-
-
-@register("batch_norm_train", "numba", tolerance=_TOL)
-def _train_numba(x, gamma, beta, mode, eps, momentum, rm, rv, stream):
-    from ..kernels import (batch_norm_apply_fwd_kernel, batch_norm_finalize_fwd_kernel,
-                           batch_norm_stats_fwd_kernel)
-    n, c, s = _ncs(x.shape, mode)
-    acc = arrays.acc_array(x.dtype)
-    t = acc.dtype.type
-    y = arrays.empty_like(x, stream)
-    mean, invstd = (arrays.cuda_empty((c,), acc.dtype, stream) for _ in range(2))
-    rm, rv = _copy(rm, stream), _copy(rv, stream)
-    if x.size:
-        plan = _plan(n, c, s)
-        splits = plan.grid[0]
-        part = arrays.cuda_empty((3 * splits * c,), acc.dtype, stream)
-        launch(batch_norm_stats_fwd_kernel, plan.grid, plan.threads, stream,
-               (arrays.flat(x), part, *_geo(n, c, s, plan), acc),
-               3 * plan.threads * acc.dtype.itemsize)
-        m = n * s
-        has = rm is not None
-        _launch_1d(batch_norm_finalize_fwd_kernel, c, stream,
-                   (arrays.flat(x), part, splits, c, s, mean, invstd, rm if has else mean,
-                    rv if has else invstd,
-                    int(has), t(momentum), t(m / (m - 1)), t(eps), acc))
-        launch(batch_norm_apply_fwd_kernel, plan.grid, plan.threads, stream,
-               (arrays.flat(x), arrays.flat(y), mean, invstd, arrays.flat(gamma),
-                arrays.flat(beta), *_geo(n, c, s, plan), 0, t(eps), acc))
-    return y, mean.reshape(*gamma.shape), invstd.reshape(*gamma.shape), rm, rv
-
-
-@register("batch_norm_inference", "numba", tolerance=_TOL)
-def _inference_numba(x, gamma, beta, mean, var, mode, eps, stream):
-    from ..kernels import batch_norm_apply_fwd_kernel
-    n, c, s = _ncs(x.shape, mode)
-    acc = arrays.acc_array(x.dtype)
-    y = arrays.empty_like(x, stream)
-    if x.size:
-        plan = _plan(n, c, s)
-        launch(batch_norm_apply_fwd_kernel, plan.grid, plan.threads, stream,
-               (arrays.flat(x), arrays.flat(y), arrays.flat(mean), arrays.flat(var),
-                arrays.flat(gamma), arrays.flat(beta), *_geo(n, c, s, plan), 1,
-                acc.dtype.type(eps), acc))
-    return y
-
-
-@register("batch_norm_backward", "numba", tolerance=_TOL_BWD)
-def _backward_numba(x, dy, gamma, mean, invstd, mode, eps, stream):
-    from ..kernels import (batch_norm_apply_bwd_kernel, batch_norm_finalize_bwd_kernel,
-                           batch_norm_reduce_bwd_kernel)
-    n, c, s = _ncs(x.shape, mode)
-    acc = arrays.acc_array(x.dtype)
-    dx = arrays.empty_like(x, stream)
-    dgamma, dbeta = (arrays.cuda_empty((c,), acc.dtype, stream) for _ in range(2))
-    if x.size:
-        plan = _plan(n, c, s)
-        splits = plan.grid[0]
-        part = arrays.cuda_empty((2 * splits * c,), acc.dtype, stream)
-        f = arrays.flat
-        launch(batch_norm_reduce_bwd_kernel, plan.grid, plan.threads, stream,
-               (f(x), f(dy), f(mean), part, *_geo(n, c, s, plan), acc),
-               2 * plan.threads * acc.dtype.itemsize)
-        _launch_1d(batch_norm_finalize_bwd_kernel, c, stream,
-                   (part, splits, c, f(invstd), dgamma, dbeta, acc))
-        launch(batch_norm_apply_bwd_kernel, plan.grid, plan.threads, stream,
-               (f(x), f(dy), f(dx), f(mean), f(invstd), f(gamma), dgamma, dbeta,
-                acc.dtype.type(1.0 / (n * s)), *_geo(n, c, s, plan), acc))
-    else:        # (C = 0 or an empty image) the parameter gradients sum nothing
-        arrays.zero_fill(dgamma, stream)
-        arrays.zero_fill(dbeta, stream)
-    return dx, dgamma.reshape(*gamma.shape), dbeta.reshape(*gamma.shape)
+    return BatchNormBackwardArgs(x, dy, *p, mode, eps, s)
 
 
 # ---------------------------------------------------------------- cuDNN
@@ -328,48 +244,46 @@ def _cudnn_reason(x, eps):
     return None
 
 
-def _supports_train(x, gamma, beta, mode, eps, *rest):
-    return _cudnn_reason(x, eps)
+def _supports_train(x, gamma, beta, mode, epsilon, momentum, running_mean, running_var,
+                    stream):
+    return _cudnn_reason(x, epsilon)
 
 
-def _supports_inference(x, gamma, beta, mean, var, mode, eps, stream):
-    return _cudnn_reason(x, eps)
+def _supports_inference(x, gamma, beta, mean, var, mode, epsilon, stream):
+    return _cudnn_reason(x, epsilon)
 
 
-def _supports_backward(x, dy, gamma, mean, invstd, mode, eps, stream):
-    return _cudnn_reason(x, eps)
+def _supports_backward(x, dy, gamma, saved_mean, saved_invstd, mode, epsilon, stream):
+    return _cudnn_reason(x, epsilon)
 
 
 @register("batch_norm_train", "cudnn", supports=_supports_train)
-def _train_cudnn(x, gamma, beta, mode, eps, momentum, rm, rv, stream):
-    from ..cudnn import batchnorm as cb
+def _train_cudnn(x, gamma, beta, mode, epsilon, momentum, running_mean, running_var, stream):
     y = arrays.empty_like(x, stream)
     mean, invstd = (arrays.cuda_empty(gamma.shape, gamma.dtype, stream) for _ in range(2))
-    rm, rv = _copy(rm, stream), _copy(rv, stream)
+    rm, rv = flat_copy(running_mean, stream), flat_copy(running_var, stream)
     if x.size:   # empty (C = 0; argument checks refuse an empty batch): nothing to compute
-        cb.forward_training(x, y, gamma, beta, mean, invstd, rm, rv, mode, eps, momentum,
-                            device.stream_pointer(stream))
+        cudnn_bn.forward_training(x, y, gamma, beta, mean, invstd, rm, rv, mode, epsilon,
+                                  momentum, device.stream_pointer(stream))
     return y, mean, invstd, rm, rv
 
 
 @register("batch_norm_inference", "cudnn", supports=_supports_inference)
-def _inference_cudnn(x, gamma, beta, mean, var, mode, eps, stream):
-    from ..cudnn import batchnorm as cb
+def _inference_cudnn(x, gamma, beta, mean, var, mode, epsilon, stream):
     y = arrays.empty_like(x, stream)
     if x.size:   # (cuDNN rejects empty tensors)
-        cb.forward_inference(x, y, gamma, beta, mean, var, mode, eps,
-                             device.stream_pointer(stream))
+        cudnn_bn.forward_inference(x, y, gamma, beta, mean, var, mode, epsilon,
+                                   device.stream_pointer(stream))
     return y
 
 
 @register("batch_norm_backward", "cudnn", supports=_supports_backward)
-def _backward_cudnn(x, dy, gamma, mean, invstd, mode, eps, stream):
-    from ..cudnn import batchnorm as cb
+def _backward_cudnn(x, dy, gamma, saved_mean, saved_invstd, mode, epsilon, stream):
     dx = arrays.empty_like(x, stream)
     dgamma, dbeta = (arrays.cuda_empty(gamma.shape, gamma.dtype, stream) for _ in range(2))
     if x.size:
-        cb.backward(x, dy, dx, gamma, dgamma, dbeta, mean, invstd, mode, eps,
-                    device.stream_pointer(stream))
+        cudnn_bn.backward(x, dy, dx, gamma, dgamma, dbeta, saved_mean, saved_invstd, mode,
+                          epsilon, device.stream_pointer(stream))
     else:        # (C = 0 or no values per statistic) the parameter gradients sum nothing
         arrays.zero_fill(dgamma, stream)
         arrays.zero_fill(dbeta, stream)
@@ -397,7 +311,7 @@ def _inputs(mode, small, big, kind):
     def make(rng, dtype, b):
         shape = big if b else small
         pdt = arrays.acc_dtype(dtype)
-        pshape = _param_shapes(shape, mode)[0]
+        pshape = param_shapes(shape, mode)[0]
         x = (rng.standard_normal(shape) * 3 + 1).astype(dtype)
         gamma = (1 + 0.5 * rng.standard_normal(pshape)).astype(pdt)
         beta = rng.standard_normal(pshape).astype(pdt)
@@ -407,7 +321,6 @@ def _inputs(mode, small, big, kind):
         if kind == "inference":
             return x, gamma, beta, rng.standard_normal(pshape).astype(pdt), \
                 (0.5 + rng.random(pshape)).astype(pdt)
-        from .. import reference
         _, mean, invstd, _, _ = reference.batch_norm_train(x, gamma, beta, mode)
         dy = rng.standard_normal(shape).astype(dtype)
         return x, gamma, beta, dy, mean.astype(pdt), invstd.astype(pdt)
@@ -418,7 +331,7 @@ def _run_train(mode):
     def run(backend, stream, i):
         s = arrays.as_stream(stream)
         # fresh copies: every call updates them
-        rm, rv = (_copy(a, s).reshape(*a.shape) for a in (i[3], i[4]))
+        rm, rv = (flat_copy(a, s).reshape(*a.shape) for a in (i[3], i[4]))
         y, mean, invstd = batch_norm_train(i[0], i[1], i[2], mode=mode, running_mean=rm,
                                            running_var=rv, backend=backend, stream=s)
         return _Joined(y, mean, invstd, rm, rv)
@@ -426,7 +339,6 @@ def _run_train(mode):
 
 
 def selfcheck_cases(Case):
-    from .. import reference
     # N = 4: with N = 2 the per-activation dx is identically 0 (only rounding to compare)
     small, big = (4, 3, 2, 5), (32, 64, 28, 28)
     out = []

@@ -22,9 +22,10 @@ import math
 
 from .. import arrays, device
 from ..cudnn import conv as cconv
-from ..dispatch import binder, note_algo, public_op, register
-from . import conv_args as A
-from . import split
+from ..dispatch import public_op
+from ..registry import binder, register
+from ..tracing import note_algo
+from . import conv_args, conv_numba, split
 
 
 @public_op("conv2d")
@@ -32,48 +33,52 @@ def conv2d(x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1, mode="
            algo=None, precision=None, stream=None):
     """2-D convolution of x (N, C, H, W) with w (K, C/groups, R, S); returns y (N, K, OH, OW).
     ``backend=None|"auto"|"cudnn"|"numba"`` overrides ``dnn.enabled`` for this call."""
-    return A.forward_args("conv2d", 2, x, w, bias, stride, padding, dilation, groups, mode,
-                          algo, precision, stream)
+    return conv_args.forward_args("conv2d", 2, x, w, bias, stride, padding, dilation, groups,
+                                  mode, algo, precision, stream)
 
 
 @public_op("conv3d")
 def conv3d(x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1, mode="cross",
            algo=None, precision=None, stream=None):
     """3-D convolution of x (N, C, D, H, W) with w (K, C/groups, T, R, S)."""
-    return A.forward_args("conv3d", 3, x, w, bias, stride, padding, dilation, groups, mode,
-                          algo, precision, stream)
+    return conv_args.forward_args("conv3d", 3, x, w, bias, stride, padding, dilation, groups,
+                                  mode, algo, precision, stream)
 
 
 @public_op("conv2d_backward_data")
 def conv2d_backward_data(dy, w, x_shape, *, stride=1, padding=0, dilation=1, groups=1,
                          mode="cross", algo=None, precision=None, stream=None):
     """Gradient wrt x of :func:`conv2d` (same keyword arguments), shaped ``x_shape``."""
-    return A.backward_data_args("conv2d_backward_data", 2, dy, w, x_shape, stride, padding,
-                                dilation, groups, mode, algo, precision, stream)
+    return conv_args.backward_data_args("conv2d_backward_data", 2, dy, w, x_shape, stride,
+                                        padding, dilation, groups, mode, algo, precision,
+                                        stream)
 
 
 @public_op("conv3d_backward_data")
 def conv3d_backward_data(dy, w, x_shape, *, stride=1, padding=0, dilation=1, groups=1,
                          mode="cross", algo=None, precision=None, stream=None):
     """Gradient wrt x of :func:`conv3d`."""
-    return A.backward_data_args("conv3d_backward_data", 3, dy, w, x_shape, stride, padding,
-                                dilation, groups, mode, algo, precision, stream)
+    return conv_args.backward_data_args("conv3d_backward_data", 3, dy, w, x_shape, stride,
+                                        padding, dilation, groups, mode, algo, precision,
+                                        stream)
 
 
 @public_op("conv2d_backward_filter")
 def conv2d_backward_filter(x, dy, w_shape, *, stride=1, padding=0, dilation=1, groups=1,
                            mode="cross", algo=None, precision=None, stream=None):
     """Gradient wrt w of :func:`conv2d`, shaped ``w_shape``."""
-    return A.backward_filter_args("conv2d_backward_filter", 2, x, dy, w_shape, stride, padding,
-                                  dilation, groups, mode, algo, precision, stream)
+    return conv_args.backward_filter_args("conv2d_backward_filter", 2, x, dy, w_shape, stride,
+                                          padding, dilation, groups, mode, algo, precision,
+                                          stream)
 
 
 @public_op("conv3d_backward_filter")
 def conv3d_backward_filter(x, dy, w_shape, *, stride=1, padding=0, dilation=1, groups=1,
                            mode="cross", algo=None, precision=None, stream=None):
     """Gradient wrt w of :func:`conv3d`."""
-    return A.backward_filter_args("conv3d_backward_filter", 3, x, dy, w_shape, stride,
-                                  padding, dilation, groups, mode, algo, precision, stream)
+    return conv_args.backward_filter_args("conv3d_backward_filter", 3, x, dy, w_shape, stride,
+                                          padding, dilation, groups, mode, algo, precision,
+                                          stream)
 
 
 @public_op("conv_backward_bias")
@@ -81,7 +86,7 @@ def conv_backward_bias(dy, *, stream=None):
     """Gradient wrt the bias: ``db[k] = sum over n and space of dy[n, k, ...]`` (4-D or 5-D)."""
     s = arrays.as_stream(stream)
     dy = arrays.device_input("conv_backward_bias", "dy", dy, s, ndim=(3, 4, 5))
-    return dy, s
+    return conv_args.ConvBiasArgs(dy, s)
 
 
 FORWARD = ("conv2d", "conv3d")
@@ -97,7 +102,6 @@ def _five(a, shape5):
 # ---------------------------------------------------------------- Numba
 
 def _numba_forward(x, w, bias, geom, opts, stream):
-    from . import conv_numba   # imports numba: on first use
     y, algo = conv_numba.forward(_five(x, geom.x_shape), _five(w, geom.w_shape), bias, geom,
                                  stream)
     note_algo(algo)
@@ -105,7 +109,6 @@ def _numba_forward(x, w, bias, geom, opts, stream):
 
 
 def _numba_backward_data(dy, w, geom, opts, stream):
-    from . import conv_numba   # imports numba: on first use
     dx, algo = conv_numba.backward_data(_five(dy, geom.y_shape), _five(w, geom.w_shape), geom,
                                         stream)
     note_algo(algo)
@@ -113,7 +116,6 @@ def _numba_backward_data(dy, w, geom, opts, stream):
 
 
 def _numba_backward_filter(x, dy, geom, opts, stream):
-    from . import conv_numba   # imports numba: on first use
     dw, algo = conv_numba.backward_filter(_five(x, geom.x_shape), _five(dy, geom.y_shape),
                                           geom, stream)
     note_algo(algo)
@@ -121,7 +123,6 @@ def _numba_backward_filter(x, dy, geom, opts, stream):
 
 
 def _numba_backward_bias(dy, stream):
-    from . import conv_numba   # imports numba: on first use
     return conv_numba.backward_bias(dy, stream)
 
 
@@ -151,10 +152,9 @@ def _pieces(geom, *batched):
     return [(v, _piece(geom, v[0].shape[0])) for v in views]
 
 
-def _cudnn_supports(*args):
+def _cudnn_supports(geom, opts):
     """Batches over cuDNN's 32-bit tensor limit run as pieces of the batch (each piece with
     its own algorithm choice and workspace); an image or a filter set over it cannot run."""
-    geom, opts = args[-3], args[-2]
     key = (geom, opts["dtype"], opts["compute_dtype"], split.LIMIT)
     why = _supported.get(key, False)
     if why is False:                      # (None is a valid answer: supported)
@@ -165,6 +165,18 @@ def _cudnn_supports(*args):
 
 
 _supported = {}     # _cudnn_supports' answers: it runs on every call
+
+
+def _cudnn_supports_forward(x, w, bias, geom, opts, stream):
+    return _cudnn_supports(geom, opts)
+
+
+def _cudnn_supports_backward_data(dy, w, geom, opts, stream):
+    return _cudnn_supports(geom, opts)
+
+
+def _cudnn_supports_backward_filter(x, dy, geom, opts, stream):
+    return _cudnn_supports(geom, opts)
 
 
 def _cudnn_why(geom, opts):
@@ -187,7 +199,8 @@ def _empty(geom):
 def _cudnn_kw(opts, direction, stream):
     return dict(algo=opts["algo"], compute_dtype=opts["compute_dtype"],
                 allow_tf32=opts["allow_tf32"], deterministic=opts["deterministic"],
-                workspace_limit=A.workspace_limit(opts), stream=device.stream_pointer(stream))
+                workspace_limit=conv_args.workspace_limit(opts),
+                stream=device.stream_pointer(stream))
 
 
 def _cudnn_forward(x, w, bias, geom, opts, stream):
@@ -300,14 +313,16 @@ def _cudnn_backward_bias(dy, stream):
     return db
 
 
-for _names, _numba, _cudnn, _bind_it in (
-        (FORWARD, _numba_forward, _cudnn_forward, _bind_cudnn_forward),
-        (BACKWARD_DATA, _numba_backward_data, _cudnn_backward_data, _bind_cudnn_backward_data),
+for _names, _numba, _cudnn, _supports, _bind_it in (
+        (FORWARD, _numba_forward, _cudnn_forward, _cudnn_supports_forward,
+         _bind_cudnn_forward),
+        (BACKWARD_DATA, _numba_backward_data, _cudnn_backward_data,
+         _cudnn_supports_backward_data, _bind_cudnn_backward_data),
         (BACKWARD_FILTER, _numba_backward_filter, _cudnn_backward_filter,
-         _bind_cudnn_backward_filter)):
+         _cudnn_supports_backward_filter, _bind_cudnn_backward_filter)):
     for _name in _names:
         register(_name, "numba", tolerance=_TOL)(_numba)
-        register(_name, "cudnn", supports=_cudnn_supports, tolerance=_TOL)(_cudnn)
+        register(_name, "cudnn", supports=_supports, tolerance=_TOL)(_cudnn)
         binder(_name, "cudnn")(_bind_it)
 register("conv_backward_bias", "numba", tolerance=_TOL)(_numba_backward_bias)
 register("conv_backward_bias", "cudnn", supports=_cudnn_bias_supports,

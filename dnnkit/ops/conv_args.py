@@ -1,16 +1,54 @@
 """Argument checking and flag resolution for the convolution ops (dnnkit/ops/conv.py).
 
 Every bad argument raises ValueError/TypeError naming the op and the value, before any
-backend runs. The checked arguments become (arrays, ConvGeom, opts, stream) for the backends.
+backend runs. The checked arguments become one named tuple per direction (arrays, ConvGeom,
+opts, stream: ``ConvForwardArgs`` and the others below), which the backends take as their
+parameters.
 """
 
 import time
+import typing
 
 import numpy as np
 
 from .. import arrays, config, device
 from ..geometry import ConvGeom
 from .args import int_tuple
+
+
+class ConvForwardArgs(typing.NamedTuple):
+    """The checked arguments of conv2d/conv3d. ``opts``: the resolved flags (resolve_opts)."""
+    x: object
+    w: object
+    bias: object
+    geom: ConvGeom
+    opts: dict
+    stream: object
+
+
+class ConvBackwardDataArgs(typing.NamedTuple):
+    """The checked arguments of conv2d/conv3d_backward_data."""
+    dy: object
+    w: object
+    geom: ConvGeom
+    opts: dict
+    stream: object
+
+
+class ConvBackwardFilterArgs(typing.NamedTuple):
+    """The checked arguments of conv2d/conv3d_backward_filter."""
+    x: object
+    dy: object
+    geom: ConvGeom
+    opts: dict
+    stream: object
+
+
+class ConvBiasArgs(typing.NamedTuple):
+    """The checked arguments of conv_backward_bias."""
+    dy: object
+    stream: object
+
 
 CHOICES = ("guess_once", "guess_on_shape_change", "time_once", "time_on_shape_change")
 ALGOS = {
@@ -49,7 +87,7 @@ def _workspace(flag, value):
 
 
 def _bool(flag, value):
-    return config._parse_bool(flag, value)
+    return config.parse_bool(flag, value)
 
 
 # Default: cuDNN's heuristics through the graph API, remembered per shape (PyTorch's and
@@ -89,7 +127,9 @@ def _mode(op, mode):
     return mode == "conv"
 
 
-def _opts(op, direction, dtype, algo, precision):
+def resolve_opts(op, direction, dtype, algo, precision):
+    """The call's options: the algorithm, data and compute types and the flags the cuDNN
+    backend reads (``direction``: "fwd", "bwd_data" or "bwd_filter")."""
     flag = {"fwd": "dnn.conv.algo_fwd", "bwd_data": "dnn.conv.algo_bwd_data",
             "bwd_filter": "dnn.conv.algo_bwd_filter"}[direction]
     if algo is None:
@@ -123,8 +163,7 @@ def workspace_limit(opts):
     dev = device.device_id()
     hit = _auto.get(dev)
     if hit is None or now - hit[0] > AUTO_REFRESH_S:
-        from numba import cuda
-        free, _total = cuda.current_context().get_memory_info()
+        free, _total = device.numba_cuda().current_context().get_memory_info()
         hit = _auto[dev] = (now, int(min(WORKSPACE_CAP, free * WORKSPACE_SHARE)))
     return hit[1]
 
@@ -209,7 +248,8 @@ def forward_args(op, nd, x, w, bias, stride, padding, dilation, groups, mode, al
         if bias.shape[0] != w.shape[0] or bias.dtype != x.dtype:
             raise ValueError(f"{op}: bias must be ({w.shape[0]},) {x.dtype}; got "
                              f"{tuple(bias.shape)} {bias.dtype}")
-    return x, w, bias, geom, _opts(op, "fwd", x.dtype, algo, precision), s
+    return ConvForwardArgs(x, w, bias, geom, resolve_opts(op, "fwd", x.dtype, algo, precision),
+                           s)
 
 
 def backward_data_args(op, nd, dy, w, x_shape, stride, padding, dilation, groups, mode, algo,
@@ -218,7 +258,8 @@ def backward_data_args(op, nd, dy, w, x_shape, stride, padding, dilation, groups
     x_shape = _shape(op, "x_shape", x_shape, nd + 2)
     geom = make_geom(op, nd, x_shape, w.shape, stride, padding, dilation, groups, mode)
     _expect(op, "dy", dy.shape, geom.user_shape(geom.y_shape))
-    return dy, w, geom, _opts(op, "bwd_data", dy.dtype, algo, precision), s
+    return ConvBackwardDataArgs(dy, w, geom,
+                                resolve_opts(op, "bwd_data", dy.dtype, algo, precision), s)
 
 
 def backward_filter_args(op, nd, x, dy, w_shape, stride, padding, dilation, groups, mode, algo,
@@ -227,7 +268,8 @@ def backward_filter_args(op, nd, x, dy, w_shape, stride, padding, dilation, grou
     w_shape = _shape(op, "w_shape", w_shape, nd + 2)
     geom = make_geom(op, nd, x.shape, w_shape, stride, padding, dilation, groups, mode)
     _expect(op, "dy", dy.shape, geom.user_shape(geom.y_shape))
-    return x, dy, geom, _opts(op, "bwd_filter", x.dtype, algo, precision), s
+    return ConvBackwardFilterArgs(x, dy, geom,
+                                  resolve_opts(op, "bwd_filter", x.dtype, algo, precision), s)
 
 
 def _expect(op, name, got, want):

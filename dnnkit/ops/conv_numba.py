@@ -4,56 +4,57 @@ The implicit GEMM (kernels/gemm.py ``implicit``: a per-geometry table of tap off
 buffer, no col2im, every image in one pass; not where a group's channels of one image pass
 2**31 elements) reads x as its im2col matrix (or its transpose) inside the GEMM for the
 forward and the filter gradient, and dy as the column matrix of the convolution that a
-stride-1 data gradient is. ``IMPLICIT`` picks it: True always, False never, None (default)
-where it measured faster (``_implicit_pays``: stride-1 undilated ungrouped 2-D 3x3 forward
-and data gradients with at most 128 channels out).
+stride-1 data gradient is. ``conv_tuning.settings.implicit`` picks it: True always, False
+never, None (default) where it measured faster (``implicit_pays``: stride-1 undilated
+ungrouped 2-D 3x3 forward and data gradients with at most 128 channels out).
 
-Every array is 5-D here (dnnkit/geometry.py): x (N, C, D, H, W), w (K, C/G, T, R, S),
-y (N, K, OD, OH, OW), one float dtype throughout; kernels/conv.py has the math and
-kernels/gemm.py the GEMM. The batch goes through in chunks of images whose column buffer
-(G*rows x n*O elements; rows = C/G*T*R*S, O = OD*OH*OW) fits in ``COL_BUDGET_BYTES`` (one image
-at a time if even one does not fit). Each chunk is one GEMM batched over the groups whose n
+Every array is 5-D here (dnnkit/geometry.py): x (N, C, D, H, W), w (K, C/G, T, R, S), y (N, K,
+OD, OH, OW), one float dtype throughout; kernels/conv.py has the math and kernels/gemm.py the
+GEMM. The batch goes through in chunks of images whose column buffer (G*rows x n*O elements;
+rows = C/G*T*R*S, O = OD*OH*OW) fits in ``conv_tuning.settings.col_budget_bytes`` (one image at
+a time if even one does not fit). Each chunk is one GEMM batched over the groups whose n
 dimension runs over every (image, position) column of the chunk, so small images still fill
 whole tiles: the GEMM's grouped indexing reads dy and writes y straight in NCHW order. Where
 the forward's blocks would leave the GPU's last wave mostly empty, its sum over the rows is
-split too (``_k_parts``: batched over (group, part) into an accumulation-type workspace,
-summed with the bias by conv_partsum_fwd_kernel). The forward and the
-filter gradient keep the column buffer in the data type (im2col only copies, so this is exact);
-the data gradient's buffer, a GEMM result, is in the accumulation type.
+split too (``k_parts``: batched over (group, part) into an accumulation-type workspace, summed
+with the bias by conv_partsum_fwd_kernel). The forward and the filter gradient keep the column
+buffer in the data type (im2col only copies, so this is exact); the data gradient's buffer, a
+GEMM result, is in the accumulation type.
 
 The filter gradient is a reduction over the chunk's (image, position) columns: they are split
 into ``parts`` equal slices of whole images reduced by separate blocks (enough to fill the GPU
-when K x rows alone does not) into a float32/float64 workspace (parts x w.size, within
-``COL_BUDGET_BYTES``), accumulated over chunks, and summed at the end in a fixed order. Every
-pass is deterministic.
+when K x rows alone does not) into a float32/float64 workspace (parts x w.size, within the
+budget), accumulated over chunks, and summed at the end in a fixed order. Every pass is
+deterministic.
 """
 
 import functools
-import math
 
-from numba import config
+import numpy as np
 
 from .. import arrays, device
 from ..launch import at, launch, pow2_at_most
-from . import conv_winograd as W
-from . import gemm as G
-
-COL_BUDGET_BYTES = 256 << 20
-_SIM = bool(config.ENABLE_CUDASIM)
-ELEM_THREADS = 32 if _SIM else 256
-IM2COL_SPAN = 2 if _SIM else 16    # images (and channels) per im2col grid dimension
-FILTER_PARTS = None         # filter gradient image slices: None = _filter_parts' rule
+from . import conv_launch, conv_winograd, gemm
+from .conv_tuning import settings
 
 
 def _kernels():
+    """dnnkit.kernels, imported on first use: it imports numba, which ``import dnnkit`` must
+    not pay for."""
     from .. import kernels
     return kernels
 
 
-def _geo(g):
-    """kernels/conv.py's geometry tuple."""
-    return (g.x_shape[1],) + tuple(g.x_shape[2:]) + tuple(g.w_shape[2:]) + g.out_spatial \
-        + tuple(g.stride) + tuple(g.padding) + tuple(g.dilation) + (int(g.flip),)
+def _im2col_span():
+    """Images (and channels) per im2col grid dimension: 16; 2 on the simulator."""
+    return 2 if device.simulator() else 16
+
+
+def _kernel_geo(geom):
+    """kernels/conv.py's ``geo`` tuple of a ConvGeom."""
+    return (geom.x_shape[1],) + tuple(geom.x_shape[2:]) + tuple(geom.w_shape[2:]) \
+        + geom.out_spatial + tuple(geom.stride) + tuple(geom.padding) + tuple(geom.dilation) \
+        + (int(geom.flip),)
 
 
 def _prod(t):
@@ -63,22 +64,22 @@ def _prod(t):
     return p
 
 
-class _Sizes:
+class ConvSizes:
     """The GEMM dimensions of one convolution: per group Kg filters, Cg*T*R*S = ``rows`` column
     rows, ``out`` output positions per image; ``chunk`` images per column buffer."""
 
-    def __init__(self, g, itemsize):
-        self.n, self.c = g.x_shape[:2]
-        self.k, self.groups = g.w_shape[0], g.groups
-        self.kg, self.rows = self.k // g.groups, _prod(g.w_shape[1:])
-        self.out = _prod(g.out_spatial)
-        self.image = self.c * _prod(g.x_shape[2:])
-        per_image = self.rows * g.groups * self.out * itemsize
-        self.chunk = max(1, min(self.n, COL_BUDGET_BYTES // max(1, per_image)))
+    def __init__(self, geom, itemsize):
+        self.n, self.c = geom.x_shape[:2]
+        self.k, self.groups = geom.w_shape[0], geom.groups
+        self.kg, self.rows = self.k // geom.groups, _prod(geom.w_shape[1:])
+        self.out = _prod(geom.out_spatial)
+        self.image = self.c * _prod(geom.x_shape[2:])
+        per_image = self.rows * geom.groups * self.out * itemsize
+        self.chunk = max(1, min(self.n, settings.col_budget_bytes // max(1, per_image)))
         # A 1x1 kernel at stride 1 without padding: the column matrix IS x (col[c, (n, o)] =
         # x[n, c, o]), so the GEMMs read x (and write dx) in place: no im2col, no col2im.
-        self.pointwise = (max(g.w_shape[2:]) == 1 and max(g.stride) == 1
-                          and max(g.padding) == 0)
+        self.pointwise = (max(geom.w_shape[2:]) == 1 and max(geom.stride) == 1
+                          and max(geom.padding) == 0)
         if self.pointwise:
             self.chunk = max(1, self.n)
 
@@ -91,7 +92,8 @@ class _Sizes:
 
 
 def _elementwise(kernel, n, stream, args):
-    launch(kernel, arrays.grid_1d(n, ELEM_THREADS)[0], ELEM_THREADS, stream, args)
+    threads = conv_launch.elem_threads()
+    launch(kernel, arrays.grid_1d(n, threads)[0], threads, stream, args)
 
 
 def _im2col(x, col, geom, sz, n0, nc, stream):
@@ -99,21 +101,18 @@ def _im2col(x, col, geom, sz, n0, nc, stream):
     capped so that each thread reuses its decoded position over several (image, channel)
     pairs."""
     src = at(arrays.flat(x), n0 * sz.image)
-    threads = ELEM_THREADS
-    grid = (-(-sz.out // threads), min(nc, IM2COL_SPAN), min(sz.c, IM2COL_SPAN))
+    threads, span = conv_launch.elem_threads(), _im2col_span()
+    grid = (-(-sz.out // threads), min(nc, span), min(sz.c, span))
     launch(_kernels().conv_im2col_fwd_kernel, grid, threads, stream,
-           (src, col, _geo(geom), nc, arrays.acc_array(x.dtype)))
+           (src, col, _kernel_geo(geom), nc, arrays.acc_array(x.dtype)))
 
 
 _tables = {}        # (geometry, device) -> (table, cg) of the implicit forward
-# The implicit GEMM (True), the column buffer (False) or the measured choice (None): a module
-# switch for side-by-side timing (validation/implicit_bench.py) and tests, not a user flag.
-IMPLICIT = None
 
 
-def _implicit_pays(geom, sz, dgrad):
+def implicit_pays(geom, sz, dgrad):
     """Whether the implicit GEMM beat im2col + GEMM here, by validation/implicit_bench.py on an
-    H100 (ResNet-50 layers, batch 32, float32; validation/NOTES.md): for a stride-1 3x3
+    H100 (ResNet-50 layers, batch 32, float32): for a stride-1 3x3
     forward or data gradient with at most 128 output channels (64 channels at 56^2:
     0.87x and 0.48x the time; 128 at 28^2: 0.54x and 0.88x), where the column buffer's traffic
     is large next to the GEMM's m = 64..128 rows of work. With 256 or 512 channels at 14^2 or 7^2
@@ -121,8 +120,8 @@ def _implicit_pays(geom, sz, dgrad):
     (1.18-1.68x) its costlier inner loop (a table read and bounds test per element, ptxas:
     more spills) loses. With the tensor-core GEMM (ops/gemm.py): 64 channels 0.83x / 0.41x,
     128 channels 1.03x / 0.77x (kept: within the runs' noise), 512 channels 1.48x / 1.83x."""
-    if IMPLICIT is not None:
-        return IMPLICIT
+    if settings.implicit is not None:
+        return settings.implicit
     # only what was measured: 2-D 3x3, undilated, ungrouped, stride 1 (5x5, 1x3, 3-D, dilated
     # and grouped kernels keep the column buffer until timed)
     rows = sz.c if dgrad else sz.k                    # the GEMM's m: channels it produces
@@ -143,7 +142,6 @@ def _implicit_operand(geom, sz, dgrad=False):
     got = _tables.get(key)
     if got is not None or key in _tables:
         return got
-    import numpy as np
     t_, r_, s_ = geom.w_shape[2:]
     if dgrad:
         chans, (d, h, w), sign = sz.kg, geom.out_spatial, -1
@@ -177,29 +175,29 @@ def _implicit_operand(geom, sz, dgrad=False):
 def forward(x, w, bias, geom, stream):
     """(y, the algorithm's name): y = conv(x, w) (+ bias), shaped geom.y_shape."""
     y = arrays.cuda_empty(geom.y_shape, x.dtype, stream)
-    sz = _Sizes(geom, x.dtype.itemsize)
+    sz = ConvSizes(geom, x.dtype.itemsize)
     if sz.empty():
         return y, "im2col+gemm"
-    if W.pays(geom, x.dtype):
-        return W.forward(x, w, bias, geom, y, stream), "winograd"
-    conv = (None if sz.pointwise or not _implicit_pays(geom, sz, False)
+    if conv_winograd.pays(geom, x.dtype):
+        return conv_winograd.forward(x, w, bias, geom, y, stream), "winograd"
+    conv = (None if sz.pointwise or not implicit_pays(geom, sz, False)
             else _implicit_operand(geom, sz))
     if conv is not None:
         # B = im2col(x) read in place (kernels/gemm.py, implicit): column j = (n, o) of every
         # image at once, group g's channels from g*Cg*D*H*W; C's column j at (j // O)*K*O + j % O
         o, ko = sz.out, sz.k * sz.out
-        G.gemm("00", arrays.flat(w), arrays.flat(x), arrays.flat(y),
-               (sz.kg, sz.n * o, sz.rows), (sz.rows, 0, o), G.PLAIN * 2 + (o, ko),
-               (sz.groups, 1, sz.kg * sz.rows, 0, sz.image // sz.groups, 0,
-                sz.kg * o, 0), bias=None if bias is None else arrays.flat(bias), stream=stream,
-               conv=conv)
+        gemm.gemm("00", arrays.flat(w), arrays.flat(x), arrays.flat(y),
+                  (sz.kg, sz.n * o, sz.rows), (sz.rows, 0, o), gemm.PLAIN * 2 + (o, ko),
+                  (sz.groups, 1, sz.kg * sz.rows, 0, sz.image // sz.groups, 0,
+                   sz.kg * o, 0), bias=None if bias is None else arrays.flat(bias), stream=stream,
+                  conv=conv)
         return y, "implicit_gemm"
     col = None if sz.pointwise else arrays.cuda_empty(
         (sz.groups * sz.rows * sz.chunk * sz.out,), x.dtype, stream)
     wf, yf = arrays.flat(w), arrays.flat(y)
     o, ko = sz.out, sz.k * sz.out
     acc = arrays.acc_array(x.dtype)
-    parts = _k_parts(sz, acc.dtype.itemsize * y.size)
+    parts = k_parts(sz, acc.dtype.itemsize * y.size)
     kp = sz.rows // parts
     # split k: part q of the sum over rows goes to ws[q] (accumulation type), summed below
     ws = None if parts == 1 else arrays.cuda_empty((parts * y.size,), acc.dtype, stream)
@@ -208,15 +206,15 @@ def forward(x, w, bias, geom, stream):
             b, ldb, gb, b1 = at(arrays.flat(x), n0 * sz.image), o, (o, sz.image), sz.rows * o
         else:
             _im2col(x, col, geom, sz, n0, nc, stream)
-            b, ldb, gb, b1 = col, nc * o, G.PLAIN, sz.rows * nc * o
+            b, ldb, gb, b1 = col, nc * o, gemm.PLAIN, sz.rows * nc * o
         # y[n, g*Kg + i, o] = sum_k W_g[i, k] col[g*rows + k, n*O + o]: C's column j = (n, o)
         # lives at (j // O)*K*O + j % O. Batch entries (group, part): part q sums the k in
         # [q*kp, (q+1)*kp) (A's columns, B's rows from there) into ws[q].
-        G.gemm("00", wf, b, at(yf if ws is None else ws, n0 * ko),
-               (sz.kg, nc * o, kp), (sz.rows, ldb, o), G.PLAIN + gb + (o, ko),
-               (sz.groups, parts, sz.kg * sz.rows, kp, b1, kp * ldb, sz.kg * o, y.size),
-               bias=None if bias is None or ws is not None else arrays.flat(bias),
-               stream=stream)
+        gemm.gemm("00", wf, b, at(yf if ws is None else ws, n0 * ko),
+                  (sz.kg, nc * o, kp), (sz.rows, ldb, o), gemm.PLAIN + gb + (o, ko),
+                  (sz.groups, parts, sz.kg * sz.rows, kp, b1, kp * ldb, sz.kg * o, y.size),
+                  bias=None if bias is None or ws is not None else arrays.flat(bias),
+                  stream=stream)
     if ws is not None:
         _elementwise(_kernels().conv_partsum_fwd_kernel, y.size, stream,
                      (ws, yf, parts, y.size, yf if bias is None else arrays.flat(bias),
@@ -227,7 +225,8 @@ def forward(x, w, bias, geom, stream):
 # Split k (the forward's sum over C/G*T*R*S rows) so that the GEMM's blocks fill whole waves:
 # part counts p (divisors of rows, up to MAX_PARTS, each part >= MIN_K_PER_PART of the sum)
 # are scored by the share of the last wave their blocks fill (counted at the tile
-# configuration the batch of groups * p launches with; WAVE_BLOCKS per wave); the best wins,
+# configuration the batch of groups * p launches with; conv_launch.wave_blocks() per wave,
+# 264 on an H100); the best wins,
 # ties (within 0.02) going to more parts; no split unless it fills 0.02 more.
 # Measured on an H100 (float32, batch 32, validation/implicit_bench.py --split; ms with the
 # column buffer for p = 1 / the rule's p, bias included): 512 channels at 7^2
@@ -235,47 +234,39 @@ def forward(x, w, bias, geom, stream):
 # their last wave, as p = 2 and 4; p = 3 fills 0.59); 256 at 14^2 (196 blocks) 0.978 / 0.722
 # (p = 8); 128 at 28^2 (392) 1.039 / 0.793 (p = 4); 64 at 56^2 (784 blocks, 0.99 of a wave
 # filled) stays whole: splitting it measured 10-24% slower. The partial outputs cost p x y in
-# the accumulation type, written once and read once. SPLIT_K: a fixed number of parts (the
-# largest divisor of rows up to it; a switch for tests and validation/implicit_bench.py, so
-# it skips the budget and MIN_K_PER_PART), None for this rule.
-WAVE_BLOCKS = 132 * 2       # SMs of an H100 x the GEMM's 2 resident blocks per SM
+# the accumulation type, written once and read once. conv_tuning.settings.split_k forces a
+# number of parts instead.
 MIN_K_PER_PART = 256
 MAX_PARTS = 8
-SPLIT_K = None
 
 
-def _k_parts(sz, part_bytes):
+def k_parts(sz, part_bytes):
     """How many parts the forward's k = rows splits into (a divisor of rows)."""
-    if SPLIT_K is not None:
-        return _largest_divisor(sz.rows, SPLIT_K)
+    if settings.split_k is not None:
+        return _largest_divisor(sz.rows, settings.split_k)
     n = sz.chunk * sz.out
     return _fill_parts(sz.kg, n, sz.groups, sz.rows,
                        min(MAX_PARTS, sz.rows // MIN_K_PER_PART,
-                           COL_BUDGET_BYTES // max(1, part_bytes)))
-
-
-def _blocks(m, n, batch):
-    """Blocks of the GEMM's launch for an m x n product ``batch`` times (its tile
-    configuration depends on the batch too: ops/gemm.py)."""
-    return math.prod(G.launch_grid(m, n, batch)[1])
+                           settings.col_budget_bytes // max(1, part_bytes)))
 
 
 def _fill_parts(m, n, groups, total, top):
     """The number of parts p (a divisor of ``total``, at most ``top``) of an m x n GEMM per
-    group whose groups * p batch of blocks fills its last wave best (WAVE_BLOCKS per wave);
-    ties within 0.02 go to more parts (shorter blocks balance better), and 1 unless a split
-    fills 0.02 more. Every forward asks: remembered per shape (and per simulator/GPU, whose
-    tiles differ)."""
-    return _fill_parts_of(m, n, groups, total, top, device.simulator())
+    group whose groups * p batch of blocks fills its last wave best (conv_launch.wave_blocks()
+    per wave); ties within 0.02 go to more parts (shorter blocks balance better), and 1 unless
+    a split fills 0.02 more. Every forward asks: remembered per shape (and per simulator/GPU
+    and its wave, whose tiles and sizes differ)."""
+    return _fill_parts_of(m, n, groups, total, top, device.simulator(),
+                          conv_launch.wave_blocks())
 
 
 @functools.lru_cache(maxsize=1024)
-def _fill_parts_of(m, n, groups, total, top, _simulator):
+def _fill_parts_of(m, n, groups, total, top, _simulator, wave):
     fills = {}
     for p in range(1, max(1, top) + 1):
         if total % p == 0:
-            b = _blocks(m, n, groups * p)
-            fills[p] = b / (-(-b // WAVE_BLOCKS) * WAVE_BLOCKS)
+            b = conv_launch.gemm_blocks(m, n, groups * p)
+            fills[p] = b / (-(-b // wave) * wave)
     best = max(fills.values())
     if best <= fills[1] + 0.02:
         return 1
@@ -287,14 +278,14 @@ def backward_data(dy, w, geom, stream):
     geom.x_shape."""
     dx = arrays.cuda_empty(geom.x_shape, dy.dtype, stream)
     acc = arrays.acc_array(dy.dtype)
-    sz = _Sizes(geom, acc.dtype.itemsize)
+    sz = ConvSizes(geom, acc.dtype.itemsize)
     if dx.size == 0:
         return dx, "gemm+col2im"
     if sz.empty():
         return arrays.zero_fill(dx, stream), "gemm+col2im"
-    if W.pays(geom, dy.dtype):
-        return W.backward_data(dy, w, geom, dx, stream), "winograd"
-    conv = (None if sz.pointwise or not _implicit_pays(geom, sz, True)
+    if conv_winograd.pays(geom, dy.dtype):
+        return conv_winograd.backward_data(dy, w, geom, dx, stream), "winograd"
+    conv = (None if sz.pointwise or not implicit_pays(geom, sz, True)
             else _implicit_operand(geom, sz, dgrad=True))
     if conv is not None:
         # dx_g = W_g^T (Cg x Kg*TRS: row c at c*TRS, k = (k', trs) at k'*Cg*TRS + trs) times
@@ -302,11 +293,11 @@ def backward_data(dy, w, geom, stream):
         # j = (n, i) at (j // DHW)*C*DHW + j % DHW. One batch entry per group.
         dhw, trs = sz.image // sz.c, sz.rows // (sz.c // sz.groups)
         cg_ = sz.c // sz.groups
-        G.gemm("00", arrays.flat(w), arrays.flat(dy), arrays.flat(dx),
-               (cg_, sz.n * dhw, sz.kg * trs), (trs, 0, dhw),
-               (trs, cg_ * trs) + G.PLAIN + (dhw, sz.image),
-               (sz.groups, 1, sz.kg * sz.rows, 0, sz.kg * sz.out, 0, cg_ * dhw, 0),
-               stream=stream, conv=conv)
+        gemm.gemm("00", arrays.flat(w), arrays.flat(dy), arrays.flat(dx),
+                  (cg_, sz.n * dhw, sz.kg * trs), (trs, 0, dhw),
+                  (trs, cg_ * trs) + gemm.PLAIN + (dhw, sz.image),
+                  (sz.groups, 1, sz.kg * sz.rows, 0, sz.kg * sz.out, 0, cg_ * dhw, 0),
+                  stream=stream, conv=conv)
         return dx, "implicit_gemm"
     dcol = None if sz.pointwise else arrays.cuda_empty(
         (sz.groups * sz.rows * sz.chunk * sz.out,), acc.dtype, stream)
@@ -316,15 +307,15 @@ def backward_data(dy, w, geom, stream):
         if sz.pointwise:    # C = dx: column j = (n, o) at (j // O)*C*O + j % O
             c, ldc, gc, c1 = at(dxf, n0 * sz.image), o, (o, sz.image), sz.rows * o
         else:
-            c, ldc, gc, c1 = dcol, nc * o, G.PLAIN, sz.rows * nc * o
+            c, ldc, gc, c1 = dcol, nc * o, gemm.PLAIN, sz.rows * nc * o
         # dcol[g*rows + i, n*O + o] = sum_k W_g[k, i] dy[n, g*Kg + k, o]: A = W_g transposed,
         # B's column j = (n, o) at (j // O)*K*O + j % O. One batch entry per group.
-        G.gemm("10", wf, at(dyf, n0 * ko), c, (sz.rows, nc * o, sz.kg), (sz.rows, o, ldc),
-              G.PLAIN + (o, ko) + gc, (sz.groups, 1, sz.kg * sz.rows, 0, sz.kg * o, 0, c1, 0),
-              stream=stream)
+        gemm.gemm("10", wf, at(dyf, n0 * ko), c, (sz.rows, nc * o, sz.kg), (sz.rows, o, ldc),
+                  gemm.PLAIN + (o, ko) + gc,
+                  (sz.groups, 1, sz.kg * sz.rows, 0, sz.kg * o, 0, c1, 0), stream=stream)
         if not sz.pointwise:
             _elementwise(_kernels().conv_col2im_bwd_kernel, nc * sz.image, stream,
-                         (dcol, at(dxf, n0 * sz.image), _geo(geom), nc, acc))
+                         (dcol, at(dxf, n0 * sz.image), _kernel_geo(geom), nc, acc))
     return dx, "gemm+col2im"
 
 
@@ -335,20 +326,21 @@ def _largest_divisor(n, cap):
     return d
 
 
-def _filter_parts(sz, dw_bytes, images=None):
+def filter_parts(sz, dw_bytes, images=None):
     """Image slices reduced by separate blocks, dividing the chunk (or ``images``) evenly: the
     forward's last-wave rule (_fill_parts), each slice's sum at least MIN_K_PER_PART long
     (images x output positions) and within the workspace budget (one dw in the accumulation
     type per slice). Measured on an H100 with the tensor-core GEMM (validation/implicit_bench.py
     --split, ms at the rule's count / the best): 128 channels at 28^2 32 slices, 0.827 (best);
-    256 at 14^2 16, 0.814 (best); 512 at 7^2 4, 0.849 / 0.832 at 2, where the earlier rule
-    (blocks for ~4 per SM) took 16 / 4 / 1 slices: 0.893 / 0.905 / 0.888 ms, and 16 slices
-    at 512 channels (no length floor) 1.072. FILTER_PARTS: a fixed count (the largest divisor
-    up to it), None for this rule."""
+    256 at 14^2 16, 0.814 (best); 512 at 7^2 4, 0.849 / 0.832 at 2; a rule of blocks for ~4
+    per SM (16 / 4 / 1 slices) took 0.893 / 0.905 / 0.888 ms, and 16 slices at 512 channels
+    (no length floor) 1.072. conv_tuning.settings.filter_parts forces a count (the largest
+    divisor up to it)."""
     total = images or sz.chunk
-    if FILTER_PARTS is not None:
-        return _largest_divisor(total, FILTER_PARTS)
-    top = min(total, max(1, COL_BUDGET_BYTES // dw_bytes), total * sz.out // MIN_K_PER_PART)
+    if settings.filter_parts is not None:
+        return _largest_divisor(total, settings.filter_parts)
+    top = min(total, max(1, settings.col_budget_bytes // dw_bytes),
+              total * sz.out // MIN_K_PER_PART)
     return _fill_parts(sz.kg, sz.rows, sz.groups, total, top)
 
 
@@ -356,19 +348,20 @@ def backward_filter(x, dy, geom, stream):
     """(dw, the algorithm's name): dw = the gradient of sum(conv(x, w) * dy) wrt w, shaped
     geom.w_shape."""
     dw = arrays.cuda_empty(geom.w_shape, x.dtype, stream)
-    sz = _Sizes(geom, x.dtype.itemsize)
+    sz = ConvSizes(geom, x.dtype.itemsize)
     if dw.size == 0:
         return dw, "im2col+gemm"
     if sz.empty():
         return arrays.zero_fill(dw, stream), "im2col+gemm"
-    if W.pays(geom, x.dtype):
-        return W.backward_filter(x, dy, geom, dw, stream), "winograd"
+    if conv_winograd.pays(geom, x.dtype):
+        return conv_winograd.backward_filter(x, dy, geom, dw, stream), "winograd"
     acc = arrays.acc_array(x.dtype)
-    # the filter gradient: implicit only when asked for (IMPLICIT = True; _implicit_pays)
-    conv = None if sz.pointwise or IMPLICIT is not True else _implicit_operand(geom, sz)
+    # the filter gradient: implicit only when asked for (settings.implicit True; implicit_pays)
+    conv = None if sz.pointwise or settings.implicit is not True \
+        else _implicit_operand(geom, sz)
     if conv is not None:
         return _implicit_filter(x, dy, dw, conv, sz, acc, stream), "implicit_gemm"
-    parts = _filter_parts(sz, dw.size * acc.dtype.itemsize)
+    parts = filter_parts(sz, dw.size * acc.dtype.itemsize)
     ws = arrays.cuda_empty((parts * dw.size,), acc.dtype, stream)
     col = None if sz.pointwise else arrays.cuda_empty(
         (sz.groups * sz.rows * sz.chunk * sz.out,), x.dtype, stream)
@@ -382,15 +375,15 @@ def backward_filter(x, dy, geom, stream):
             b1, b2 = sz.rows * o, per * sz.image
         else:
             _im2col(x, col, geom, sz, n0, nc, stream)
-            b, ldb, gb = col, nc * o, G.PLAIN
+            b, ldb, gb = col, nc * o, gemm.PLAIN
             b1, b2 = sz.rows * nc * o, per * o
         # ws[q, g*Kg + i, j] (+)= sum_k dy_g[i, k] col[g*rows + j, q*per*O + k] over the
         # per*O columns k = (n, o) of slice q: A's k at (k // O)*K*O + k % O, B = col^T.
         # Batched over (g, q).
-        G.gemm("01", at(dyf, n0 * ko), b, ws, (sz.kg, sz.rows, per * o), (o, ldb, sz.rows),
-              (o, ko) + gb + G.PLAIN,
-              (sz.groups, p, sz.kg * o, per * ko, b1, b2, sz.kg * sz.rows, dw.size),
-              beta=0.0 if i == 0 else 1.0, stream=stream)
+        gemm.gemm("01", at(dyf, n0 * ko), b, ws, (sz.kg, sz.rows, per * o), (o, ldb, sz.rows),
+                  (o, ko) + gb + gemm.PLAIN,
+                  (sz.groups, p, sz.kg * o, per * ko, b1, b2, sz.kg * sz.rows, dw.size),
+                  beta=0.0 if i == 0 else 1.0, stream=stream)
     _elementwise(_kernels().conv_partsum_fwd_kernel, dw.size, stream,
                  (ws, arrays.flat(dw), parts, dw.size, arrays.flat(dw), 0, 1, acc))
     return dw, "im2col+gemm"
@@ -400,16 +393,16 @@ def _implicit_filter(x, dy, dw, conv, sz, acc, stream):
     """The filter gradient through the implicit GEMM (layout 01: B = im2col(x)^T read from x,
     its k = (image, position) walked with ``gb`` = O): every image at once, in ``parts``
     slices of whole images reduced by separate blocks and summed as in the column path."""
-    parts = _filter_parts(sz, dw.size * acc.dtype.itemsize, images=sz.n)
+    parts = filter_parts(sz, dw.size * acc.dtype.itemsize, images=sz.n)
     per, o, ko = sz.n // parts, sz.out, sz.k * sz.out
     ws = arrays.cuda_empty((parts * dw.size,), acc.dtype, stream)
     # ws[q, g*Kg + i, j] = sum_k dy_g[i, k] x-col[g*rows + j, q*per*O + k]: A's k at
     # (k // O)*K*O + k % O; B's k = (image, position) at image stride C*D*H*W (offset of group
     # g's channels and of slice q in the batch entry)
-    G.gemm("01", arrays.flat(dy), arrays.flat(x), ws, (sz.kg, sz.rows, per * o),
-           (o, 0, sz.rows), (o, ko) + (o, sz.image) + G.PLAIN,
-           (sz.groups, parts, sz.kg * o, per * ko, sz.image // sz.groups, per * sz.image,
-            sz.kg * sz.rows, dw.size), stream=stream, conv=conv)
+    gemm.gemm("01", arrays.flat(dy), arrays.flat(x), ws, (sz.kg, sz.rows, per * o),
+              (o, 0, sz.rows), (o, ko) + (o, sz.image) + gemm.PLAIN,
+              (sz.groups, parts, sz.kg * o, per * ko, sz.image // sz.groups, per * sz.image,
+               sz.kg * sz.rows, dw.size), stream=stream, conv=conv)
     _elementwise(_kernels().conv_partsum_fwd_kernel, dw.size, stream,
                  (ws, arrays.flat(dw), parts, dw.size, arrays.flat(dw), 0, 1, acc))
     return dw
@@ -417,14 +410,14 @@ def _implicit_filter(x, dy, dw, conv, sz, acc, stream):
 
 def backward_bias(dy, stream):
     """db[k] = sum of dy[:, k] over the batch and every spatial position."""
-    from ..kernels.softmax import MAX_THREADS
+    from ..kernels.common import MAX_THREADS      # (numba: see _kernels)
     n, k = dy.shape[0], dy.shape[1]
     s = _prod(dy.shape[2:])
     db = arrays.cuda_empty((k,), dy.dtype, stream)
     if k == 0:
         return db
     acc = arrays.acc_array(dy.dtype)
-    by = pow2_at_most(n * s, ELEM_THREADS if _SIM else MAX_THREADS)
+    by = pow2_at_most(n * s, conv_launch.elem_threads() if device.simulator() else MAX_THREADS)
     launch(_kernels().conv_bias_bwd_kernel, min(k, 65535), (1, by), stream,
            (arrays.flat(dy), db, n, k, s, acc), by * acc.dtype.itemsize)
     return db

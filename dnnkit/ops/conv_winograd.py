@@ -12,32 +12,29 @@ the tiles, split into ``parts`` slices reduced by separate blocks, then dg = G^T
 Cost: V, M (or dM) are 16/4 = 4x the size of x and y (a tile of 4 outputs takes 16 values), in
 the accumulation type: memory traffic for fewer flops, which pays where the GEMM is the
 bottleneck (``pays``; measured by validation/winograd_bench.py). The batch goes through in
-chunks of images whose transformed arrays fit ``conv_numba.COL_BUDGET_BYTES``.
+chunks of images whose transformed arrays fit ``conv_tuning.settings.col_budget_bytes``.
+``conv_tuning.settings.winograd`` and ``winograd_parts`` force the choices of the rules below.
 """
 
 import functools
 
 from .. import arrays, device
 from ..launch import At, launch
-from . import gemm as G
+from . import conv_launch, gemm
+from .conv_tuning import settings
 
-# Winograd (True), never (False) or where it measured faster (None): a module switch for
-# validation/winograd_bench.py and tests, like conv_numba.IMPLICIT.
-WINOGRAD = None
-# The filter gradient's slices of the sum over tiles: None = the rule (_filter_parts)
-PARTS = None
 MIN_TILES_PER_PART = 256     # each slice at least this long (a GEMM k of 16 slabs)
 MAX_PARTS = 64
 
 
 def _threads():
-    """Threads per block of the transforms: conv_numba's elementwise blocks (256; 32 on the
-    simulator, which runs a Python thread per CUDA thread)."""
-    from .conv_numba import ELEM_THREADS
-    return ELEM_THREADS
+    """Threads per block of the transforms: the elementwise blocks of ops/conv_launch.py."""
+    return conv_launch.elem_threads()
 
 
 def _kernels():
+    """dnnkit.kernels, imported on first use: it imports numba, which ``import dnnkit`` must
+    not pay for."""
     from .. import kernels
     return kernels
 
@@ -56,16 +53,16 @@ def applies(geom):
     return max(c * h * w, k * oh * ow, 16 * (c + k) * tiles) < 2**31
 
 
-# The rule (WINOGRAD = None): Winograd for these data types where the direct convolution
-# takes at least MIN_FLOPS flops (2 x multiply-adds). See ``pays``.
+# The rule (settings.winograd None): Winograd for these data types where the direct
+# convolution takes at least MIN_FLOPS flops (2 x multiply-adds). See ``pays``.
 DTYPES = ("float32", "float16")
 MIN_FLOPS = 1 << 32
 
 
 def pays(geom, dtype):
-    """Whether the Numba backend takes Winograd here: ``WINOGRAD`` when set, else the measured
-    rule. validation/winograd_bench.py on an H100, ResNet-50's four 3x3 layers, every pass:
-    at batch 32 (7.4 GFLOP a call) Winograd took 0.36-0.72x the direct path's GPU time in
+    """Whether the Numba backend takes Winograd here: ``settings.winograd`` when set, else the
+    measured rule. validation/winograd_bench.py on an H100, ResNet-50's four 3x3 layers, every
+    pass: at batch 32 (7.4 GFLOP a call) Winograd took 0.36-0.72x the direct path's GPU time in
     float32 and 0.36-0.73x in float16, and less time per call; at batch 2 (0.46 GFLOP) its
     GPU time was mostly lower too, but a call's time is then its host time (four or five
     launches against one or two), and it lost 4 of 12 passes per call (0.16-0.30 ms against
@@ -73,19 +70,18 @@ def pays(geom, dtype):
     asked."""
     if not applies(geom):
         return False
-    if WINOGRAD is not None:
-        return bool(WINOGRAD)
+    if settings.winograd is not None:
+        return bool(settings.winograd)
     n, c = geom.x_shape[:2]
     flops = 2 * 9 * n * c * geom.w_shape[0] * geom.out_spatial[1] * geom.out_spatial[2]
     return str(dtype) in DTYPES and flops >= MIN_FLOPS
 
 
-class _Tiles:
+class Tiles:
     """The tiling of one transform pass: ``cin`` channels of ``hw_in`` in, ``cout`` of
     ``hw_out`` out, 2x2 output tiles (th x tw per image), ``chunk`` images per pass."""
 
     def __init__(self, n, cin, hw_in, cout, hw_out, itemsize):
-        from .conv_numba import COL_BUDGET_BYTES
         self.n, self.cin, self.cout = n, cin, cout
         self.hw_in, self.hw_out = hw_in, hw_out
         self.th, self.tw = -(-hw_out[0] // 2), -(-hw_out[1] // 2)
@@ -94,7 +90,7 @@ class _Tiles:
         # within the budget, and every array of a chunk below 2**31 elements (32-bit indices;
         # one image always fits: ``applies``)
         planes = max(cin * hw_in[0] * hw_in[1], cout * hw_out[0] * hw_out[1], 1)
-        self.chunk = max(1, min(n, COL_BUDGET_BYTES // max(1, per_image),
+        self.chunk = max(1, min(n, settings.col_budget_bytes // max(1, per_image),
                                 (2**31 - 1) // planes))
 
     def chunks(self):
@@ -102,15 +98,20 @@ class _Tiles:
             yield n0, min(self.chunk, self.n - n0)
 
 
-# The transforms' blocks: about 4 waves of an H100 (132 SMs x 4 blocks of 256 threads at
-# their <= 64 registers); a thread decodes its tile once for the channels it visits.
-TRANSFORM_BLOCKS = 2048
+# The transforms' blocks: about 4 waves (4 blocks of 256 threads per SM at their <= 64
+# registers), tuned on an H100 as 2048 for its 132 SMs and scaled by the SM count; a thread
+# decodes its tile once for the channels it visits.
+TRANSFORM_BLOCKS_H100 = 2048
+
+
+def _transform_blocks():
+    return max(1, TRANSFORM_BLOCKS_H100 * conv_launch.sm_count() // conv_launch.H100_SMS)
 
 
 def _grid(cols, rows):
     """(tile blocks, channel blocks) of a transform over ``cols`` tiles x ``rows`` channels."""
     gx = min(-(-cols // _threads()), 4096)
-    return gx, max(1, min(rows, 65535, -(-TRANSFORM_BLOCKS // gx)))
+    return gx, max(1, min(rows, 65535, -(-_transform_blocks() // gx)))
 
 
 def _filter(w, k, c, flip, transpose, stream):
@@ -145,8 +146,8 @@ def _run_forward(x, w, bias, out, t, pad, flip, transpose, stream):
         p = nc * t.tiles
         _input(x, v, t, pad, n0, nc, p, stream)
         # M[xi] (K x P) = U[xi] (K x C) . V[xi] (C x P), the 16 xi batched
-        G.gemm("00", u, v, m, (k, p, c), (c, p, p), G.PLAIN * 3,
-               (16, 1, k * c, 0, c * p, 0, k * p, 0), stream=stream)
+        gemm.gemm("00", u, v, m, (k, p, c), (c, p, p), gemm.PLAIN * 3,
+                  (16, 1, k * c, 0, c * p, 0, k * p, 0), stream=stream)
         launch(_kernels().winograd_output_fwd_kernel, _grid(p, k), _threads(), stream,
                (m, At(outf, n0 * oimage),
                 outf if bias is None else arrays.flat(bias),
@@ -163,8 +164,7 @@ def forward(x, w, bias, geom, y, stream):
     """y = conv(x, w) (+ bias) by Winograd, into ``y`` (``applies(geom)`` must hold)."""
     hw, ohw, pad = _spatial(geom)
     acc = arrays.acc_array(x.dtype)
-    t = _Tiles(geom.x_shape[0], geom.x_shape[1], hw, geom.w_shape[0], ohw,
-               acc.dtype.itemsize)
+    t = Tiles(geom.x_shape[0], geom.x_shape[1], hw, geom.w_shape[0], ohw, acc.dtype.itemsize)
     return _run_forward(x, w, bias, y, t, pad, geom.flip, False, stream)
 
 
@@ -173,33 +173,33 @@ def backward_data(dy, w, geom, dx, stream):
     and reversed, padding 2 - p (kernels/winograd.py)."""
     hw, ohw, pad = _spatial(geom)
     acc = arrays.acc_array(dy.dtype)
-    t = _Tiles(geom.x_shape[0], geom.w_shape[0], ohw, geom.x_shape[1], hw, acc.dtype.itemsize)
+    t = Tiles(geom.x_shape[0], geom.w_shape[0], ohw, geom.x_shape[1], hw, acc.dtype.itemsize)
     return _run_forward(dy, w, None, dx, t, (2 - pad[0], 2 - pad[1]), not geom.flip, True,
                         stream)
 
 
-def _filter_parts(k, c, tiles):
+def filter_parts(k, c, tiles):
     """Slices of the filter gradient's sum over ``tiles`` tile columns: the fewest (at least
-    2) whose 16 x slices K x C GEMMs fill one wave of an H100's blocks (at the tile the GEMM
+    2) whose 16 x slices K x C GEMMs fill one wave of the GPU's blocks (at the tile the GEMM
     takes for that batch), each slice at least MIN_TILES_PER_PART long. Measured
     (validation/winograd_bench.py --parts and the benchmark report, H100, batch 32, ms):
     64 channels at 56^2: 16 slices 0.339 GPU time (33: 0.427, 4: 0.637); 128 at 28^2: 8
     slices 0.188 (17: 0.269); 256 at 14^2: 4 slices 0.174 (8: 0.206, 5: 0.196); 512 at 7^2:
     2 slices 0.226 (4: 0.282), and unsplit 0.513 ms a call against 0.233 with 2 slices. The
     rule gives 17, 9, 3 and 2."""
-    if PARTS is not None:
-        return max(1, min(PARTS, tiles))
-    return _filter_parts_of(k, c, tiles, device.simulator())
+    if settings.winograd_parts is not None:
+        return max(1, min(settings.winograd_parts, tiles))
+    return _filter_parts_of(k, c, tiles, device.simulator(), conv_launch.wave_blocks())
 
 
 @functools.lru_cache(maxsize=1024)
-def _filter_parts_of(k, c, tiles, _simulator):
-    """The rule of ``_filter_parts``, remembered per shape (and per simulator/GPU, whose GEMM
-    tiles differ): every filter gradient asks, and each count tried costs a tile choice."""
-    from .conv_numba import WAVE_BLOCKS, _blocks
+def _filter_parts_of(k, c, tiles, _simulator, wave):
+    """The rule of ``filter_parts``, remembered per shape (and per simulator/GPU and its
+    wave, whose GEMM tiles and sizes differ): every filter gradient asks, and each count tried
+    costs a tile choice."""
     top = max(1, min(MAX_PARTS, tiles // MIN_TILES_PER_PART))
     p = 2
-    while p < top and _blocks(k, c, 16 * p) < WAVE_BLOCKS:
+    while p < top and conv_launch.gemm_blocks(k, c, 16 * p) < wave:
         p += 1
     return min(p, top)
 
@@ -210,8 +210,8 @@ def backward_filter(x, dy, geom, dw, stream):
     hw, ohw, pad = _spatial(geom)
     acc = arrays.acc_array(x.dtype)
     k, c = geom.w_shape[:2]
-    t = _Tiles(geom.x_shape[0], c, hw, k, ohw, acc.dtype.itemsize)
-    parts = _filter_parts(k, c, t.chunk * t.tiles)
+    t = Tiles(geom.x_shape[0], c, hw, k, ohw, acc.dtype.itemsize)
+    parts = filter_parts(k, c, t.chunk * t.tiles)
     ps_max = parts * -(-(t.chunk * t.tiles) // parts)
     v = arrays.cuda_empty((16 * c * ps_max,), acc.dtype, stream)
     dm = arrays.cuda_empty((16 * k * ps_max,), acc.dtype, stream)
@@ -227,9 +227,9 @@ def backward_filter(x, dy, geom, dw, stream):
                (At(dyf, n0 * oimage), dm,
                 (k,) + tuple(ohw) + (t.th, t.tw, p, ps), acc))
         # du[q, xi] (K x C) (+)= dM[xi] (K x pp) . V[xi]^T (pp x C) over slice q's tiles
-        G.gemm("01", dm, v, du, (k, c, pp), (ps, ps, c), G.PLAIN * 3,
-               (16, parts, k * ps, pp, c * ps, pp, k * c, 16 * k * c),
-               beta=0.0 if i == 0 else 1.0, stream=stream)
+        gemm.gemm("01", dm, v, du, (k, c, pp), (ps, ps, c), gemm.PLAIN * 3,
+                  (16, parts, k * ps, pp, c * ps, pp, k * c, 16 * k * c),
+                  beta=0.0 if i == 0 else 1.0, stream=stream)
     launch(_kernels().winograd_filter_bwd_kernel, *arrays.grid_1d(k * c, _threads()), stream,
            (du, arrays.flat(dw), (k, c, int(geom.flip), parts), acc))
     return dw

@@ -27,12 +27,15 @@ Numba state raises CudnnUnavailableError, both saying why.
 
 import secrets
 import warnings
+from typing import NamedTuple
 
 import numpy as np
 
 from .. import arrays
-from ..dispatch import public_op, register
+from ..cudnn import dropout as cudnn_dropout
+from ..dispatch import public_op
 from ..launch import launch
+from ..registry import register
 
 
 class DropoutState:
@@ -52,6 +55,21 @@ class DropoutState:
     def __repr__(self):
         return (f"DropoutState(backend={self.backend!r}, p={self.p}, seed={self.seed}, "
                 f"shape={self.x_shape}, dtype={self.x_dtype})")
+
+
+class DropoutArgs(NamedTuple):
+    """dropout's checked arguments, as its implementations take them."""
+    x: object
+    p: float
+    seed: int
+    stream: object
+
+
+class DropoutBackwardArgs(NamedTuple):
+    """dropout_backward's checked arguments."""
+    dy: object
+    state: DropoutState
+    stream: object
 
 
 def _check_p(op, p):
@@ -85,7 +103,7 @@ def dropout(x, p, *, seed=None, stream=None):
     seed = _check_seed("dropout", seed)
     s = arrays.as_stream(stream)
     x = arrays.device_input("dropout", "x", x, s)
-    return x, p, seed, s
+    return DropoutArgs(x, p, seed, s)
 
 
 @public_op("dropout_backward")
@@ -102,10 +120,12 @@ def dropout_backward(dy, state, *, stream=None):
                          f"{state.x_shape}")
     if dy.dtype != state.x_dtype:
         raise TypeError(f"{op}: dy has dtype {dy.dtype} but the forward's x had {state.x_dtype}")
-    return dy, state, s
+    return DropoutBackwardArgs(dy, state, s)
 
 
 # ---------------------------------------------------------------- Numba
+# (The kernels are imported inside the functions: they import numba, which ``import dnnkit``
+# does not pay for.)
 
 _MAX_BLOCKS = 4096   # grid-stride: any grid is correct (tests shrink it on the simulator)
 
@@ -181,19 +201,17 @@ def _supports_backward(dy, state, stream):
 
 @register("dropout", "cudnn", supports=_supports_forward, crosscheck=False)
 def _dropout_cudnn(x, p, seed, stream):
-    from ..cudnn import dropout as cd
     y = arrays.empty_like(x, stream)
     # an empty x has nothing to drop (and cuDNN rejects empty tensors): no reserve space
-    saved = cd.forward(x, y, p, seed, stream) if x.size else None
+    saved = cudnn_dropout.forward(x, y, p, seed, stream) if x.size else None
     return y, DropoutState("cudnn", p, seed, x.shape, x.dtype, saved)
 
 
 @register("dropout_backward", "cudnn", supports=_supports_backward, crosscheck=False)
 def _dropout_backward_cudnn(dy, state, stream):
-    from ..cudnn import dropout as cd
     dx = arrays.empty_like(dy, stream)
     if dy.size:           # (dy has the forward's shape: empty exactly when it had no mask)
-        cd.backward(dy, dx, state.saved, stream)
+        cudnn_dropout.backward(dy, dx, state.saved, stream)
     return dx
 
 

@@ -29,6 +29,8 @@ def axpy(alpha, x, y, *, stream=None):
     x = arrays.device_input(op, "x", x, s)
     arrays.same_shape(op, "y", y, x=x)
     if y.size:
+        # (imported on first use: kernel modules import numba, which ``import dnnkit`` does not
+        # pay for)
         from ..kernels import axpy_fwd_kernel
         acc = arrays.acc_array(y.dtype)
         blocks, threads = arrays.grid_1d(y.size)

@@ -27,6 +27,9 @@ import numpy as np
 from .. import arrays, device
 from ..launch import launch
 
+# kernels/gemm.py (dnnkit.kernels.gemm) and numba are imported inside the functions that read
+# them: ``import dnnkit`` must not pay for numba.
+
 PLAIN = (1 << 62, 0)         # an ungrouped GEMM index (kernels/gemm.py)
 TENSOR_CORES = True          # 3xTF32 on tensor cores where it can (module docstring)
 NO_BATCH = (1, 1, 0, 0, 0, 0, 0, 0)
@@ -34,13 +37,13 @@ NO_BATCH = (1, 1, 0, 0, 0, 0, 0, 0)
 
 def gemm_config(m, n=1 << 30, batch=1):
     """Tile configuration (kernels/gemm.py CONFIGS) for a GEMM of m x n, ``batch`` times:
-    128 x 128 tiles where they make at least two blocks per SM of an H100/H200 (measured
-    best on large products), else 64 x 128 (measured best for m <= 64 and for products
-    too small to fill the GPU with the large tiles; validation/gemm_bench.py)."""
+    128 x 128 tiles where they make at least two blocks per SM of the GPU (measured best on
+    large products on an H100/H200), else 64 x 128 (measured best for m <= 64 and for
+    products too small to fill the GPU with the large tiles; validation/gemm_bench.py)."""
     if device.simulator():
         return "sim"
     large_blocks = -(-m // 128) * -(-n // 128) * batch
-    return "large" if m > 64 and large_blocks >= 2 * 132 else "small"
+    return "large" if m > 64 and large_blocks >= 2 * device.sm_count() else "small"
 
 
 def launch_grid(m, n, batch=1):

@@ -20,12 +20,16 @@ tensor limit run as pieces of the batch, ops/split.py).
 
 import dataclasses
 import math
+from typing import NamedTuple
 
 import numpy as np
 
-from .. import arrays, config, device
-from ..dispatch import note_algo, public_op, register
+from .. import arrays, config, device, reference
+from ..cudnn import pool as cudnn_pool
+from ..dispatch import public_op
 from ..launch import launch
+from ..registry import register
+from ..tracing import note_algo
 from . import split
 from .args import int_tuple
 
@@ -66,6 +70,24 @@ class PoolGeom:
                 + (0,) * lift + self.padding)
 
 
+class PoolArgs(NamedTuple):
+    """pool2d's and pool3d's checked arguments, as their implementations take them."""
+    x: object
+    geom: PoolGeom
+    mode: str
+    stream: object
+
+
+class PoolBackwardArgs(NamedTuple):
+    """pool2d_backward's and pool3d_backward's checked arguments."""
+    x: object
+    y: object
+    dy: object
+    geom: PoolGeom
+    mode: str
+    stream: object
+
+
 def _mode(op, mode):
     mode = ALIASES.get(mode, mode) if isinstance(mode, str) else mode
     if mode not in MODES:
@@ -97,7 +119,7 @@ def _forward_args(op, nd, x, window, stride, padding, mode, stream):
     mode = _mode(op, mode)
     s = arrays.as_stream(stream)
     x = arrays.device_input(op, "x", x, s, ndim=(nd + 2,))
-    return x, make_geom(op, nd, x.shape, window, stride, padding), mode, s
+    return PoolArgs(x, make_geom(op, nd, x.shape, window, stride, padding), mode, s)
 
 
 def _backward_args(op, nd, x, y, dy, window, stride, padding, mode, stream):
@@ -113,7 +135,7 @@ def _backward_args(op, nd, x, y, dy, window, stride, padding, mode, stream):
                              f"{tuple(x.shape)} gives {geom.y_shape}")
         if a.dtype != x.dtype:
             raise TypeError(f"{op}: {name} has dtype {a.dtype} but x has {x.dtype}")
-    return x, y, dy, geom, mode, s
+    return PoolBackwardArgs(x, y, dy, geom, mode, s)
 
 
 @public_op("pool2d")
@@ -146,25 +168,30 @@ def pool3d_backward(x, y, dy, window, stride=None, padding=0, mode="max", *, str
 
 
 # ---------------------------------------------------------------- Numba
+# (The kernels are imported inside the functions: they import numba, which ``import dnnkit``
+# does not pay for.)
 
 _FLAT_BELOW = 128     # planes of fewer positions are walked as (plane, position) pairs
+_BLOCKS_PER_SM = 8    # a grid that fills the GPU: ~8 blocks of 256 threads per SM
 
 
 def _launch(kernel, planes, positions, stream, args):
     """Positions of a plane along x (grid-stride), planes along the grid's y, capped so that
     each thread visits several planes while the grid still fills the GPU (~8 blocks per SM).
     Planes of fewer than 128 positions (global pooling: 1) are walked flat instead, one
-    (plane, position) pair per thread (kernels/pool.py ``_walk``). ``args`` end with
-    (..., planes, acc): the flag goes between them."""
+    (plane, position) pair per thread (kernels/pool.py ``_walk``), at most 4 grids' worth of
+    blocks. ``args`` end with (..., planes, acc): the flag goes between them."""
     if planes == 0 or positions == 0:
         return
-    threads = 32 if device.simulator() else 256
-    flat = positions < (4 if device.simulator() else _FLAT_BELOW)
+    sim = device.simulator()
+    threads = 32 if sim else 256
+    flat = positions < (4 if sim else _FLAT_BELOW)
+    full = _BLOCKS_PER_SM * device.sm_count()
     if flat:
-        grid = (min(-(-planes * positions // threads), 8 * 132 * 4), 1)
+        grid = (min(-(-planes * positions // threads), full * 4), 1)
     else:
         gx = min(-(-positions // threads), 65535)
-        grid = (gx, max(1, min(planes, (2 if device.simulator() else 8 * 132) // gx, 65535)))
+        grid = (gx, max(1, min(planes, (2 if sim else full) // gx, 65535)))
     launch(kernel, grid, threads, stream, args[:-1] + (int(flat), args[-1]))
 
 
@@ -215,12 +242,15 @@ def _image(geom):
     return geom.x_shape[1] * max(math.prod(geom.x_shape[2:]), math.prod(geom.y_shape[2:]))
 
 
-def _cudnn_supports(x, *rest):
+def _cudnn_supports(x, geom, mode, stream):
     """Batches over cuDNN's 32-bit tensor limit run as pieces of the batch; an image over it
     cannot run."""
-    geom = rest[-3]   # (x, geom, mode, stream) or (x, y, dy, geom, mode, stream)
     return split.too_big(_image(geom),
                          lambda: f"one image of x {tuple(x.shape)} or of y {geom.y_shape}")
+
+
+def _cudnn_backward_supports(x, y, dy, geom, mode, stream):
+    return _cudnn_supports(x, geom, mode, stream)
 
 
 def _cudnn_mode(mode):
@@ -235,19 +265,18 @@ def _cudnn_mode(mode):
 @register("pool2d", "cudnn", supports=_cudnn_supports)
 @register("pool3d", "cudnn", supports=_cudnn_supports)
 def _forward_cudnn(x, geom, mode, stream):
-    from ..cudnn import pool as cpool
     y = arrays.cuda_empty(geom.y_shape, x.dtype, stream)
     if y.size:
         mode = _cudnn_mode(mode)
         for xp, yp in split.batch(_image(geom), x, y):
-            cpool.forward(xp, yp, geom.window, geom.padding, geom.stride, mode,
+            cudnn_pool.forward(xp, yp, geom.window, geom.padding, geom.stride, mode,
                           device.stream_pointer(stream))
         if _KERNEL_MODE[mode] == 0:
             repair_max(x, y, geom, mode, stream)
     return y
 
 
-_REPAIR_PER_THREAD = 8      # outputs per thread: two trips of kernels/activation.py's UNROLL = 4
+_REPAIR_PER_THREAD = 8      # outputs per thread: two trips of kernels/common.py's UNROLL = 4
 
 
 def repair_max(x, y, geom, mode, stream):
@@ -264,15 +293,14 @@ def repair_max(x, y, geom, mode, stream):
             acc.dtype.type(np.finfo(x.dtype).min), acc))
 
 
-@register("pool2d_backward", "cudnn", supports=_cudnn_supports)
-@register("pool3d_backward", "cudnn", supports=_cudnn_supports)
+@register("pool2d_backward", "cudnn", supports=_cudnn_backward_supports)
+@register("pool3d_backward", "cudnn", supports=_cudnn_backward_supports)
 def _backward_cudnn(x, y, dy, geom, mode, stream):
-    from ..cudnn import pool as cpool
     dx = arrays.empty_like(x, stream)
     if y.size:
         mode = _cudnn_mode(mode)
         for xp, yp, dyp, dxp in split.batch(_image(geom), x, y, dy, dx):
-            cpool.backward(xp, yp, dyp, dxp, geom.window, geom.padding, geom.stride, mode,
+            cudnn_pool.backward(xp, yp, dyp, dxp, geom.window, geom.padding, geom.stride, mode,
                            device.stream_pointer(stream))
     return dx
 
@@ -297,7 +325,6 @@ _SHORT = {"max": "max", "max_deterministic": "max_det", "average_inc_pad": "avg_
 
 
 def selfcheck_cases(Case):
-    from .. import reference
     # (nd, small x, big x, window, stride, padding, modes); variant "k/s/p mode"
     table = [(2, (2, 3, 7, 6), (32, 64, 112, 112), 3, 2, 1, MODES),
              (3, (1, 2, 5, 4, 5), (8, 32, 16, 56, 56), 3, 2, 1,
@@ -321,7 +348,6 @@ def selfcheck_cases(Case):
 
 def _check_inputs(small, big, k, st, p, mode):
     def make(rng, dtype, b):
-        from .. import reference
         shape = big if b else small
         # max: distinct values per window, as cuDNN's MAX may break ties its own way;
         # max_deterministic: random data, ties included (both backends must agree on them).

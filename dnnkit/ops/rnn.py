@@ -1,6 +1,6 @@
 """Recurrent networks: rnn_relu, rnn_tanh, lstm, gru; multi-layer, bidirectional, variable
 lengths, forward and backward (docs/rnn.md). Most users want the ``dnnkit.RNN`` class
-(dnnkit/rnn.py); these are the ops under it, time-major.
+(dnnkit/recurrent.py); these are the ops under it, time-major.
 
     rnn:   h' = act(W x + b_W + R h + b_R)                        act = relu | tanh
     lstm:  i, f, o = sigmoid(W_* x + b_W* + R_* h + b_R*),  g = tanh(W_g x + b_Wg + R_g h + b_Rg)
@@ -8,20 +8,19 @@ lengths, forward and backward (docs/rnn.md). Most users want the ``dnnkit.RNN`` 
     gru:   r, z = sigmoid(W_* x + b_W* + R_* h + b_R*)
            n = tanh(W_n x + b_Wn + r*(R_n h + b_Rn)),  h' = (1 - z)*n + z*h   ("reset after")
 
-One flat parameter buffer in cuDNN's weight-space order (rnn_common.param_layout) serves both
+One flat parameter buffer in cuDNN's weight-space order (rnn_layout.param_layout) serves both
 backends. Backends: Numba (dnnkit/ops/rnn_numba.py) and cuDNN (dnnkit/ops/rnn_cudnn.py).
 A training forward returns a state that only the backend which made it can use.
 """
 
 import numpy as np
 
-from .. import arrays
+from .. import arrays, reference
 from ..dispatch import public_op
+from ..rnn_layout import INPUT_MODES, MODES, RNNConfig, param_size
 from . import rnn_numba  # noqa: F401 - registers the Numba implementations
 # (the cuDNN ones: dnnkit/ops/rnn_cudnn.py, imported by dnnkit/ops/__init__.py)
-from .rnn_common import INPUT_MODES, MODES, RNNConfig, param_size
-
-
+from .rnn_common import RNNBackwardArgs, RNNForwardArgs
 
 def _positive_int(op, name, v):
     if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
@@ -134,7 +133,7 @@ def rnn_forward(cfg, w, x, hx=None, cx=None, *, lengths=None, training=False, st
     s = arrays.as_stream(stream)
     w, x, hx, cx = _inputs(op, cfg, w, x, hx, cx, s)
     lengths = _check_lengths(op, lengths, x.shape[0], x.shape[1])
-    return cfg, w, x, hx, cx, lengths, bool(training), s
+    return RNNForwardArgs(cfg, w, x, hx, cx, lengths, bool(training), s)
 
 
 @public_op("rnn_backward")
@@ -169,18 +168,17 @@ def rnn_backward(cfg, w, x, y, dy, dhy=None, dcy=None, hx=None, cx=None, *, stat
                          "has none")
     dcy = _state_input(op, "dcy", dcy, shape, x.dtype, s)
     lengths = _check_lengths(op, lengths, t, n)
-    return cfg, w, x, y, dy, dhy, dcy, hx, cx, lengths, state, s
+    return RNNBackwardArgs(cfg, w, x, y, dy, dhy, dcy, hx, cx, lengths, state, s)
 
 
 # ---------------------------------------------------------------- python -m dnnkit check
 
 def selfcheck_cases(Case):
-    from .. import reference
     rows = []
     for mode in MODES:
         small = make_config(mode, 3, 4, 2, bidirectional=True)
         # big: sized for the float64 reference (a per-sequence NumPy loop) to take seconds;
-        # validation/rnn_bench.py times the issue's shapes
+        # validation/rnn_bench.py times the benchmark shapes
         big = make_config(mode, 256, 256, 2, bidirectional=True)
         shapes = {False: (small, 3, 2), True: (big, 20, 16)}
 

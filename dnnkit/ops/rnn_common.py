@@ -1,11 +1,14 @@
-"""What the RNN's two backends share: the configuration and the implementation contract.
+"""What the RNN's two backends share: the implementation contract and its argument tuples
+(the configuration and the parameter layout: dnnkit/rnn_layout.py).
 
-Both backends register implementations of two ops with ``dnnkit.dispatch.register``:
+Both backends register implementations of two ops with ``dnnkit.registry.register``; the
+public ops' argument checks return the arguments as ``RNNForwardArgs`` and ``RNNBackwardArgs``
+(below), which the dispatcher passes on as positional arguments:
 
 ``"rnn_forward"``:  ``fn(cfg, w, x, hx, cx, lengths, training, stream) -> (y, hy, cy, state)``
-    cfg      RNNConfig (below)
+    cfg      RNNConfig (dnnkit/rnn_layout.py)
     w        flat device array of ``param_size(cfg)`` elements in the one layout both backends
-             read (cuDNN's weight space order: see ``param_layout``)
+             read (cuDNN's weight space order: rnn_layout.param_layout)
     x        (T, N, I) device array, time-major (``batch_first`` is undone by the caller)
     hx, cx   (L*D, N, H) device arrays, or None for zeros (cx only for lstm)
     lengths  None (every sequence has T steps) or a host NumPy int32 array (N,) of lengths in
@@ -24,77 +27,33 @@ Both backends register implementations of two ops with ``dnnkit.dispatch.registe
 (L = num_layers, D = 2 if bidirectional else 1, H = hidden_size, I = input_size.)
 """
 
-import dataclasses
 
-MODES = ("rnn_relu", "rnn_tanh", "lstm", "gru")
-GATES = {"rnn_relu": 1, "rnn_tanh": 1, "lstm": 4, "gru": 3}
-INPUT_MODES = ("linear", "skip")
+import typing
 
 
-@dataclasses.dataclass(frozen=True)
-class RNNConfig:
-    mode: str
-    input_size: int
-    hidden_size: int
-    num_layers: int = 1
-    bidirectional: bool = False
-    input_mode: str = "linear"
-    dtype: str = "float32"
-
-    @property
-    def gates(self):
-        return GATES[self.mode]
-
-    @property
-    def directions(self):
-        return 2 if self.bidirectional else 1
+class RNNForwardArgs(typing.NamedTuple):
+    """The checked arguments of "rnn_forward" (see above)."""
+    cfg: object
+    w: object
+    x: object
+    hx: object
+    cx: object
+    lengths: object
+    training: bool
+    stream: object
 
 
-# ---------------------------------------------------------------- parameter layout
-#
-# The one place the flat buffer's layout is decided (both backends and RNN.split_params read
-# it). cuDNN's weight space order: pseudo-layers (layer 0 dir 0, layer 0 dir 1, layer 1 dir 0,
-# ...); within one, first the matrices of every linear layer in linear-layer order, then the
-# biases in the same order. Linear layers: the G input ones (W, H x I_l), then the G recurrent
-# ones (R, H x H); every one has a bias of H. Matrices are row-major (out x in). With
-# input_mode "skip" layer 0 has no input matrices (the input is added as it is) but keeps its
-# input biases.
-
-def layer_input_size(cfg, layer):
-    """I_l: the input width of ``layer`` (input_size for layer 0, H*D above)."""
-    return cfg.input_size if layer == 0 else cfg.hidden_size * cfg.directions
-
-
-def has_input_matrix(cfg, layer):
-    return not (cfg.input_mode == "skip" and layer == 0)
-
-
-def param_layout(cfg):
-    """[(layer, direction, lin_id, "matrix" | "bias", offset, shape), ...] in buffer order;
-    offsets and shapes in elements.
-
-    cuDNN 9's weight space (read back with cudnnGetRNNWeightParams on an H200, cuDNN 9.19;
-    tests/gpu/test_rnn.py proves it for every mode): first every matrix, walking layers, then
-    directions, then linear ids; then every bias in the same order. A matrix for gate q is
-    (H, input) row-major, so W @ x is a plain GEMM on the view.
-    """
-    g, h = cfg.gates, cfg.hidden_size
-    keys = [(layer, d, lin) for layer in range(cfg.num_layers)
-            for d in range(cfg.directions) for lin in range(2 * g)]
-    out, off = [], 0
-    for layer, d, lin in keys:
-        if lin < g and not has_input_matrix(cfg, layer):
-            continue
-        shape = (h, layer_input_size(cfg, layer) if lin < g else h)
-        out.append((layer, d, lin, "matrix", off, shape))
-        off += shape[0] * shape[1]
-    for layer, d, lin in keys:
-        out.append((layer, d, lin, "bias", off, (h,)))
-        off += h
-    return out
-
-
-def param_size(cfg):
-    """Elements of the flat parameter buffer."""
-    last = param_layout(cfg)[-1]
-    return last[4] + last[5][0]
+class RNNBackwardArgs(typing.NamedTuple):
+    """The checked arguments of "rnn_backward" (see above)."""
+    cfg: object
+    w: object
+    x: object
+    y: object
+    dy: object
+    dhy: object
+    dcy: object
+    hx: object
+    cx: object
+    lengths: object
+    state: object
+    stream: object

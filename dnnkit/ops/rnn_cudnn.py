@@ -11,8 +11,10 @@ Numba backend cannot be used here (its saved gates are not cuDNN's reserve space
 import numpy as np
 
 from .. import arrays
-from ..dispatch import note_algo, register
-from .rnn_common import MODES
+from ..cudnn import rnn as cudnn_rnn
+from ..registry import register
+from ..rnn_layout import MODES
+from ..tracing import note_algo
 
 _DTYPES = ("float16", "float32", "float64")
 
@@ -45,7 +47,6 @@ def _same_lengths(a, b, t):
 
 def _reason(cfg, x, lengths):
     """Why cuDNN cannot run this configuration and batch, or None (pure)."""
-    from ..cudnn.rnn import size_reason
     dt = arrays.float_name(x.dtype)
     if dt not in _DTYPES:
         return f"data type {x.dtype} (cuDNN RNNs take {', '.join(_DTYPES)})"
@@ -61,7 +62,7 @@ def _reason(cfg, x, lengths):
         ln = np.asarray(lengths)
         if ln.size and (ln.min() < 1 or ln.max() > T):
             return f"sequence lengths must be in [1, T={T}]; got {ln.min()}..{ln.max()}"
-    return size_reason(cfg, T, N)
+    return cudnn_rnn.size_reason(cfg, T, N)
 
 
 def _supports_forward(cfg, w, x, hx, cx, lengths, training, stream):
@@ -82,14 +83,13 @@ def _state_shape(cfg, N):
 
 @register("rnn_forward", "cudnn", supports=_supports_forward)
 def _forward_cudnn(cfg, w, x, hx, cx, lengths, training, stream):
-    from ..cudnn import rnn as cr
     T, N = int(x.shape[0]), int(x.shape[1])
     y = arrays.cuda_empty((T, N, cfg.directions * cfg.hidden_size), x.dtype, stream)
     hy = arrays.cuda_empty(_state_shape(cfg, N), x.dtype, stream)
     cy = arrays.cuda_empty(_state_shape(cfg, N), x.dtype, stream) if cfg.mode == "lstm" \
         else None
-    saved = cr.forward(cfg, w, x, hx, cx if cfg.mode == "lstm" else None, y, hy, cy,
-                       lengths, bool(training), stream)
+    saved = cudnn_rnn.forward(cfg, w, x, hx, cx if cfg.mode == "lstm" else None, y, hy, cy,
+                              lengths, bool(training), stream)
     note_algo("standard")
     state = CudnnRNNState(cfg, x.shape, lengths, saved) if training else None
     return y, hy, cy, state
@@ -111,14 +111,13 @@ def _check_state(cfg, x, lengths, state):
 
 @register("rnn_backward", "cudnn", supports=_supports_backward, crosscheck=False)
 def _backward_cudnn(cfg, w, x, y, dy, dhy, dcy, hx, cx, lengths, state, stream):
-    from ..cudnn import rnn as cr
     _check_state(cfg, x, lengths, state)
     lstm = cfg.mode == "lstm"
     dx = arrays.empty_like(x, stream)
     dhx = arrays.cuda_empty(_state_shape(cfg, x.shape[1]), x.dtype, stream)
     dcx = arrays.cuda_empty(_state_shape(cfg, x.shape[1]), x.dtype, stream) if lstm else None
     dw = arrays.cuda_empty((w.size,), w.dtype, stream)
-    cr.backward(cfg, w, x, y, dy, dhy, dcy if lstm else None, hx, cx if lstm else None,
-                dx, dhx, dcx, dw, state.saved, stream)
+    cudnn_rnn.backward(cfg, w, x, y, dy, dhy, dcy if lstm else None, hx,
+                       cx if lstm else None, dx, dhx, dcx, dw, state.saved, stream)
     note_algo("standard")
     return dx, dhx, dcx, dw

@@ -19,16 +19,19 @@ float64); h, y, hy, dx, dhx and dw are in the data type (as cuDNN keeps them).
 import numpy as np
 
 from .. import arrays, device
-from ..dispatch import register
 from ..launch import Site, at, launch
-from . import gemm as G
-from .rnn_common import GATES, has_input_matrix, layer_input_size, param_layout
+from ..registry import register
+from ..rnn_layout import GATES, has_input_matrix, layer_input_size, param_layout
+from . import gemm
+
+# The kernels (dnnkit.kernels) are imported inside the functions that launch them: importing
+# them imports numba, which ``import dnnkit`` must not pay for.
 
 MODE_ID = {"rnn_relu": 0, "rnn_tanh": 1, "lstm": 2, "gru": 3}   # kernels/rnn.py
 _STORED = {"rnn_relu": 1, "rnn_tanh": 1, "lstm": 4, "gru": 4}   # S: values kept per unit
-_P3 = G.PLAIN * 3
+_P3 = gemm.PLAIN * 3
 _TOL = {"float16": (1e-2, 1e-2), "float32": (1e-4, 1e-5), "float64": (1e-10, 1e-12)}
-_SPLIT = None               # force the per-step GEMMs' split-k factor (tests); None: choose
+SPLIT_K = None              # force the per-step GEMMs' split-k factor (tests); None: choose
 _BIAS_BLOCK = (32, 8)        # bias-gradient block: 32 columns x 8 row strides
 _BIAS_BLOCK_SIM = (8, 2)     # the simulator: a Python thread per CUDA thread
 
@@ -72,17 +75,6 @@ def _blocks(cfg):
     return out
 
 
-_sm_counts = {}
-
-
-def _sms():
-    dev = device.device_id()
-    if dev not in _sm_counts:
-        from numba import cuda
-        _sm_counts[dev] = cuda.get_current_device().MULTIPROCESSOR_COUNT
-    return _sm_counts[dev]
-
-
 def split_k(m, n, k, batch):
     """Split factor P of a per-step GEMM (m x n, depth k, ``batch`` products): the products
     of one step (N x G*H or N x H) have too few output tiles to fill the GPU, so the depth is
@@ -91,15 +83,16 @@ def split_k(m, n, k, batch):
     slices of >= 64. Measured on an H200 (sweep of P = 1..32 on the three benchmark shapes):
     this rule picks the fastest P, or one within 2%, for forward and backward; half of it
     (one block per two SMs) was 10-25% slower on N = 16 and 32."""
-    if _SPLIT is not None:
-        return _SPLIT if k % _SPLIT == 0 else 1
+    if SPLIT_K is not None:
+        return SPLIT_K if k % SPLIT_K == 0 else 1
     if device.simulator():
         return 1
     from ..kernels.gemm import CONFIGS
-    wm, wn, tx, ty, _ = CONFIGS[G.gemm_config(m, n, batch)]
+    wm, wn, tx, ty, _ = CONFIGS[gemm.gemm_config(m, n, batch)]
     tiles = -(-m // (ty * wm)) * -(-n // (tx * wn)) * batch
     p = 1
-    while p < 32 and tiles * 2 * p <= 2 * _sms() and k % (2 * p) == 0 and k // (2 * p) >= 64:
+    sms = device.sm_count()
+    while p < 32 and tiles * 2 * p <= 2 * sms and k % (2 * p) == 0 and k // (2 * p) >= 64:
         p *= 2
     return p
 
@@ -155,8 +148,8 @@ def rnn_forward_numba(cfg, w, x, hx, cx, lengths, training, stream):
         cp = arrays.cuda_empty((d_ * slots * n_ * h,), acc.dtype, stream) if lstm else ws
         y = arrays.cuda_empty((t_, n_, d_ * h), dt, stream)
         if w_off is not None:                 # ws[d] = X . W_d^T, all steps, both directions
-            G.gemm("01", inp, w[w_off[0]:], ws, (t_ * n_, gh, i_l), (i_l, i_l, s_ * h), _P3,
-                   (d_, 1, 0, 0, _stride(w_off), 0, t_ * n_ * s_ * h, 0), stream=stream)
+            gemm.gemm("01", inp, w[w_off[0]:], ws, (t_ * n_, gh, i_l), (i_l, i_l, s_ * h), _P3,
+                      (d_, 1, 0, 0, _stride(w_off), 0, t_ * n_ * s_ * h, 0), stream=stream)
         lo = layer * d_ * n_ * h
         h0 = arrays.flat(hx)[lo:] if hx is not None else hp
         c0 = arrays.flat(cx)[lo:] if cx is not None else hp
@@ -173,8 +166,8 @@ def rnn_forward_numba(cfg, w, x, hx, cx, lengths, training, stream):
             rec = s > 0 or hx is not None
             if rec:                           # gr[p, d] = h_prev[:, slice p] . R_d[:, slice p]^T
                 a, a1 = (at(hp, hin * n_ * h), slots * n_ * h) if s > 0 else (h0, n_ * h)
-                G.gemm("01", a, w_r, gr, (n_, gh, kc), (h, h, gh), _P3,
-                       rbatch[:2] + (a1,) + rbatch[3:], stream=stream, site=rec_site)
+                gemm.gemm("01", a, w_r, gr, (n_, gh, kc), (h, h, gh), _P3,
+                          rbatch[:2] + (a1,) + rbatch[3:], stream=stream, site=rec_site)
             geo = (mode, s, t_, n_, h, d_, s_, flags | (2 if rec else 0), hin, hout, slots,
                    b_off[0], _stride(b_off), parts)
             _elementwise(rnn_cell_fwd_kernel, d_ * n_ * h, stream,
@@ -234,18 +227,18 @@ def rnn_backward_numba(cfg, w, x, y, dy, dhy, dcy, hx, cx, lengths, state, strea
                           dgx, dgr, lens, geo, acc), cell_site)
             a, a1 = at(dgr, s * n_ * gh), t_ * n_ * gh
             if s:       # dh[1 + p] = dgr_s[:, slice p] . R[slice p, :]  (summed by the cell)
-                G.gemm("00", a, w_r, dh_parts, (n_, h, kc), (gh, h, h), _P3,
-                       (d_, parts, a1, kc, _stride(r_off), kc * h, n_ * h, d_ * n_ * h),
-                       stream=stream, site=rec_site)
+                gemm.gemm("00", a, w_r, dh_parts, (n_, h, kc), (gh, h, h), _P3,
+                          (d_, parts, a1, kc, _stride(r_off), kc * h, n_ * h, d_ * n_ * h),
+                          stream=stream, site=rec_site)
             else:       # dhx += dgr_0 . R
-                G.gemm("00", a, w_r, dhx_l, (n_, h, gh), (gh, h, h), _P3,
-                       (d_, 1, a1, 0, _stride(r_off), 0, n_ * h, 0), beta=1.0, stream=stream)
+                gemm.gemm("00", a, w_r, dhx_l, (n_, h, gh), (gh, h, h), _P3,
+                          (d_, 1, a1, 0, _stride(r_off), 0, n_ * h, 0), beta=1.0, stream=stream)
         dx = arrays.cuda_empty((t_, n_, i_l), dt, stream)
         _input_gradients(cfg, layer, w, w_off, dw, dgx, inp, dx, (t_, n_, i_l), acc, stream)
         # dR_d = dgr_d^T . h_prev (all steps: hp slots 0 .. T-1)
-        G.gemm("10", dgr, hp, dw[r_off[0]:], (gh, h, t_ * n_), (gh, h, h), _P3,
-               (d_, 1, t_ * n_ * gh, 0, (t_ + 1) * n_ * h, 0, _stride(r_off), 0),
-               stream=stream)
+        gemm.gemm("10", dgr, hp, dw[r_off[0]:], (gh, h, t_ * n_), (gh, h, h), _P3,
+                  (d_, 1, t_ * n_ * gh, 0, (t_ + 1) * n_ * h, 0, _stride(r_off), 0),
+                  stream=stream)
         _bias_gradients(dgx, dgr, dw, (t_ * n_, gh, d_, b_off[0], _stride(b_off)), acc, stream)
         dout = arrays.flat(dx)
     return dx, dhx, dcx, dw
@@ -275,11 +268,11 @@ def _input_gradients(cfg, layer, w, w_off, dw, dgx, inp, dx, dims, acc, stream):
                      (dgx, arrays.flat(dx), (t_, n_, cfg.hidden_size, d_, cfg.gates), acc))
         return
     for d in range(d_):        # dx = sum_d dgx_d . W_d: one GEMM per direction, accumulating
-        G.gemm("00", dgx[d * t_ * n_ * gh:], w[w_off[d]:], arrays.flat(dx),
-               (t_ * n_, i_l, gh), (gh, i_l, i_l), _P3, G.NO_BATCH, beta=float(d > 0),
-               stream=stream)
-    G.gemm("10", dgx, inp, dw[w_off[0]:], (gh, i_l, t_ * n_), (gh, i_l, i_l), _P3,
-           (d_, 1, t_ * n_ * gh, 0, 0, 0, _stride(w_off), 0), stream=stream)
+        gemm.gemm("00", dgx[d * t_ * n_ * gh:], w[w_off[d]:], arrays.flat(dx),
+                  (t_ * n_, i_l, gh), (gh, i_l, i_l), _P3, gemm.NO_BATCH, beta=float(d > 0),
+                  stream=stream)
+    gemm.gemm("10", dgx, inp, dw[w_off[0]:], (gh, i_l, t_ * n_), (gh, i_l, i_l), _P3,
+              (d_, 1, t_ * n_ * gh, 0, 0, 0, _stride(w_off), 0), stream=stream)
 
 
 def _bias_gradients(dgx, dgr, dw, geo, acc, stream):

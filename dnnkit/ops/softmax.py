@@ -12,16 +12,37 @@ cuDNN: cudnnSoftmaxForward/Backward on the 4-D (N, C, H, W) descriptor ((N, C, 1
 batches over its 32-bit tensor limit run as pieces of the batch (ops/split.py).
 """
 
+from typing import NamedTuple
+
 from .. import arrays, device
-from ..cudnn import calls
-from ..dispatch import note_algo, public_op, register
+from ..cudnn import softmax as cudnn_softmax
+from ..dispatch import public_op
 from ..launch import launch, pow2_at_most
+from ..registry import register
+from ..tracing import note_algo
 from . import split
 
 ALGOS = ("fast", "accurate", "log")
 _ALGO_ID = {"fast": 0, "accurate": 1, "log": 2}   # matches kernels/softmax.py
 MODES = ("channel", "instance")
 _TOL = {"float16": (5e-3, 1e-3), "float32": (1e-5, 1e-6), "float64": (1e-12, 1e-14)}
+
+
+class SoftmaxArgs(NamedTuple):
+    """softmax's checked arguments, as its implementations take them."""
+    x: object
+    algo: str
+    mode: str
+    stream: object
+
+
+class SoftmaxBackwardArgs(NamedTuple):
+    """softmax_backward's checked arguments, as its implementations take them."""
+    y: object
+    dy: object
+    algo: str
+    mode: str
+    stream: object
 
 
 def _check(op, algo, mode):
@@ -38,7 +59,7 @@ def softmax(x, algo="accurate", mode="channel", *, stream=None):
     _check("softmax", algo, mode)
     s = arrays.as_stream(stream)
     x = arrays.device_input("softmax", "x", x, s, ndim=(2, 4))
-    return x, algo, mode, s
+    return SoftmaxArgs(x, algo, mode, s)
 
 
 def log_softmax(x, mode="channel", *, backend=None, stream=None):
@@ -58,7 +79,7 @@ def softmax_backward(y, dy, algo="accurate", mode="channel", *, stream=None):
     y = arrays.device_input(op, "y", y, s, ndim=(2, 4))
     dy = arrays.device_input(op, "dy", dy, s, ndim=(2, 4))
     arrays.same_shape(op, "y", y, dy=dy)
-    return y, dy, algo, mode, s
+    return SoftmaxBackwardArgs(y, dy, algo, mode, s)
 
 
 def _ncs(shape, mode):
@@ -83,6 +104,8 @@ def _config(n, c, s, itemsize=4):
     values take twice the registers, and the launch bounds are set for 4-byte data). Else the
     streaming variant (K = STREAM_K, two passes). by is a power of two and at least 32 // bx
     where C allows, so a block is at least a warp."""
+    # (kernel modules are imported on first use here and below: they import numba, which
+    # ``import dnnkit`` does not pay for)
     from ..kernels.softmax import CACHED_K, MAX_THREADS, STREAM_K
     bx0 = 1 if s == 1 else pow2_at_most(s, 32)
     for k in (CACHED_K if itemsize <= 4 else CACHED_K[:1]):
@@ -149,10 +172,18 @@ def _row(shape):
     return per
 
 
-def _cudnn_supports(x, *rest):
+def _sample_too_big(name, a):
     """Samples are never split (instance mode reduces over a whole one); batches over cuDNN's
     32-bit limit run as pieces of the batch (ops/split.py)."""
-    return split.too_big(_row(x.shape), lambda: f"one sample of x {tuple(x.shape)}")
+    return split.too_big(_row(a.shape), lambda: f"one sample of {name} {tuple(a.shape)}")
+
+
+def _cudnn_supports(x, algo, mode, stream):
+    return _sample_too_big("x", x)
+
+
+def _cudnn_backward_supports(y, dy, algo, mode, stream):
+    return _sample_too_big("x", y)
 
 
 @register("softmax", "cudnn", supports=_cudnn_supports)
@@ -161,17 +192,17 @@ def _softmax_cudnn(x, algo, mode, stream):
     y = arrays.empty_like(x, stream)
     if x.size:
         for xp, yp in split.batch(_row(x.shape), x, y):
-            calls.softmax_forward(xp, yp, *_dims4(xp.shape, mode), algo=algo,
+            cudnn_softmax.forward(xp, yp, *_dims4(xp.shape, mode), algo=algo,
                                   stream=device.stream_pointer(stream))
     return y
 
 
-@register("softmax_backward", "cudnn", supports=_cudnn_supports)
+@register("softmax_backward", "cudnn", supports=_cudnn_backward_supports)
 def _softmax_backward_cudnn(y, dy, algo, mode, stream):
     note_algo(algo)
     dx = arrays.empty_like(y, stream)
     if y.size:
         for yp, dyp, dxp in split.batch(_row(y.shape), y, dy, dx):
-            calls.softmax_backward(yp, dyp, dxp, *_dims4(yp.shape, mode), algo=algo,
+            cudnn_softmax.backward(yp, dyp, dxp, *_dims4(yp.shape, mode), algo=algo,
                                    stream=device.stream_pointer(stream))
     return dx

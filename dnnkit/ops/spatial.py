@@ -18,14 +18,54 @@ not documented), and so is its grid generator backward (measured not bitwise rep
 """
 
 import math
+from typing import NamedTuple
 
 import numpy as np
 
-from .. import arrays, config, device
-from ..dispatch import note_algo, public_op, register
+from .. import arrays, config, device, reference
+from ..cudnn import spatial as cudnn_spatial
+from ..dispatch import public_op
 from ..launch import launch, pow2_at_most
+from ..registry import register
+from ..tracing import note_algo
 
 _TOL = {"float16": (1e-2, 1e-2), "float32": (1e-5, 1e-5), "float64": (1e-12, 1e-12)}
+
+
+class AffineGridArgs(NamedTuple):
+    """affine_grid's checked arguments, as its implementations take them."""
+    theta: object
+    out_shape: tuple
+    stream: object
+
+
+class AffineGridBackwardArgs(NamedTuple):
+    """affine_grid_backward's checked arguments."""
+    dgrid: object
+    stream: object
+
+
+class GridSampleArgs(NamedTuple):
+    """grid_sample's checked arguments."""
+    img: object
+    grid: object
+    stream: object
+
+
+class GridSampleBackwardArgs(NamedTuple):
+    """grid_sample_backward's checked arguments."""
+    img: object
+    grid: object
+    dy: object
+    stream: object
+
+
+class SpatialTransformerArgs(NamedTuple):
+    """spatial_transformer's checked arguments: ``out_shape`` (N, C, H', W') of y."""
+    img: object
+    theta: object
+    out_shape: tuple
+    stream: object
 
 
 def _same_dtype(op, ref_name, ref, **others):
@@ -77,7 +117,7 @@ def affine_grid(theta, out_shape, *, stream=None):
     ``backend=None|"auto"|"cudnn"|"numba"`` overrides ``dnn.enabled`` for this call."""
     s = arrays.as_stream(stream)
     theta = _theta("affine_grid", theta, s)
-    return theta, _out_shape("affine_grid", out_shape, theta.shape[0]), s
+    return AffineGridArgs(theta, _out_shape("affine_grid", out_shape, theta.shape[0]), s)
 
 
 @public_op("affine_grid_backward")
@@ -89,7 +129,7 @@ def affine_grid_backward(dgrid, *, stream=None):
     if dgrid.shape[3] != 2 or min(dgrid.shape[1:3]) < 1:
         raise ValueError(f"{op}: dgrid must be (N, H', W', 2) with H', W' >= 1; got shape "
                          f"{tuple(dgrid.shape)}")
-    return dgrid, s
+    return AffineGridBackwardArgs(dgrid, s)
 
 
 @public_op("grid_sample")
@@ -97,7 +137,7 @@ def grid_sample(img, grid, *, stream=None):
     """Bilinear samples (N, C, H', W') of img (N, C, H, W) at the normalized (x, y) of grid
     (N, H', W', 2): pixel u = (x + 1)(W - 1)/2, v = (y + 1)(H - 1)/2; zero outside."""
     s = arrays.as_stream(stream)
-    return (*_img_grid("grid_sample", img, grid, s), s)
+    return GridSampleArgs(*_img_grid("grid_sample", img, grid, s), s)
 
 
 @public_op("grid_sample_backward")
@@ -112,7 +152,7 @@ def grid_sample_backward(img, grid, dy, *, stream=None):
         raise ValueError(f"{op}: dy has shape {tuple(dy.shape)}; img {tuple(img.shape)} and "
                          f"grid {tuple(grid.shape)} give {want}")
     _same_dtype(op, "img", img, dy=dy)
-    return img, grid, dy, s
+    return GridSampleBackwardArgs(img, grid, dy, s)
 
 
 def _scale(op, name, v):
@@ -139,10 +179,12 @@ def spatial_transformer(img, theta, *, scale_height=1.0, scale_width=1.0, stream
         raise ValueError(f"{op}: theta has N = {theta.shape[0]} but img has N = {n}")
     if min(h, w) < 1:
         raise ValueError(f"{op}: img has an empty spatial dimension; shape {tuple(img.shape)}")
-    return img, theta, (n, c, math.ceil(h * sh), math.ceil(w * sw)), s
+    return SpatialTransformerArgs(img, theta, (n, c, math.ceil(h * sh), math.ceil(w * sw)), s)
 
 
 # ---------------------------------------------------------------- Numba
+# (The kernels are imported inside the functions: they import numba, which ``import dnnkit``
+# does not pay for.)
 
 def _launch(kernel, n, stream, args, threads=256):
     if n:
@@ -283,7 +325,7 @@ def _supports_grid_backward(dgrid, stream):
     return "dgrid exceeds cuDNN's 32-bit tensor size" if _too_big(dgrid.shape) else None
 
 
-def _supports_sample(img, grid, *rest):
+def _supports_sample(img, grid, stream):
     return _sample_too_big(tuple(img.shape), tuple(grid.shape))
 
 
@@ -297,7 +339,7 @@ def _supports_sample_backward(img, grid, dy, stream):
     if config.get("dnn.deterministic"):
         return ("dnn.deterministic: cuDNN does not document its sampler backward as "
                 "deterministic; the Numba row gather is")
-    return _supports_sample(img, grid)
+    return _sample_too_big(tuple(img.shape), tuple(grid.shape))
 
 
 def _supports_st(img, theta, out_shape, stream):
@@ -308,38 +350,34 @@ def _supports_st(img, theta, out_shape, stream):
 
 @register("affine_grid", "cudnn", supports=_supports_grid)
 def _grid_cudnn(theta, out_shape, stream):
-    from ..cudnn import spatial as cs
     n, _, oh, ow = out_shape
     grid = arrays.cuda_empty((n, oh, ow, 2), theta.dtype, stream)
     if n:
-        cs.grid_forward(theta, grid, device.stream_pointer(stream))
+        cudnn_spatial.grid_forward(theta, grid, device.stream_pointer(stream))
     return grid
 
 
 @register("affine_grid_backward", "cudnn", supports=_supports_grid_backward)
 def _grid_backward_cudnn(dgrid, stream):
-    from ..cudnn import spatial as cs
     dtheta = arrays.cuda_empty((dgrid.shape[0], 2, 3), dgrid.dtype, stream)
     if dgrid.shape[0]:
-        cs.grid_backward(dgrid, dtheta, device.stream_pointer(stream))
+        cudnn_spatial.grid_backward(dgrid, dtheta, device.stream_pointer(stream))
     return dtheta
 
 
 @register("grid_sample", "cudnn", supports=_supports_sample)
 def _sample_cudnn(img, grid, stream):
-    from ..cudnn import spatial as cs
     y = arrays.cuda_empty(tuple(img.shape[:2]) + tuple(grid.shape[1:3]), img.dtype, stream)
     if y.size:
-        cs.sampler_forward(img, grid, y, device.stream_pointer(stream))
+        cudnn_spatial.sampler_forward(img, grid, y, device.stream_pointer(stream))
     return y
 
 
 @register("grid_sample_backward", "cudnn", supports=_supports_sample_backward)
 def _sample_backward_cudnn(img, grid, dy, stream):
-    from ..cudnn import spatial as cs
     dimg, dgrid = arrays.empty_like(img, stream), arrays.empty_like(grid, stream)
     if dy.size:
-        cs.sampler_backward(img, grid, dy, dimg, dgrid, device.stream_pointer(stream))
+        cudnn_spatial.sampler_backward(img, grid, dy, dimg, dgrid, device.stream_pointer(stream))
     return dimg, dgrid
 
 
@@ -372,7 +410,6 @@ _SAMPLE_TOL = {"float16": 1e-2, "float32": 1e-4}
 
 
 def selfcheck_cases(Case):
-    from .. import reference as R
     small, big = ((2, 3, 6, 5), (5, 4)), ((16, 3, 224, 224), (224, 224))
 
     def inputs(rng, dtype, b):
@@ -387,21 +424,22 @@ def selfcheck_cases(Case):
         Case("affine_grid", "bilinear",
              lambda b, s, i: affine_grid(i[1], (i[0].shape[0], i[0].shape[1]) + i[2].shape[1:3],
                                          backend=b, stream=s),
-             lambda i: R.affine_grid(i[1], (i[0].shape[0], i[0].shape[1]) + i[2].shape[1:3]),
+             lambda i: reference.affine_grid(i[1], (i[0].shape[0], i[0].shape[1])
+                                             + i[2].shape[1:3]),
              inputs),
         Case("grid_sample", "bilinear",
              lambda b, s, i: grid_sample(i[0], i[2], backend=b, stream=s),
-             lambda i: R.grid_sample(i[0], i[2]), inputs, _SAMPLE_TOL),
+             lambda i: reference.grid_sample(i[0], i[2]), inputs, _SAMPLE_TOL),
         Case("grid_sample_backward", "dimg",
              lambda b, s, i: grid_sample_backward(i[0], i[2], i[3], backend=b, stream=s)[0],
-             lambda i: R.grid_sample_backward(i[0], i[2], i[3])[0], inputs, _SAMPLE_TOL),
+             lambda i: reference.grid_sample_backward(i[0], i[2], i[3])[0], inputs, _SAMPLE_TOL),
         Case("grid_sample_backward", "dgrid",
              lambda b, s, i: grid_sample_backward(i[0], i[2], i[3], backend=b, stream=s)[1],
-             lambda i: R.grid_sample_backward(i[0], i[2], i[3])[1], inputs, _SAMPLE_TOL),
+             lambda i: reference.grid_sample_backward(i[0], i[2], i[3])[1], inputs, _SAMPLE_TOL),
         Case("spatial_transformer", "bilinear",
              lambda b, s, i: spatial_transformer(i[0], i[1], backend=b, stream=s),
-             lambda i: R.spatial_transformer(i[0], i[1]), inputs, _SAMPLE_TOL),
+             lambda i: reference.spatial_transformer(i[0], i[1]), inputs, _SAMPLE_TOL),
         Case("affine_grid_backward", "bilinear",
              lambda b, s, i: affine_grid_backward(i[2], backend=b, stream=s),
-             lambda i: R.affine_grid_backward(i[2]), inputs),
+             lambda i: reference.affine_grid_backward(i[2]), inputs),
     ]

@@ -23,6 +23,9 @@ how many pieces the latest split call of this thread used (1: not split).
 
 import threading
 
+from ..arrays import cuda_empty, flat as flat_view
+from .elementwise import axpy
+
 LIMIT = 2**31 - 1     # elements per cuDNN tensor (cuDNN's INT_MAX)
 ALIGN = 256           # flat pieces: multiples of this many elements (512 bytes in float16)
 
@@ -85,7 +88,6 @@ def batch(per_item, *arrays):
 
 def flat(*arrays):
     """Per flat piece of the arrays' elements, their 1-D views on it."""
-    from ..arrays import flat as flat_view
     return _views(_pieces(arrays[0].size, 1, ALIGN), arrays, flat_view)
 
 
@@ -93,15 +95,13 @@ def summed(out, pieces, run, stream):
     """``out`` = the sum over ``pieces`` of what ``run(piece, dest)`` writes into ``dest``: the
     first piece writes ``out`` itself, each later one a scratch array added to ``out`` on the
     device (dnnkit.ops.elementwise.axpy: in the accumulation type, rounded once per piece)."""
-    from .. import arrays
-    from .elementwise import axpy
     scratch = None
     for i, piece in enumerate(pieces):
         if i == 0:
             run(piece, out)
             continue
         if scratch is None:
-            scratch = arrays.cuda_empty(out.shape, out.dtype, stream)
+            scratch = cuda_empty(out.shape, out.dtype, stream)
         run(piece, scratch)
         axpy(1.0, scratch, out, stream=stream)
     return out

@@ -3,17 +3,27 @@ algorithm tables, descriptor dims, algorithm choice and fallbacks (cuDNN stubbed
 
 import ctypes
 import glob
+import importlib
 import json
 import os
+import pkgutil
 import re
 
 import numpy as np
 import pytest
 
-from dnnkit.cudnn import algo_cache, api, conv, enums, loader
+import dnnkit.cudnn
+from dnnkit.cudnn import algo_cache, api, conv, conv_algos, conv_plans, enums, loader, workspace
 from dnnkit.errors import CudnnError, DnnkitError
 from dnnkit.geometry import ConvGeom
 
+
+def all_prototypes():
+    """``api.PROTOTYPES`` once every module of dnnkit.cudnn has declared its own (each op
+    family registers its prototypes when it is imported)."""
+    for m in pkgutil.iter_modules(dnnkit.cudnn.__path__):
+        importlib.import_module(f"dnnkit.cudnn.{m.name}")
+    return api.PROTOTYPES
 
 
 def _headers(real):
@@ -26,13 +36,13 @@ def _headers(real):
 
 def test_every_prototype_is_in_the_real_library(real):
     lib = ctypes.CDLL(real.path)  # sub-libraries sit beside it, so dlopen/dlsym are safe
-    missing = [n for n in api.PROTOTYPES if not hasattr(lib, n)]
+    missing = [n for n in all_prototypes() if not hasattr(lib, n)]
     assert not missing
 
 
 def test_prototype_argument_counts_match_the_headers(real):
     text = _headers(real)
-    for name, args in api.PROTOTYPES.items():
+    for name, args in all_prototypes().items():
         m = re.search(rf"\b{name}\s*\(([^;{{]*?)\)\s*;", text)
         assert m, f"{name} not declared in the headers"
         params = m.group(1).strip()
@@ -71,31 +81,55 @@ def test_other_enums_match_the_headers(real):
 
 def test_perf_struct_layout_matches_the_header(real):
     text = _headers(real)
+    perf_t = conv_algos.AlgoPerf
     for which in ("Fwd", "BwdData", "BwdFilter"):
         body = re.search(rf"struct cudnnConvolution{which}AlgoPerfStruct\s*{{(.*?)}}", text,
                          re.S).group(1)
         fields = [re.sub(r"\[\d+\]", "", d.split()[-1]) for d in body.split(";") if d.strip()]
-        assert fields == [f[0] for f in conv.AlgoPerf._fields_]
-    offsets = {f[0]: getattr(conv.AlgoPerf, f[0]).offset for f in conv.AlgoPerf._fields_}
+        assert fields == [f[0] for f in perf_t._fields_]
+    offsets = {f[0]: getattr(perf_t, f[0]).offset for f in perf_t._fields_}
     assert offsets == {"algo": 0, "status": 4, "time": 8, "memory": 16, "determinism": 24,
                        "mathType": 28, "reserved": 32}
-    assert ctypes.sizeof(conv.AlgoPerf) == 48
+    assert ctypes.sizeof(perf_t) == 48
+
+
+def test_every_module_declares_its_own_prototypes():
+    """api.PROTOTYPES starts with what every family shares; each family declares the rest in
+    its own file (``PROTOTYPES``, registered on import)."""
+    everything = all_prototypes()
+    declared = {}
+    for m in pkgutil.iter_modules(dnnkit.cudnn.__path__):
+        if m.name != "api":
+            own = getattr(importlib.import_module(f"dnnkit.cudnn.{m.name}"), "PROTOTYPES", {})
+            declared.update(dict.fromkeys(own, m.name))
+    assert set(everything) - set(declared) == {
+        "cudnnCreate", "cudnnDestroy", "cudnnSetStream", "cudnnGetVersion",
+        "cudnnGetErrorString", "cudnnCreateTensorDescriptor", "cudnnDestroyTensorDescriptor",
+        "cudnnSetTensorNdDescriptor"}
+    assert declared["cudnnActivationForward"] == "activation"
+    assert declared["cudnnSoftmaxForward"] == "softmax"
+    assert declared["cudnnConvolutionForward"] == "conv"
+    assert declared["cudnnFindConvolutionForwardAlgorithmEx"] == "conv_algos"
+    assert declared["cudnnSetFilterNdDescriptor"] == "conv_plans"
 
 
 def test_algorithm_tables():
-    assert conv.FWD_ALGOS == {"none": 0, "small": 1, "large": 2, "direct": 3, "fft": 4,
-                              "fft_tiling": 5, "winograd": 6, "winograd_non_fused": 7}
-    assert conv.BWD_DATA_ALGOS == {"none": 0, "deterministic": 1, "fft": 2, "fft_tiling": 3,
-                                   "winograd": 4, "winograd_non_fused": 5}
-    assert conv.BWD_FILTER_ALGOS == {"none": 0, "deterministic": 1, "fft": 2, "small": 3,
-                                     "fft_tiling": 6, "winograd_non_fused": 5}
-    assert conv.CHOICES == ("guess_once", "guess_on_shape_change", "time_once",
-                            "time_on_shape_change")
-    assert conv.FWD.default(False) == conv.FWD.default(True) == 0
-    assert (conv.BWD_DATA.default(False), conv.BWD_DATA.default(True)) == (0, 1)
-    assert (conv.BWD_FILTER.default(False), conv.BWD_FILTER.default(True)) == (0, 1)
-    assert conv.FWD.algo_name(1) == "implicit_precomp_gemm"
-    assert conv.BWD_FILTER.algo_name(6) == "fft_tiling"
+    assert conv_algos.FWD_ALGOS == {"none": 0, "small": 1, "large": 2, "direct": 3, "fft": 4,
+                                    "fft_tiling": 5, "winograd": 6, "winograd_non_fused": 7}
+    assert conv_algos.BWD_DATA_ALGOS == {"none": 0, "deterministic": 1, "fft": 2,
+                                         "fft_tiling": 3, "winograd": 4,
+                                         "winograd_non_fused": 5}
+    assert conv_algos.BWD_FILTER_ALGOS == {"none": 0, "deterministic": 1, "fft": 2, "small": 3,
+                                           "fft_tiling": 6, "winograd_non_fused": 5}
+    assert conv_algos.CHOICES == ("guess_once", "guess_on_shape_change", "time_once",
+                                  "time_on_shape_change")
+    fwd, bwd_data, bwd_filter = conv_algos.FWD, conv_algos.BWD_DATA, conv_algos.BWD_FILTER
+    assert fwd.default(False) == fwd.default(True) == 0
+    assert (bwd_data.default(False), bwd_data.default(True)) == (0, 1)
+    assert (bwd_filter.default(False), bwd_filter.default(True)) == (0, 1)
+    assert fwd.algo_name(1) == "implicit_precomp_gemm"
+    assert bwd_filter.algo_name(6) == "fft_tiling"
+    assert (conv.FWD, conv.BWD_DATA, conv.BWD_FILTER) == (fwd, bwd_data, bwd_filter)
 
 
 def geom2(**kw):
@@ -113,13 +147,13 @@ def geom3(**kw):
 
 
 def test_descriptor_dims_2d_are_4d():
-    d = conv.descriptor_dims(geom2())
+    d = conv_plans.descriptor_dims(geom2())
     assert (d.x, d.w, d.y, d.bias) == ((2, 6, 9, 8), (4, 3, 3, 2), (2, 4, 5, 6), (1, 4, 1, 1))
     assert (d.padding, d.stride, d.dilation) == ((1, 0), (2, 1), (1, 2))
 
 
 def test_descriptor_dims_3d_are_5d():
-    d = conv.descriptor_dims(geom3())
+    d = conv_plans.descriptor_dims(geom3())
     assert (d.x, d.w, d.y, d.bias) == ((2, 3, 5, 6, 7), (4, 3, 2, 3, 3), (2, 4, 5, 4, 4),
                                        (1, 4, 1, 1, 1))
     assert (d.padding, d.stride, d.dilation) == ((1, 0, 1), (1, 1, 2), (2, 1, 1))
@@ -158,22 +192,23 @@ def test_supports():
 # --- algorithm choice with cuDNN stubbed --------------------------------------------------------
 
 def perf(algo, status=0, memory=0, det=1):
-    return conv.AlgoPerf(algo=algo, status=status, memory=memory, determinism=det)
+    return conv_algos.AlgoPerf(algo=algo, status=status, memory=memory, determinism=det)
 
 
 def test_pick_filters_status_memory_and_determinism():
     perfs = [perf(4, status=3000), perf(2, memory=1 << 20), perf(0, det=0), perf(1, memory=10)]
-    assert conv.pick(conv.BWD_DATA, perfs, False, 100) == 0
-    assert conv.pick(conv.BWD_DATA, perfs, True, 100) == 1
-    assert conv.pick(conv.BWD_DATA, perfs, True, None) == 2
-    assert conv.pick(conv.BWD_DATA, perfs[:2], False, 0) == 0     # none usable: the default
-    assert conv.pick(conv.BWD_DATA, perfs[:2], True, 0) == 1
-    assert conv.pick(conv.FWD, [perf(99)], False, None) == 0      # an unknown enum is skipped
+    pick, bwd_data = conv_algos.pick, conv_algos.BWD_DATA
+    assert pick(bwd_data, perfs, False, 100) == 0
+    assert pick(bwd_data, perfs, True, 100) == 1
+    assert pick(bwd_data, perfs, True, None) == 2
+    assert pick(bwd_data, perfs[:2], False, 0) == 0     # none usable: the default
+    assert pick(bwd_data, perfs[:2], True, 0) == 1
+    assert pick(conv_algos.FWD, [perf(99)], False, None) == 0      # an unknown enum is skipped
 
 
 def fake_call(d):
-    plan = conv._Plan((None, None, None), None, "ctx", {})
-    return conv._Call(d, None, plan, (None, None, None), np.dtype("float32"), 0)
+    plan = conv_plans.Plan((None, None, None), None, "ctx", {})
+    return conv_plans.Call(d, None, plan, (None, None, None), np.dtype("float32"), 0)
 
 
 @pytest.fixture
@@ -185,74 +220,75 @@ def fresh_cache():
 
 def test_named_algorithms_and_determinism():
     args = ([], geom2(), "float32", enums.MATH_FMA)
-    assert conv._choose(fake_call(conv.FWD), "fft", *args, True, 0) == 4
-    assert conv._choose(fake_call(conv.BWD_DATA), "none", *args, False, 0) == 0
-    assert conv._choose(fake_call(conv.BWD_DATA), "none", *args, True, 0) == 1
-    assert conv._choose(fake_call(conv.BWD_FILTER), "small", *args, False, 0) == 3
-    assert conv._choose(fake_call(conv.BWD_FILTER), "small", *args, True, 0) == 1
-    assert conv._choose(fake_call(conv.BWD_FILTER), "fft", *args, True, 0) == 2
+    assert conv_algos.choose(fake_call(conv_algos.FWD), "fft", *args, True, 0) == 4
+    assert conv_algos.choose(fake_call(conv_algos.BWD_DATA), "none", *args, False, 0) == 0
+    assert conv_algos.choose(fake_call(conv_algos.BWD_DATA), "none", *args, True, 0) == 1
+    assert conv_algos.choose(fake_call(conv_algos.BWD_FILTER), "small", *args, False, 0) == 3
+    assert conv_algos.choose(fake_call(conv_algos.BWD_FILTER), "small", *args, True, 0) == 1
+    assert conv_algos.choose(fake_call(conv_algos.BWD_FILTER), "fft", *args, True, 0) == 2
 
 
 def _stub_choice(monkeypatch, guessed, timed):
     calls = []
-    monkeypatch.setattr(conv, "_cache_key", lambda c, *a: f"key-{c.d.name}-{a[-1]}")
-    monkeypatch.setattr(conv, "_guess", lambda c: calls.append("guess") or guessed)
-    monkeypatch.setattr(conv, "_time", lambda c, lim: calls.append("time") or timed)
+    monkeypatch.setattr(conv_algos, "cache_key", lambda c, *a: f"key-{c.d.name}-{a[-1]}")
+    monkeypatch.setattr(conv_algos, "heuristics", lambda c: calls.append("guess") or guessed)
+    monkeypatch.setattr(conv_algos, "timings", lambda c, lim: calls.append("time") or timed)
     return calls
 
 
 def test_guess_once_is_remembered(monkeypatch, fresh_cache):
     calls = _stub_choice(monkeypatch, [perf(1, memory=5)], None)
-    c = fake_call(conv.FWD)
+    c = fake_call(conv_algos.FWD)
     for _ in range(3):
-        assert conv._choose(c, "guess_once", [], geom2(), "float32", 3, False, 10) == 1
+        assert conv_algos.choose(c, "guess_once", [], geom2(), "float32", 3, False, 10) == 1
     assert calls == ["guess"]
     assert algo_cache.stats()["hits"] == 2 and algo_cache.stats()["misses"] == 1
 
 
 def test_time_without_workspace_memory_guesses_and_forgets(monkeypatch, fresh_cache):
-    calls = _stub_choice(monkeypatch, [perf(2)], None)  # _time answers None: no memory
-    c = fake_call(conv.FWD)
-    assert conv._choose(c, "time_once", [], geom2(), "float32", 3, False, 10) == 2
-    assert conv._choose(c, "time_once", [], geom2(), "float32", 3, False, 10) == 2
+    calls = _stub_choice(monkeypatch, [perf(2)], None)  # timings answers None: no memory
+    c = fake_call(conv_algos.FWD)
+    assert conv_algos.choose(c, "time_once", [], geom2(), "float32", 3, False, 10) == 2
+    assert conv_algos.choose(c, "time_once", [], geom2(), "float32", 3, False, 10) == 2
     assert calls == ["time", "guess", "time", "guess"]
     calls = _stub_choice(monkeypatch, [], [perf(5, status=3000), perf(7)])
-    assert conv._choose(c, "time_once", [], geom2(), "float32", 3, False, 10) == 7
-    assert conv._choose(c, "time_once", [], geom2(), "float32", 3, False, 10) == 7
+    assert conv_algos.choose(c, "time_once", [], geom2(), "float32", 3, False, 10) == 7
+    assert conv_algos.choose(c, "time_once", [], geom2(), "float32", 3, False, 10) == 7
     assert calls == ["time"]
 
 
 def _stub_workspace(monkeypatch, sizes, oom=()):
-    monkeypatch.setattr(conv, "_ws_size", lambda c, algo: sizes[algo])
-    monkeypatch.setattr(conv, "_alloc",
+    monkeypatch.setattr(conv_algos, "workspace_size", lambda c, algo: sizes[algo])
+    monkeypatch.setattr(conv_algos, "alloc",
                         lambda n, s: None if (not n or n in oom) else np.zeros(n, np.uint8))
 
 
 def test_workspace_over_the_limit_falls_back_to_the_default(monkeypatch, caplog):
     _stub_workspace(monkeypatch, {0: 0, 1: 64, 2: 1000})
-    c = fake_call(conv.FWD)
+    c = fake_call(conv_algos.FWD)
     with caplog.at_level("DEBUG", logger="dnnkit"):
-        assert conv._workspace(c, 2, False, 100)[::2] == (0, 0)
+        assert conv_algos.workspace_for(c, 2, False, 100)[::2] == (0, 0)
     assert "gemm needs 1000 bytes of workspace, over workspace_limit 100; using implicit_gemm" \
         in caplog.text
-    algo, ws, n = conv._workspace(c, 1, False, 100)
+    algo, ws, n = conv_algos.workspace_for(c, 1, False, 100)
     assert (algo, ws.size, n) == (1, 64, 64)
-    assert conv._workspace(c, 2, False, None)[::2] == (2, 1000)
+    assert conv_algos.workspace_for(c, 2, False, None)[::2] == (2, 1000)
 
 
 def test_workspace_that_cannot_be_allocated_falls_back(monkeypatch, caplog):
     _stub_workspace(monkeypatch, {0: 0, 1: 64}, oom=(64,))
     with caplog.at_level("DEBUG", logger="dnnkit"):
-        assert conv._workspace(fake_call(conv.FWD), 1, False, 1 << 30)[::2] == (0, 0)
+        c = fake_call(conv_algos.FWD)
+        assert conv_algos.workspace_for(c, 1, False, 1 << 30)[::2] == (0, 0)
     assert "cannot allocate its 64-byte workspace" in caplog.text
 
 
 def test_default_over_the_limit_raises(monkeypatch):
     _stub_workspace(monkeypatch, {0: 0, 1: 32, 3: 500})
-    c = fake_call(conv.BWD_FILTER)
+    c = fake_call(conv_algos.BWD_FILTER)
     with pytest.raises(DnnkitError, match="algo_1 .the default. needs 32 bytes"):
-        conv._workspace(c, 3, True, 16)
-    assert conv._workspace(c, 3, False, 16)[0] == 0
+        conv_algos.workspace_for(c, 3, True, 16)
+    assert conv_algos.workspace_for(c, 3, False, 16)[0] == 0
 
 
 def test_alloc_treats_only_out_of_memory_as_a_fallback(monkeypatch):
@@ -269,12 +305,12 @@ def test_alloc_treats_only_out_of_memory_as_a_fallback(monkeypatch):
         return f
     for exc in (CudaAPIError(2), MemoryError(), RuntimeError("CUDA_ERROR_OUT_OF_MEMORY")):
         monkeypatch.setattr(memory, "scratch", boom(exc))
-        assert conv._alloc(10, 0) is None
+        assert workspace.alloc(10, 0) is None
     for exc in (CudaAPIError(700), CudaAPIError(12), ValueError("bad")):
         monkeypatch.setattr(memory, "scratch", boom(exc))
         with pytest.raises(type(exc)):
-            conv._alloc(10, 0)
-    assert conv._alloc(0, 0) is None
+            workspace.alloc(10, 0)
+    assert workspace.alloc(0, 0) is None
 
 
 def _stub_convolve(monkeypatch, fail):
@@ -285,8 +321,8 @@ def _stub_convolve(monkeypatch, fail):
         if algo in fail:
             raise CudnnError("cudnnConvolutionForward", fail[algo], "CUDNN_STATUS_X", "ctx")
         return algo
-    monkeypatch.setattr(conv, "_open", lambda *a: fake_call(conv.FWD))
-    monkeypatch.setattr(conv, "_execute", execute)
+    monkeypatch.setattr(conv, "open_call", lambda *a: fake_call(conv_algos.FWD))
+    monkeypatch.setattr(conv, "execute", execute)
     return ran
 
 
@@ -323,7 +359,7 @@ def test_other_errors_and_a_failing_default_raise(monkeypatch):
 
 def test_argument_errors_come_before_any_cudnn_call(monkeypatch):
     _stub_convolve(monkeypatch, {})
-    monkeypatch.setattr(conv, "_open", None)  # would fail if reached
+    monkeypatch.setattr(conv, "open_call", None)  # would fail if reached
     with pytest.raises(ValueError, match="algo must be one of none, small"):
         _fwd("fastest")
     with pytest.raises(ValueError, match="float32 data with float64 compute"):
@@ -394,14 +430,14 @@ def test_key_changes_with_direction_and_kind_but_not_persistence():
 
 def test_conv_key_covers_the_geometry(monkeypatch):
     monkeypatch.setattr(algo_cache, "current_device", lambda: DEVICE)
-    monkeypatch.setattr(conv, "_keys", {})
-    c = fake_call(conv.FWD)
+    monkeypatch.setattr(conv_algos, "key_memo", {})
+    c = fake_call(conv_algos.FWD)
 
     def key(g, **kw):
         o = dict(compute_dtype="float32", math_t=3, deterministic=False, limit=0,
                  choice="guess_once")
         o.update(kw)
-        return conv._cache_key(c, _arrays(g), g, *o.values())
+        return conv_algos.cache_key(c, _arrays(g), g, *o.values())
     base = key(geom2())
     assert base == key(geom2())
     for g in (geom2(padding=(0, 0, 0)), geom2(stride=(1, 1, 1)), geom2(dilation=(1, 1, 1)),
@@ -414,7 +450,7 @@ def test_conv_key_covers_the_geometry(monkeypatch):
     fields = json.loads(base)
     assert fields["strides"][0] == [432, 72, 72, 8, 1]
     assert fields["cudnn_version"] == loader.status().version
-    assert len(conv._keys) == 12 and key(geom2()) is base  # memoized by the raw inputs
+    assert len(conv_algos.key_memo) == 12 and key(geom2()) is base  # memoized by the raw inputs
 
 
 def test_on_shape_change_keeps_only_the_last_key(fresh_cache):

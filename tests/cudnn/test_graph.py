@@ -8,7 +8,8 @@ import types
 import numpy as np
 import pytest
 
-from dnnkit.cudnn import algo_cache, api, conv, conv_graph, descriptors, enums, graph, workspace
+from dnnkit.cudnn import algo_cache, api, conv_graph, conv_plans, descriptors, enums, graph
+from dnnkit.cudnn import workspace
 from dnnkit.errors import CudnnError
 from tests.cudnn.test_conv import _headers, geom2, geom3
 
@@ -40,8 +41,8 @@ def test_pure_helpers():
     assert graph.alignment([0x1000, 0x2010]) == 16
     assert graph.alignment([0x1000, 0x2004]) == 4
     assert graph.alignment([0x1001]) == 1
-    assert graph._kind("EXECUTION_PLAN_DESCRIPTOR") == "BackendExecutionPlan"
-    assert graph._kind("VARIANT_PACK_DESCRIPTOR") == "BackendVariantPack"
+    assert graph.backend_kind("EXECUTION_PLAN_DESCRIPTOR") == "BackendExecutionPlan"
+    assert graph.backend_kind("VARIANT_PACK_DESCRIPTOR") == "BackendVariantPack"
 
 
 def _config(numerical=(), behavior=()):
@@ -69,8 +70,8 @@ def test_engine_filters():
                                             ("float64", "float64")])
 def test_operations_finalize_and_are_destroyed(real_lib, direction, geom, dtype, compute):
     live0 = descriptors.live_counts()
-    op, refs = conv_graph.build_operation(direction, conv.descriptor_dims(geom), dtype, compute,
-                                          geom.flip, 16)
+    op, refs = conv_graph.build_operation(direction, conv_plans.descriptor_dims(geom), dtype,
+                                          compute, geom.flip, 16)
     name = {"fwd": "Forward", "bwd_data": "BackwardData", "bwd_filter": "BackwardFilter"}
     assert _delta(live0, descriptors.live_counts()) == {
         "BackendTensor": 3, "BackendConvolution": 1,
@@ -151,7 +152,7 @@ def stubbed(monkeypatch):
         g = graphs["g"]
         g.built += 1
         return g
-    monkeypatch.setattr(conv_graph, "_graph", make)
+    monkeypatch.setattr(conv_graph, "cached_graph", make)
     oom = set()
     monkeypatch.setattr(workspace, "alloc",
                         lambda n, s: None if (not n or n in oom) else np.zeros(n, np.uint8))

@@ -14,11 +14,12 @@ import pytest
 
 import dnnkit  # noqa: F401  (registers the ops)
 from dnnkit.cudnn import api, enums, handle
+from dnnkit.cudnn.descriptors import Descriptor
 from dnnkit.cudnn import rnn as cr
-from dnnkit.dispatch import OPS, REGISTRY
+from dnnkit.registry import OPS, REGISTRY
 from dnnkit.errors import CudnnError, DnnkitError
 from dnnkit.ops import rnn_cudnn
-from dnnkit.ops.rnn_common import RNNConfig
+from dnnkit.rnn_layout import RNNConfig
 
 
 def _headers(real):
@@ -157,11 +158,12 @@ class FakeCudnn:
         monkeypatch.setattr(api, "status_name", lambda s: f"STATUS_{s}")
         monkeypatch.setattr(handle, "get", lambda sp=0: ctypes.c_void_p(0xCAFE))
         monkeypatch.setattr(handle, "device_id", lambda: 0)
-        monkeypatch.setattr(cr, "_device_lengths", self.device_lengths)
+        monkeypatch.setattr(cr, "device_id", lambda: 0)
+        monkeypatch.setattr(cr, "device_lengths", self.device_lengths)
         monkeypatch.setattr(cr, "zero_fill", lambda a, s: self.zeroed.append((a, s)))
-        monkeypatch.setattr(cr, "_copy", lambda *a: self.copies.append(a))
-        monkeypatch.setattr(cr, "_reserve_array", lambda n, s: Dev((n,), "uint8"))
-        monkeypatch.setattr(cr, "_scratch", self.scratch)
+        monkeypatch.setattr(cr, "copy_async", lambda *a: self.copies.append(a))
+        monkeypatch.setattr(cr, "reserve_array", lambda n, s: Dev((n,), "uint8"))
+        monkeypatch.setattr(cr, "scratch_buffer", self.scratch)
         monkeypatch.setattr(cr, "stream_pointer", lambda s: 0x5EA)
         cr.clear_plans()
 
@@ -186,7 +188,7 @@ class FakeCudnn:
         def fn(*args):
             # descriptors recorded by their pointer: the record must not keep them alive
             self.calls.append((name, tuple(ctypes.c_void_p(a.ptr.value)
-                                           if isinstance(a, cr._Descriptor) else a
+                                           if isinstance(a, Descriptor) else a
                                            for a in args)))
             if name in self.fail:
                 return 2000
@@ -224,7 +226,7 @@ class FakeCudnn:
 
 def val(a):
     """The integer value of a ctypes argument (pointer, scalar, descriptor) or plain int."""
-    if isinstance(a, cr._Descriptor):
+    if isinstance(a, Descriptor):
         return a.ptr.value
     return getattr(a, "value", a)
 
@@ -339,7 +341,7 @@ def test_full_length_backward_zeroes_only_dw(fake):
 
 def test_device_lengths_are_int32_on_the_device():
     from dnnkit import arrays
-    a = cr._device_lengths((3, 1, 2), arrays.as_stream(None))
+    a = cr.device_lengths((3, 1, 2), arrays.as_stream(None))
     assert a.dtype == np.int32 and a.copy_to_host().tolist() == [3, 1, 2]
 
 

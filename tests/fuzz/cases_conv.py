@@ -7,12 +7,13 @@ import numpy as np
 from hypothesis import strategies as st
 
 import dnnkit
-from dnnkit import reference as R
-P = importlib.import_module("dnnkit.ops.pool")
+from dnnkit import reference
 
-from .cases_elementwise import COMMON, _common, _mistake
-from .common import Presenter, compare, draw_dims, draw_size, draw_dtype, expect, inject_nonfinite, \
-    normal, pick, seed_rng
+from .common import (COMMON, Presenter, common_mistake, compare, draw_dims, draw_dtype,
+                     draw_mistake, draw_size, expect, inject_nonfinite, normal, pick, seed_rng)
+
+# (imported by name: the package re-exports the functions pool2d, pool3d, ...)
+pool_ops = importlib.import_module("dnnkit.ops.pool")
 
 CONV_TOL = {"float16": 4e-3, "float32": 2e-6, "float64": 1e-12}   # tests/ops/test_conv.py
 POOL_TOL = {"float16": 4e-3, "float32": 2e-6, "float64": 1e-13}
@@ -62,10 +63,10 @@ def conv_case(data, backend, op):
     kw = dict(stride=stride, padding=padding, dilation=dil, groups=groups, mode=mode)
     ref_args = (stride, pad, dil, groups, mode == "conv")
     x64, w64 = x.astype(np.float64), w.astype(np.float64)
-    y64 = R.conv_forward(x64, w64, None, *ref_args)
+    y64 = reference.conv_forward(x64, w64, None, *ref_args)
     dy = normal(rng, y64.shape, dtype)
-    mistake = _mistake(data, CONV_MISTAKES if which != "bias" else COMMON + ("wrong rank",))
-    bad, be = _common(data, mistake, rng, xs, backend)
+    mistake = draw_mistake(data, CONV_MISTAKES if which != "bias" else COMMON + ("wrong rank",))
+    bad, be = common_mistake(data, mistake, rng, xs, backend)
     x_shape, w_shape = xs, ws
     if mistake == "negative padding":
         kw["padding"] = tuple(-1 if i == 0 else p for i, p in enumerate(pad))
@@ -135,7 +136,7 @@ def conv_case(data, backend, op):
 
         def check_data(dx):
             # the reference reshapes with -1, which an empty dy (N or K = 0) cannot take
-            ref = R.conv_backward_data(dy.astype(np.float64), w64, xs, *ref_args) \
+            ref = reference.conv_backward_data(dy.astype(np.float64), w64, xs, *ref_args) \
                 if dy.size else np.zeros(xs)
             compare(op, dx, ref, 2 * tol, dtype=dtype)
         return expect(op, lambda: bwd_data(dyi, wi, x_shape, backend=be, **kw), check_data,
@@ -144,7 +145,7 @@ def conv_case(data, backend, op):
         xi, dyi = bad[0] if bad else present(x, "x"), present(dy, "dy")
 
         def check_filter(dw):
-            ref = R.conv_backward_filter(x64, dy.astype(np.float64), ws, *ref_args)
+            ref = reference.conv_backward_filter(x64, dy.astype(np.float64), ws, *ref_args)
             compare(op, dw, ref, 2 * tol, dtype=dtype)
         return expect(op, lambda: bwd_filter(xi, dyi, w_shape, backend=be, **kw),
                       check_filter, mistake, present.bad)
@@ -153,8 +154,8 @@ def conv_case(data, backend, op):
     def check_bias(db):
         # a sum: its error scales with the summands, not with the (possibly cancelled) result
         dy64 = dy.astype(np.float64)
-        compare(op, db, R.conv_backward_bias(dy64), 2 * tol, dtype=dtype,
-                floor=float(R.conv_backward_bias(np.abs(dy64)).max(initial=0.0)))
+        compare(op, db, reference.conv_backward_bias(dy64), 2 * tol, dtype=dtype,
+                floor=float(reference.conv_backward_bias(np.abs(dy64)).max(initial=0.0)))
     return expect(op, lambda: dnnkit.conv_backward_bias(dyi, backend=be), check_bias, mistake,
                   present.bad)
 
@@ -172,7 +173,7 @@ def pool_case(data, backend, op):
     rng = seed_rng(data)
     nd, backward = int(op[4]), op.endswith("_backward")
     dtype = draw_dtype(data)
-    mode = data.draw(st.sampled_from(P.MODES + ("average",)), label="mode")
+    mode = data.draw(st.sampled_from(pool_ops.MODES + ("average",)), label="mode")
     n, c = draw_size(data, 0, 2, "N"), draw_size(data, 0, 2, "C")
     window = draw_dims(data, nd, 1, 3, "window")
     stride = data.draw(st.one_of(st.none(), st.lists(st.integers(1, 3), min_size=nd,
@@ -181,14 +182,14 @@ def pool_case(data, backend, op):
     sp = tuple(data.draw(st.integers(max(1, k - 2 * p), max(1, k - 2 * p) + 3), label="size")
                for k, p in zip(window, padding))
     xs = (n, c) + sp
-    kmode = P.ALIASES.get(mode, mode)
+    kmode = pool_ops.ALIASES.get(mode, mode)
     # max: distinct values per window (cuDNN's MAX breaks ties its own way)
-    x = P.tie_free(rng, xs, dtype) if kmode == "max" else normal(rng, xs, dtype)
+    x = pool_ops.tie_free(rng, xs, dtype) if kmode == "max" else normal(rng, xs, dtype)
     nonfinite = not backward and data.draw(st.booleans(), label="nonfinite")
     if nonfinite:
         x = inject_nonfinite(rng, x, 0.15)
-    mistake = _mistake(data, POOL_BWD_MISTAKES if backward else POOL_MISTAKES)
-    bad, be = _common(data, mistake, rng, xs, backend)
+    mistake = draw_mistake(data, POOL_BWD_MISTAKES if backward else POOL_MISTAKES)
+    bad, be = common_mistake(data, mistake, rng, xs, backend)
     args = dict(window=window, stride=stride, padding=padding, mode=mode)
     if mistake == "window 0":
         args["window"] = (0,) + window[1:]
@@ -220,10 +221,10 @@ def pool_case(data, backend, op):
 
         def check(y):
             with np.errstate(invalid="ignore"):
-                ref = R.pool_forward(x64, window, stride, padding, kmode)
+                ref = reference.pool_forward(x64, window, stride, padding, kmode)
             compare(op, y, ref, tol, dtype=dtype)
         return expect(op, lambda: fwd(xi, backend=be, **args), check, mistake, present.bad)
-    y = R.pool_forward(x64, window, stride, padding, kmode).astype(dtype) \
+    y = reference.pool_forward(x64, window, stride, padding, kmode).astype(dtype) \
         if x.shape == xs else x
     dy = normal(rng, y.shape, dtype)
     if mistake == "y shape mismatch":
@@ -234,7 +235,7 @@ def pool_case(data, backend, op):
     yi, dyi = present(y, "y"), present(dy, "dy")
 
     def check_bwd(dx):
-        ref = R.pool_backward(x64, dy.astype(np.float64), window, stride, padding, kmode)
+        ref = reference.pool_backward(x64, dy.astype(np.float64), window, stride, padding, kmode)
         compare(op, dx, ref, 2 * tol, dtype=dtype)
     return expect(op, lambda: bwd(xi, yi, dyi, backend=be, **args), check_bwd, mistake,
                   present.bad)

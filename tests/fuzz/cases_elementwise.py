@@ -6,33 +6,15 @@ import numpy as np
 from hypothesis import strategies as st
 
 import dnnkit
-from dnnkit import reference as R
-A = importlib.import_module("dnnkit.ops.activation")
-S = importlib.import_module("dnnkit.ops.softmax")
-D = importlib.import_module("dnnkit.ops.dropout")
+from dnnkit import reference
 
-from .common import (NOT_ARRAYS, Presenter, bad_dtype_array, compare, draw_dims, draw_dtype,
-                     expect, inject_nonfinite, normal, pick, seed_rng)
+from .common import (COMMON, REL_TOL, Presenter, common_mistake, compare, draw_dims, draw_dtype,
+                     draw_mistake, expect, inject_nonfinite, normal, pick, seed_rng)
 
-REL_TOL = {"float16": 4e-3, "float32": 2e-6, "float64": 1e-13}   # tests/conftest.py
-COMMON = ("int dtype", "not an array", "bad backend")
-
-
-def _common(data, mistake, rng, shape, backend):
-    """((x replacement,) or None, backend) for the mistakes every op shares."""
-    if mistake == "int dtype":
-        return (bad_dtype_array(rng, shape, pick(data, ["int", "bool", "complex"])),), backend
-    if mistake == "not an array":
-        return (pick(data, NOT_ARRAYS),), backend
-    if mistake == "bad backend":
-        return None, pick(data, ["gpu", "CUDNN", 1, "numba "])
-    return None, backend
-
-
-def _mistake(data, catalogue):
-    if data.draw(st.integers(0, 99), label="invalid?") < 60:   # 40% mistakes
-        return None
-    return data.draw(st.sampled_from(catalogue), label="mistake")
+# (imported by name: the package re-exports functions of the same names)
+activation_ops = importlib.import_module("dnnkit.ops.activation")
+softmax_ops = importlib.import_module("dnnkit.ops.softmax")
+dropout_ops = importlib.import_module("dnnkit.ops.dropout")
 
 
 # ---------------------------------------------------------------- activation
@@ -46,7 +28,7 @@ def activation_case(data, backend, op):
     rng = seed_rng(data)
     dtype = draw_dtype(data)
     shape = draw_dims(data, data.draw(st.integers(0, 4), label="rank"), 0, 5)
-    mode = data.draw(st.sampled_from(A.MODES), label="mode")
+    mode = data.draw(st.sampled_from(activation_ops.MODES), label="mode")
     coef = {"clipped_relu": data.draw(st.sampled_from([0.5, 1.0, 6.0])),
             "elu": data.draw(st.sampled_from([0.0, 0.7, 1.0])),
             "swish": data.draw(st.sampled_from([-1.0, 0.0, 1.3]))}.get(mode, 0.0)
@@ -58,9 +40,9 @@ def activation_case(data, backend, op):
     x = normal(rng, shape, dtype, 3.0)
     if nonfinite:
         x = inject_nonfinite(rng, x)
-    mistake = _mistake(data, ACT_MISTAKES if op == "activation" else ACT_BWD_MISTAKES)
+    mistake = draw_mistake(data, ACT_MISTAKES if op == "activation" else ACT_BWD_MISTAKES)
     present = Presenter(data)
-    bad_x, be = _common(data, mistake, rng, shape, backend)
+    bad_x, be = common_mistake(data, mistake, rng, shape, backend)
     if mistake == "unknown mode":
         mode = pick(data, ["RELU", "leaky_relu", "", "softplus"])
     elif mistake == "mode not a str":
@@ -71,7 +53,7 @@ def activation_case(data, backend, op):
         coef = pick(data, [np.inf, -np.inf, np.nan])
     elif mistake == "clipped_relu coef <= 0":
         mode, coef = "clipped_relu", pick(data, [0.0, -1.0])
-    y_ref = R.activation(x.astype(np.float64), mode, coef) if mistake is None else None
+    y_ref = reference.activation(x.astype(np.float64), mode, coef) if mistake is None else None
     tol = REL_TOL[dtype]
     if op == "activation":
         xi = bad_x[0] if bad_x else present(x, "x")
@@ -92,7 +74,7 @@ def activation_case(data, backend, op):
     args = [bad_x[0] if bad_x else present(x, "x"), present(y, "y"), present(dy, "dy")]
 
     def check_bwd(dx):
-        ref = R.activation_backward(x.astype(np.float64), dy.astype(np.float64), mode, coef)
+        ref = reference.activation_backward(x.astype(np.float64), dy.astype(np.float64), mode, coef)
         floor = 0.0
         if mode in ("tanh", "sigmoid", "elu", "swish"):
             # the slope comes from y (rounded to the dtype): NaN where y is and x is not
@@ -117,11 +99,11 @@ SM_BWD_MISTAKES = SM_MISTAKES + ("shape mismatch", "dtype mismatch")
 
 def _softmax_ref(x, algo, mode):
     # the reference reduces with max(), which has no identity: an empty x gives an empty y
-    return R.softmax(x, algo, mode) if np.size(x) else np.zeros(np.shape(x))
+    return reference.softmax(x, algo, mode) if np.size(x) else np.zeros(np.shape(x))
 
 
 def _softmax_backward_ref(y, dy, algo, mode):
-    return R.softmax_backward(y, dy, algo, mode) if np.size(y) else np.zeros(np.shape(y))
+    return reference.softmax_backward(y, dy, algo, mode) if np.size(y) else np.zeros(np.shape(y))
 
 
 def _sm_tol(dtype, algo):
@@ -133,13 +115,14 @@ def softmax_case(data, backend, op):
     dtype = draw_dtype(data)
     rank = data.draw(st.sampled_from([2, 4]), label="rank")
     shape = draw_dims(data, rank, 0, 4)
-    algo = "log" if op == "log_softmax" else data.draw(st.sampled_from(S.ALGOS), label="algo")
-    mode = data.draw(st.sampled_from(S.MODES), label="mode")
-    mistake = _mistake(data, SM_MISTAKES if op != "softmax_backward" else SM_BWD_MISTAKES)
+    algo = "log" if op == "log_softmax" else \
+        data.draw(st.sampled_from(softmax_ops.ALGOS), label="algo")
+    mode = data.draw(st.sampled_from(softmax_ops.MODES), label="mode")
+    mistake = draw_mistake(data, SM_MISTAKES if op != "softmax_backward" else SM_BWD_MISTAKES)
     if op == "log_softmax" and mistake == "unknown algo":
         mistake = "unknown mode"
     x = normal(rng, shape, dtype, 2.0)
-    bad_x, be = _common(data, mistake, rng, shape, backend)
+    bad_x, be = common_mistake(data, mistake, rng, shape, backend)
     if mistake and mistake.startswith("rank"):
         x = normal(rng, draw_dims(data, int(mistake[-1]), 1, 3), dtype)
     if mistake == "unknown algo":
@@ -190,15 +173,15 @@ def dropout_case(data, backend, op):
     dtype = draw_dtype(data)
     shape = draw_dims(data, data.draw(st.integers(1, 4), label="rank"), 0, 5)
     p = data.draw(st.sampled_from([0.0, 0.1, 0.5, 0.9, 0.999]), label="p")
-    if backend == "cudnn" and D.cudnn_scale_error(p) > 4 * np.finfo(dtype).eps:
+    if backend == "cudnn" and dropout_ops.cudnn_scale_error(p) > 4 * np.finfo(dtype).eps:
         p = 0.5         # cuDNN's float32 p too coarse for the dtype: refused (tests/ops)
     seed = data.draw(st.integers(0, 2**64 - 1), label="dropout seed")
     nonfinite = data.draw(st.booleans(), label="nonfinite")
     x = normal(rng, shape, dtype, 2.0)
     if nonfinite:
         x = inject_nonfinite(rng, x)
-    mistake = _mistake(data, DROP_MISTAKES if op == "dropout" else DROP_BWD_MISTAKES)
-    bad_x, be = _common(data, mistake, rng, shape, backend)
+    mistake = draw_mistake(data, DROP_MISTAKES if op == "dropout" else DROP_BWD_MISTAKES)
+    bad_x, be = common_mistake(data, mistake, rng, shape, backend)
     p_call, seed_call = p, seed
     p_call = {"p = 1": 1.0, "p < 0": -0.25, "p > 1": 1.5, "p nan": float("nan"),
               "p not a number": pick(data, ["0.5", None, True])}.get(mistake, p)

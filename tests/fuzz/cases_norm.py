@@ -1,18 +1,17 @@
 """Fuzz cases: batch_norm_train/inference/backward, affine_grid(+backward),
 grid_sample(+backward), spatial_transformer."""
 
-import importlib
 import os
 
 import numpy as np
 from hypothesis import strategies as st
 
 import dnnkit
-from dnnkit import reference as R
-B = importlib.import_module("dnnkit.ops.batchnorm")
+from dnnkit import reference
+from dnnkit.ops import batchnorm as batchnorm_ops
 
-from .cases_elementwise import COMMON, REL_TOL, _common, _mistake
-from .common import Presenter, compare, draw_dims, draw_size, draw_dtype, expect, normal, pick, seed_rng
+from .common import (COMMON, REL_TOL, Presenter, common_mistake, compare, draw_dims, draw_dtype,
+                     draw_mistake, draw_size, expect, normal, pick, seed_rng)
 
 SIMULATOR = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
 PDT = {"float16": "float32", "float32": "float32", "float64": "float64"}
@@ -23,13 +22,13 @@ def _train_ref(x, gamma, beta, mode, eps, momentum=0.1, rm=None, rv=None):
     if x.size == 0:
         e = np.zeros(np.shape(gamma))
         return np.zeros(x.shape), e, e, None if rm is None else e, None if rv is None else e
-    return R.batch_norm_train(x, gamma, beta, mode, eps, momentum, rm, rv)
+    return reference.batch_norm_train(x, gamma, beta, mode, eps, momentum, rm, rv)
 
 
 def _backward_ref(x, dy, gamma, smean, sinv, mode):
     if x.size == 0:
         return np.zeros(x.shape), np.zeros(np.shape(gamma)), np.zeros(np.shape(gamma))
-    return R.batch_norm_backward(x, dy, gamma, smean, sinv, mode)
+    return reference.batch_norm_backward(x, dy, gamma, smean, sinv, mode)
 
 
 BN_MISTAKES = COMMON + ("unknown mode", "epsilon <= 0", "epsilon nan", "epsilon not a number",
@@ -44,13 +43,13 @@ def batchnorm_case(data, backend, op):
     rng = seed_rng(data)
     dtype = draw_dtype(data)
     rank = data.draw(st.integers(2, 5), label="rank")
-    mode = data.draw(st.sampled_from(B.MODES), label="mode")
+    mode = data.draw(st.sampled_from(batchnorm_ops.MODES), label="mode")
     shape = (draw_size(data, 0 if op == "batch_norm_inference" else 1, 3, "N"),
              draw_size(data, 0, 3, "C")) + draw_dims(data, rank - 2, 1, 3)
     m = shape[0] * (int(np.prod(shape[2:])) if mode == "spatial" else 1)
     if op == "batch_norm_train" and m < 2:     # the variance needs two values: widen N
         shape = (2,) + shape[1:]
-    flat, bcast = B._param_shapes(shape, mode)
+    flat, bcast = batchnorm_ops.param_shapes(shape, mode)
     ps = data.draw(st.sampled_from([flat, bcast]), label="param form")
     pdt = PDT[dtype]
     x = (normal(rng, shape, dtype, 2.0) + 0.5).astype(dtype)
@@ -64,9 +63,9 @@ def batchnorm_case(data, backend, op):
         # C = 0: the simulator's copy_to_device compares the strides of empty arrays (Numba's
         # real one does not), so the Numba backend's copy of the running statistics fails
         running = False
-    mistake = _mistake(data, {"batch_norm_train": BN_TRAIN_MISTAKES,
+    mistake = draw_mistake(data, {"batch_norm_train": BN_TRAIN_MISTAKES,
                               "batch_norm_backward": BN_BWD_MISTAKES}.get(op, BN_MISTAKES))
-    bad, be = _common(data, mistake, rng, shape, backend)
+    bad, be = common_mistake(data, mistake, rng, shape, backend)
     kw = dict(mode=mode, epsilon=eps)
     g_call, x_call = gamma, x
     if mistake == "unknown mode":
@@ -123,7 +122,7 @@ def batchnorm_case(data, backend, op):
                                               (mean, "mean"), (var, "var"))]
 
         def check_inf(y):
-            ref = R.batch_norm_inference(x64, gamma, beta, mean, var, mode, eps)
+            ref = reference.batch_norm_inference(x64, gamma, beta, mean, var, mode, eps)
             compare(op, y, ref, 2 * tol, dtype=dtype)
         return expect(op, lambda: dnnkit.batch_norm_inference(xi, *args, backend=be, **kw),
                       check_inf, mistake, present.bad)
@@ -173,11 +172,11 @@ def spatial_case(data, backend, op):
     img = normal(rng, (n, c, h, w), dtype)
     grid = rng.uniform(-1.2, 1.2, (n, oh, ow, 2)).astype(dtype)
     dy = normal(rng, (n, c, oh, ow), dtype)
-    mistake = _mistake(data, {"affine_grid": GRID_MISTAKES, "affine_grid_backward": COMMON,
+    mistake = draw_mistake(data, {"affine_grid": GRID_MISTAKES, "affine_grid_backward": COMMON,
                               "grid_sample": SAMPLE_MISTAKES,
                               "grid_sample_backward": SAMPLE_BWD_MISTAKES,
                               "spatial_transformer": ST_MISTAKES}[op])
-    bad, be = _common(data, mistake, rng, theta.shape, backend)
+    bad, be = common_mistake(data, mistake, rng, theta.shape, backend)
     present = Presenter(data)
     tol = SP_TOL[dtype]
     out_shape = (n, c, oh, ow)
@@ -191,7 +190,7 @@ def spatial_case(data, backend, op):
         ti = bad[0] if bad else present(theta, "theta")
 
         def check(g):
-            compare(op, g, R.affine_grid(theta.astype(np.float64), (n, c, oh, ow)), tol,
+            compare(op, g, reference.affine_grid(theta.astype(np.float64), (n, c, oh, ow)), tol,
                     floor=1.0, dtype=dtype)
         return expect(op, lambda: dnnkit.affine_grid(ti, out_shape, backend=be), check,
                       mistake, present.bad)
@@ -200,7 +199,7 @@ def spatial_case(data, backend, op):
         gi = bad[0] if bad else present(dgrid, "dgrid")
 
         def check_gb(dtheta):
-            compare(op, dtheta, R.affine_grid_backward(dgrid.astype(np.float64)), 4 * tol,
+            compare(op, dtheta, reference.affine_grid_backward(dgrid.astype(np.float64)), 4 * tol,
                     floor=float(np.abs(dgrid).max(initial=0)), dtype=dtype)
         return expect(op, lambda: dnnkit.affine_grid_backward(gi, backend=be), check_gb,
                       mistake, present.bad)
@@ -219,7 +218,7 @@ def spatial_case(data, backend, op):
         ii, ti = bad[0] if bad else present(img, "img"), present(theta, "theta")
 
         def check_st(y):
-            ref = R.spatial_transformer(img.astype(np.float64), theta.astype(np.float64),
+            ref = reference.spatial_transformer(img.astype(np.float64), theta.astype(np.float64),
                                         sh, sw)
             compare(op, y, ref, tol, floor=float(np.abs(img).max(initial=0)), dtype=dtype)
         return expect(op, lambda: dnnkit.spatial_transformer(
@@ -242,19 +241,19 @@ def spatial_case(data, backend, op):
     floor = float(np.abs(img).max(initial=0))
     if op == "grid_sample":
         def check_gs(y):
-            compare(op, y, R.grid_sample(img64, grid64), tol, floor=floor, dtype=dtype)
+            compare(op, y, reference.grid_sample(img64, grid64), tol, floor=floor, dtype=dtype)
         return expect(op, lambda: dnnkit.grid_sample(ii, gi, backend=be), check_gs, mistake,
                       present.bad)
     dyi = present(dy, "dy")
 
     def check_gsb(out):
         dimg, dgrid = out
-        rimg, rgrid = R.grid_sample_backward(img64, grid64, dy.astype(np.float64))
+        rimg, rgrid = reference.grid_sample_backward(img64, grid64, dy.astype(np.float64))
         compare(op + " dimg", dimg, rimg, tol, floor=float(np.abs(dy).max(initial=0)),
                 dtype=dtype)
         # dgrid is a one-sided slope at integer pixel coordinates: compare off those
-        compare(op + " dgrid", R.off_kinks(dgrid.copy_to_host(), grid64, (h, w)),
-                R.off_kinks(rgrid, grid64, (h, w)), 4 * tol,
+        compare(op + " dgrid", reference.off_kinks(dgrid.copy_to_host(), grid64, (h, w)),
+                reference.off_kinks(rgrid, grid64, (h, w)), 4 * tol,
                 floor=floor * float(np.abs(dy).max(initial=0)) * max(h, w))
     return expect(op, lambda: dnnkit.grid_sample_backward(ii, gi, dyi, backend=be), check_gsb,
                   mistake, present.bad)

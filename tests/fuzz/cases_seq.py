@@ -4,12 +4,12 @@ import numpy as np
 from hypothesis import strategies as st
 
 import dnnkit
-from dnnkit import reference as R
+from dnnkit import reference
 from dnnkit.nn.loss import CrossEntropyLoss, MSELoss
-from dnnkit.ops.rnn_common import MODES
+from dnnkit.rnn_layout import MODES
 
-from .cases_elementwise import COMMON, _common, _mistake
-from .common import Presenter, compare, draw_dims, draw_dtype, draw_size, expect, host, normal, pick, seed_rng
+from .common import (COMMON, Presenter, common_mistake, compare, draw_dims, draw_dtype,
+                     draw_mistake, draw_size, expect, host, normal, pick, seed_rng)
 
 RNN_TOL = {"float16": 2e-3, "float32": 2e-6, "float64": 1e-12}   # tests/ops/test_rnn.py
 CTOR_MISTAKES = ("unknown mode", "hidden_size 0", "num_layers 0", "input_size bool",
@@ -38,8 +38,8 @@ def rnn_case(data, backend, op):
     if data.draw(st.booleans(), label="varlen"):
         lengths = [data.draw(st.integers(1, t), label="length") for _ in range(n)]
     with_states = data.draw(st.booleans(), label="hx/cx")
-    mistake = _mistake(data, BWD_MISTAKES if backward else FWD_MISTAKES)
-    bad, be = _common(data, mistake, rng, (t, n, isz), backend)
+    mistake = draw_mistake(data, BWD_MISTAKES if backward else FWD_MISTAKES)
+    bad, be = common_mistake(data, mistake, rng, (t, n, isz), backend)
     ctor = dict(bidirectional=bidir, input_mode="skip" if skip else "linear",
                 batch_first=batch_first, dtype=dtype)
     args = [mode, isz, hsz, layers]
@@ -102,7 +102,7 @@ def rnn_case(data, backend, op):
     cxi = present(cx, "cx") if cx is not None else None
     if not backward:
         def check(out):
-            ry, rhy, rcy = R.rnn_forward(rnn.cfg, w, x, hx, cx, lengths)
+            ry, rhy, rcy = reference.rnn_forward(rnn.cfg, w, x, hx, cx, lengths)
             compare("rnn_forward y", out.y, bf(ry), tol, floor=1e-30, dtype=dtype)
             compare("rnn_forward hy", out.hy, rhy, tol, floor=1e-30, dtype=dtype)
             if mode == "lstm":
@@ -134,7 +134,7 @@ def rnn_case(data, backend, op):
 
     def check_bwd(res):
         dx, dhx, dcx, dw = res
-        rdx, rdhx, rdcx, rdw = R.rnn_backward(rnn.cfg, w, x, dy, dhy, dcy, hx, cx, lengths)
+        rdx, rdhx, rdcx, rdw = reference.rnn_backward(rnn.cfg, w, x, dy, dhy, dcy, hx, cx, lengths)
         compare("rnn_backward dx", dx, bf(rdx), 2 * tol, floor=1e-30, dtype=dtype)
         compare("rnn_backward dhx", dhx, rdhx, 2 * tol, floor=1e-30, dtype=dtype)
         compare("rnn_backward dw", dw, rdw, 2 * tol, floor=1e-30, dtype=dtype)
@@ -178,7 +178,7 @@ def loss_case(data, backend, op):
     dtype = draw_dtype(data)
     reduction = data.draw(st.sampled_from(["mean", "sum"]), label="reduction")
     n = draw_size(data, 0, 3, "N")
-    mistake = _mistake(data, CE_MISTAKES if which == "CrossEntropyLoss" else MSE_MISTAKES)
+    mistake = draw_mistake(data, CE_MISTAKES if which == "CrossEntropyLoss" else MSE_MISTAKES)
     red = pick(data, ["avg", "none", None]) if mistake == "unknown reduction" else reduction
     present = Presenter(data)
     tol = LOSS_TOL[dtype]

@@ -1,5 +1,5 @@
-"""The fuzzer's machinery (issue 9, "Bad input"): settings, the case counter, input
-presentations, the expected-outcome check and the comparison with the float64 reference.
+"""The fuzzer's machinery: settings, the case counter, input presentations, the mistakes every
+op shares, the expected-outcome check and the comparison with the float64 reference.
 
 A family module (tests/fuzz/cases_*.py) turns one hypothesis ``data`` object into a ``Case``:
 either valid (it must match the reference: ``check(result)`` asserts) or invalid (a mistake
@@ -18,6 +18,7 @@ from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 
 DTYPES = ("float16", "float32", "float64")
+REL_TOL = {"float16": 4e-3, "float32": 2e-6, "float64": 1e-13}   # tests/conftest.py
 # DNNKIT_FUZZ_EXAMPLES multiplies every test's example count (1 here; 10 or more on a GPU).
 SCALE = float(os.environ.get("DNNKIT_FUZZ_EXAMPLES", "1") or 1)
 # DNNKIT_FUZZ_SHRINK=0: report the first failing example as drawn (a GPU run's minutes go to
@@ -208,3 +209,26 @@ NOT_ARRAYS = ("a string", None, object(), ["a", "b"])
 def pick(data, seq, label="choice"):
     """One of ``seq`` (any objects), drawn so that hypothesis reports it."""
     return seq[data.draw(st.integers(0, len(seq) - 1), label=label)]
+
+
+# ---------------------------------------------------------------- mistakes every op shares
+
+COMMON = ("int dtype", "not an array", "bad backend")
+
+
+def common_mistake(data, mistake, rng, shape, backend):
+    """((x replacement,) or None, backend) for the mistakes every op shares."""
+    if mistake == "int dtype":
+        return (bad_dtype_array(rng, shape, pick(data, ["int", "bool", "complex"])),), backend
+    if mistake == "not an array":
+        return (pick(data, NOT_ARRAYS),), backend
+    if mistake == "bad backend":
+        return None, pick(data, ["gpu", "CUDNN", 1, "numba "])
+    return None, backend
+
+
+def draw_mistake(data, catalogue):
+    """None (a valid call) 60% of the time, else one of ``catalogue``."""
+    if data.draw(st.integers(0, 99), label="invalid?") < 60:   # 40% mistakes
+        return None
+    return data.draw(st.sampled_from(catalogue), label="mistake")

@@ -1,4 +1,4 @@
-"""Property-based fuzzer over every public op (issue 9, "Bad input").
+"""Property-based fuzzer over every public op: bad input must be refused, good input computed.
 
 Each example is either a valid call, which must match the float64 reference within the op's
 tolerance (NaN and Inf propagating as IEEE says where the op is elementwise), or a mistake

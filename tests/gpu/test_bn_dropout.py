@@ -26,8 +26,8 @@ def _err(got, ref, floor=0.0):
 
 
 def _bn_inputs(rng, shape, mode, dtype):
-    from dnnkit.ops.batchnorm import _param_shapes
-    ps, pdt = _param_shapes(shape, mode)[0], PDT[dtype]
+    from dnnkit.ops.batchnorm import param_shapes
+    ps, pdt = param_shapes(shape, mode)[0], PDT[dtype]
     x = (rng.standard_normal(shape, np.float32) * 2 + 0.5).astype(dtype)
     return (x, (1 + 0.3 * rng.standard_normal(ps)).astype(pdt), rng.standard_normal(ps).astype(pdt),
             rng.standard_normal(ps).astype(pdt), (0.5 + rng.random(ps)).astype(pdt))

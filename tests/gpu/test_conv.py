@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import dnnkit
-from dnnkit import config, reference as R
+from dnnkit import config, reference
 from dnnkit.testing import assert_backends_agree
 
 pytestmark = [pytest.mark.gpu, pytest.mark.cudnn]
@@ -31,8 +31,8 @@ def test_backends_agree_with_each_other_and_float64(rng, monkeypatch, shape, dty
     """Both Numba convolution paths everywhere (im2col + GEMM, and the implicit GEMM; by
     default each pass takes the one measured faster) against cuDNN and float64 at the GPU's
     tile sizes."""
-    from dnnkit.ops import conv_numba
-    monkeypatch.setattr(conv_numba, "IMPLICIT", implicit)
+    from dnnkit.ops.conv_tuning import settings
+    monkeypatch.setattr(settings, "implicit", implicit)
     xs, ws, stride, padding, dilation, groups = shape
     nd = len(xs) - 2
     fwd = dnnkit.conv2d if nd == 2 else dnnkit.conv3d
@@ -46,19 +46,20 @@ def test_backends_agree_with_each_other_and_float64(rng, monkeypatch, shape, dty
     args = (g.user_tuple(g.stride), g.user_tuple(g.padding), g.user_tuple(g.dilation), groups)
     tol = {"float16": 5e-3, "float32": 1e-5, "float64": 1e-12}[dtype]
     x64, w64 = x.astype(np.float64), w.astype(np.float64)
-    assert R.rel_error(y, R.conv_forward(x64, w64, None, *args)) <= tol
+    assert reference.rel_error(y, reference.conv_forward(x64, w64, None, *args)) <= tol
     dy = rng.standard_normal(y.shape).astype(dtype)
     dx = assert_backends_agree(bd, dy, w, xs, **kw).copy_to_host()
-    assert R.rel_error(dx, R.conv_backward_data(dy.astype(np.float64), w64, xs, *args)) <= tol
+    dy64 = dy.astype(np.float64)
+    assert reference.rel_error(dx, reference.conv_backward_data(dy64, w64, xs, *args)) <= tol
     dw = assert_backends_agree(bf, x, dy, ws, **kw).copy_to_host()
-    assert R.rel_error(dw, R.conv_backward_filter(x64, dy.astype(np.float64), ws, *args)) \
+    assert reference.rel_error(dw, reference.conv_backward_filter(x64, dy64, ws, *args)) \
         <= 2 * tol
 
 
 def _every_named(direction):
-    from dnnkit.cudnn import conv
-    return list({"fwd": conv.FWD_ALGOS, "bwd_data": conv.BWD_DATA_ALGOS,
-                 "bwd_filter": conv.BWD_FILTER_ALGOS}[direction]) + list(conv.CHOICES)
+    from dnnkit.cudnn import conv_algos
+    return list({"fwd": conv_algos.FWD_ALGOS, "bwd_data": conv_algos.BWD_DATA_ALGOS,
+                 "bwd_filter": conv_algos.BWD_FILTER_ALGOS}[direction]) + list(conv_algos.CHOICES)
 
 
 @pytest.mark.parametrize("direction", ["fwd", "bwd_data", "bwd_filter"])
@@ -66,9 +67,9 @@ def test_every_named_algorithm_gives_the_same_answer(rng, direction):
     xs, ws = (4, 32, 20, 20), (32, 32, 3, 3)
     x, w = _inputs(rng, xs, ws, "float32")
     dy = rng.standard_normal((4, 32, 20, 20)).astype(np.float32)
-    ref = {"fwd": lambda: R.conv_forward(x, w, None, (1, 1), (1, 1), (1, 1)),
-           "bwd_data": lambda: R.conv_backward_data(dy, w, xs, (1, 1), (1, 1), (1, 1)),
-           "bwd_filter": lambda: R.conv_backward_filter(x, dy, ws, (1, 1), (1, 1), (1, 1))}
+    ref = {"fwd": lambda: reference.conv_forward(x, w, None, (1, 1), (1, 1), (1, 1)),
+           "bwd_data": lambda: reference.conv_backward_data(dy, w, xs, (1, 1), (1, 1), (1, 1)),
+           "bwd_filter": lambda: reference.conv_backward_filter(x, dy, ws, (1, 1), (1, 1), (1, 1))}
     ref = ref[direction]()
     call = {"fwd": lambda a: dnnkit.conv2d(x, w, padding=1, algo=a, backend="cudnn"),
             "bwd_data": lambda a: dnnkit.conv2d_backward_data(dy, w, xs, padding=1, algo=a,
@@ -81,7 +82,7 @@ def test_every_named_algorithm_gives_the_same_answer(rng, direction):
             out = call(name).copy_to_host()
         ran[name] = t[0].algo
         # FFT and Winograd round differently from direct summation.
-        assert R.rel_error(out, ref) <= 2e-5, (name, t[0].algo)
+        assert reference.rel_error(out, ref) <= 2e-5, (name, t[0].algo)
     assert len(set(ran.values())) >= 2, ran
 
 

@@ -1,4 +1,4 @@
-"""Issue 9, faults that need a GPU and cuDNN: the workspace, run-time errors, recovery.
+"""Faults that need a GPU and cuDNN: the workspace, run-time errors, recovery.
 
 - Workspace limit 0: every convolution direction, asked for an algorithm that needs a
   workspace (or a runtime choice), runs a zero-workspace one (checked against cuDNN's own
@@ -22,9 +22,9 @@ import numpy as np
 import pytest
 
 import dnnkit
-from dnnkit import arrays, config, device, dispatch, memory, reference
-from dnnkit.cudnn import algo_cache, conv, conv_graph, descriptors, handle
-from dnnkit.dispatch import note_algo
+from dnnkit import arrays, config, device, dispatch, memory, reference, registry
+from dnnkit.cudnn import algo_cache, conv, conv_algos, conv_graph, conv_plans, descriptors, handle
+from dnnkit.tracing import note_algo
 from dnnkit.errors import CudnnError
 
 pytestmark = [pytest.mark.gpu, pytest.mark.cudnn]
@@ -42,17 +42,17 @@ def _workspace_sizes(direction, op, *args, **kw):
     """cuDNN's workspace size per algorithm name for this convolution (None: NOT_SUPPORTED),
     asked through the same cached plan the op uses."""
     from numba import cuda
-    a = dispatch.PREPARE[op](*args, **kw)
+    a = registry.PREPARE[op](*args, **kw)
     geom = a[-3]
     shapes = {"fwd": (a[0], a[1], geom.y_shape), "bwd_data": (a[1], a[0], geom.x_shape),
               "bwd_filter": (a[0], a[1], geom.w_shape)}[direction.name]
     out = cuda.device_array(geom.user_shape(shapes[2]), np.float32)
-    c = conv._open(direction, (shapes[0], shapes[1], out), geom, F32, "float32",
-                   conv.math_type(F32, "float32", False), 0)
+    c = conv_plans.open_call(direction, (shapes[0], shapes[1], out), geom, F32, "float32",
+                             conv.math_type(F32, "float32", False), 0)
     sizes = {}
     for name, enum in direction.algos.items():
         try:
-            sizes[name] = conv._ws_size(c, enum)
+            sizes[name] = conv_algos.workspace_size(c, enum)
         except CudnnError:        # NOT_SUPPORTED for this shape (or architecture)
             sizes[name] = None
     return sizes
@@ -95,12 +95,13 @@ def test_workspace_limit_zero_runs_a_zero_workspace_algorithm(case, rng):
         assert t.backends() == ["cudnn"]
         chosen = t[0].algo
         if chosen.startswith("engine"):        # a runtime choice, run through the graph API
-            ws = {p.workspace for p, _ in conv_graph._fast.values() if p.name == chosen}
+            ws = {p.workspace for p, _ in conv_graph.fast_plans().values() if p.name == chosen}
             assert ws == {0}, f"{op} algo={algo} ran {chosen} ({ws} bytes)"
         else:
             assert sizes[chosen] == 0, f"{op} algo={algo} ran {chosen} ({sizes[chosen]} bytes)"
-        named = conv.FWD_ALGOS if direction is conv.FWD else (
-            conv.BWD_DATA_ALGOS if direction is conv.BWD_DATA else conv.BWD_FILTER_ALGOS)
+        named = conv_algos.FWD_ALGOS if direction is conv.FWD else (
+            conv_algos.BWD_DATA_ALGOS if direction is conv.BWD_DATA else
+            conv_algos.BWD_FILTER_ALGOS)
         if algo in named:
             asked = direction.algo_name(named[algo])
             if sizes[asked]:   # it needs a workspace: it must not have run
@@ -224,19 +225,19 @@ def _fft_without_retry(x, w, bias, geom, opts, stream):
     """conv2d's cuDNN path, but FFT and no retry: cuDNN's status reaches the dispatcher."""
     y = arrays.cuda_empty(geom.user_shape(geom.y_shape), x.dtype, stream)
     math_t = conv.math_type(x.dtype, opts["compute_dtype"], opts["allow_tf32"])
-    c = conv._open(conv.FWD, (x, w, y), geom, x.dtype, opts["compute_dtype"], math_t,
-                   device.stream_pointer(stream))
-    note_algo(conv.FWD.algo_name(conv._execute(c, conv.FWD.algos["fft"], False, None)))
+    c = conv_plans.open_call(conv.FWD, (x, w, y), geom, x.dtype, opts["compute_dtype"], math_t,
+                             device.stream_pointer(stream))
+    note_algo(conv.FWD.algo_name(conv.execute(c, conv.FWD.algos["fft"], False, None)))
     return y
 
 
 @pytest.fixture
 def fault_op():
-    dispatch.register("fault_conv2d", "numba")(dispatch.REGISTRY["conv2d"]["numba"].fn)
-    dispatch.register("fault_conv2d", "cudnn")(_fft_without_retry)
+    registry.register("fault_conv2d", "numba")(registry.REGISTRY["conv2d"]["numba"].fn)
+    registry.register("fault_conv2d", "cudnn")(_fft_without_retry)
     yield
-    dispatch.REGISTRY.pop("fault_conv2d")
-    dispatch.OPS.pop("fault_conv2d")
+    registry.REGISTRY.pop("fault_conv2d")
+    registry.OPS.pop("fault_conv2d")
 
 
 STRIDE2 = dict(stride=2, padding=1)
@@ -251,7 +252,7 @@ def _stride2(rng):
 
 def test_not_supported_under_auto_falls_back_to_numba(fault_op, rng):
     x, w, want = _stride2(rng)
-    args = dispatch.PREPARE["conv2d"](x, w, **STRIDE2)
+    args = registry.PREPARE["conv2d"](x, w, **STRIDE2)
     with pytest.raises(CudnnError) as ei:
         dispatch.dispatch("fault_conv2d", *args, backend="cudnn")
     assert ei.value.not_supported, f"expected a NOT_SUPPORTED status: {ei.value}"
@@ -269,12 +270,12 @@ def test_a_cudnn_error_mid_graph_leaves_handle_plans_and_cache_usable(fault_op, 
     with dnnkit.trace() as t0:
         y0 = dnnkit.conv2d(x, w, **call).copy_to_host()
         dnnkit.relu(x, backend="cudnn")
-    plans0, h0 = dict(conv._plans), handle.get(0).value
-    graph_plans0 = dict(conv_graph._fast)
+    plans0, h0 = conv_plans.cached_plans(), handle.get(0).value
+    graph_plans0 = conv_graph.fast_plans()
     totals0, cache0 = descriptors.total_counts(), algo_cache.stats()
 
     with pytest.raises(CudnnError) as ei:      # on the same plan (same geometry), mid-graph
-        dispatch.dispatch("fault_conv2d", *dispatch.PREPARE["conv2d"](x, w, **STRIDE2),
+        dispatch.dispatch("fault_conv2d", *registry.PREPARE["conv2d"](x, w, **STRIDE2),
                           backend="cudnn")
     assert "algo fft" in str(ei.value)
 
@@ -285,8 +286,9 @@ def test_a_cudnn_error_mid_graph_leaves_handle_plans_and_cache_usable(fault_op, 
     assert np.array_equal(y1, y0) and reference.rel_error(y1, want) <= TOL
     assert np.array_equal(r1, np.maximum(x, 0))
     assert handle.get(0).value == h0
-    assert all(conv._plans.get(k) is p for k, p in plans0.items())   # the same plan objects
-    assert graph_plans0 and all(conv_graph._fast.get(k) == p for k, p in graph_plans0.items())
+    plans1, graph_plans1 = conv_plans.cached_plans(), conv_graph.fast_plans()
+    assert all(plans1.get(k) is p for k, p in plans0.items())   # the same plan objects
+    assert graph_plans0 and all(graph_plans1.get(k) == p for k, p in graph_plans0.items())
     made = {k: v[0] - totals0.get(k, (0, 0))[0] for k, v in descriptors.total_counts().items()}
     assert made.get("FilterDescriptor", 0) == made.get("ConvolutionDescriptor", 0) == 0
     cache1 = algo_cache.stats()

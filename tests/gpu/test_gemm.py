@@ -1,13 +1,13 @@
 """The Numba GEMM on tensor cores (3xTF32, ops/gemm.py TENSOR_CORES) against FP32 FMA on a real
 GPU, through the convolution's three passes (layouts 00, 10 and 01 of kernels/gemm.py): both
 against float64, the tensor-core error no worse than twice FP32's (measured below it:
-validation/NOTES.md, ninth session)."""
+validation/notes/gemm.md)."""
 
 import numpy as np
 import pytest
 
 import dnnkit
-from dnnkit import reference as R
+from dnnkit import reference
 
 pytestmark = pytest.mark.gpu
 
@@ -23,10 +23,10 @@ def _run(direction, x, w, dy):
 def _reference(direction, x, w, dy):
     x, w, dy = (a.astype(np.float64) for a in (x, w, dy))
     if direction == "fwd":
-        return R.conv_forward(x, w, None, (1, 1), (1, 1), (1, 1))
+        return reference.conv_forward(x, w, None, (1, 1), (1, 1), (1, 1))
     if direction == "bwd_data":
-        return R.conv_backward_data(dy, w, x.shape, (1, 1), (1, 1), (1, 1))
-    return R.conv_backward_filter(x, dy, w.shape, (1, 1), (1, 1), (1, 1))
+        return reference.conv_backward_data(dy, w, x.shape, (1, 1), (1, 1), (1, 1))
+    return reference.conv_backward_filter(x, dy, w.shape, (1, 1), (1, 1), (1, 1))
 
 
 @pytest.mark.parametrize("direction", ["fwd", "bwd_data", "bwd_filter"])

@@ -1,4 +1,4 @@
-"""Issue 9, leaks: many calls of every op keep device memory, host memory and cuDNN objects flat.
+"""Leaks: many calls of every op keep device memory, host memory and cuDNN objects flat.
 
 - The descriptor counter (dnnkit.cudnn.descriptors.live_counts) against the real cuDNN library:
   creating and destroying descriptors needs no GPU (cuDNN 9 answers them on the host), so this
@@ -21,8 +21,9 @@ import numpy as np
 import pytest
 
 from dnnkit import memory, selfcheck
-from dnnkit.cudnn import api, conv, descriptors, handle
-from dnnkit.dispatch import REGISTRY
+from dnnkit.cudnn import activation as cudnn_activation
+from dnnkit.cudnn import api, conv, conv_plans, descriptors, handle
+from dnnkit.registry import REGISTRY
 from dnnkit.errors import CudnnError, CudnnUnavailableError
 from dnnkit.geometry import ConvGeom
 from tests.conftest import HAVE_DRIVER, SIMULATOR
@@ -73,9 +74,9 @@ def _created(before, after):
 def test_create_and_close_are_counted_per_kind(real_lib):
     live0, tot0 = descriptors.live_counts(), descriptors.total_counts()
     with descriptors.TensorDescriptor((2, 3, 4, 5), np.float32), \
-            descriptors.FilterDescriptor((4, 3, 3, 3), np.float32), \
-            descriptors.ConvolutionDescriptor((1, 1), (1, 1), (1, 1), 1, np.float32), \
-            descriptors.ActivationDescriptor(1, 0.0):
+            conv_plans.FilterDescriptor((4, 3, 3, 3), np.float32), \
+            conv_plans.ConvolutionDescriptor((1, 1), (1, 1), (1, 1), 1, np.float32), \
+            cudnn_activation.ActivationDescriptor(1, 0.0):
         assert _delta(live0, descriptors.live_counts()) == {
             "TensorDescriptor": 1, "FilterDescriptor": 1, "ConvolutionDescriptor": 1,
             "ActivationDescriptor": 1}
@@ -100,7 +101,7 @@ def test_a_descriptor_whose_set_call_fails_leaks_nothing(real_lib):
                                          "CUDNN_STATUS_BAD_PARAM"):
         descriptors.TensorDescriptor((2, 0, 3), np.float32)     # a zero dimension
     with pytest.raises(CudnnError, match="cudnnSetConvolutionGroupCount"):
-        descriptors.ConvolutionDescriptor((0, 0), (1, 1), (1, 1), 1, np.float32, groups=0)
+        conv_plans.ConvolutionDescriptor((0, 0), (1, 1), (1, 1), 1, np.float32, groups=0)
     assert _delta(live0, descriptors.live_counts()) == {}
     assert _created(tot0, descriptors.total_counts()) == {"TensorDescriptor": 1,
                                                           "ConvolutionDescriptor": 1}
@@ -109,14 +110,14 @@ def test_a_descriptor_whose_set_call_fails_leaks_nothing(real_lib):
 def test_conv_plans_hold_descriptors_until_cleared(real_lib):
     geom = ConvGeom(2, (2, 6, 1, 9, 8), (4, 3, 1, 3, 2), (1, 2, 1), (0, 1, 0), (1, 1, 2), 2,
                     False)
-    conv.clear_plans()
+    conv_plans.clear_plans()
     live0 = descriptors.live_counts()
     for d in (conv.FWD, conv.BWD_DATA, conv.BWD_FILTER):
         for _ in range(3):   # the second and third time: the cached plan, nothing new
-            conv._plan(d, geom, np.dtype(np.float32), "float32", 0, 0)
+            conv_plans.plan_for(d, geom, np.dtype(np.float32), "float32", 0, 0)
     assert _delta(live0, descriptors.live_counts()) == {
         "TensorDescriptor": 6, "FilterDescriptor": 3, "ConvolutionDescriptor": 3}
-    conv.clear_plans()
+    conv_plans.clear_plans()
     assert _delta(live0, descriptors.live_counts()) == {}
 
 
@@ -225,7 +226,7 @@ def test_many_calls_leak_nothing(family, backend):
     before, after = _leak_check(FAMILIES[family], backend, N_GPU)
     made = _created(before["totals"], after["totals"])
     if backend == "cudnn" and family == "activation":
-        # descriptors are made once per shape and mode and shared (descriptors._Cache)
+        # descriptors are made once per shape and mode and shared (descriptors.DescriptorCache)
         assert not made.get("ActivationDescriptor") and not made.get("TensorDescriptor"), made
     if backend == "cudnn" and family == "conv":
         # the runtime choices (the default) run through graph-API plans made once, with

@@ -1,4 +1,4 @@
-"""Issue 9, several GPUs (needs a machine with two): arrays on device 1 are processed on
+"""Several GPUs (needs a machine with two): arrays on device 1 are processed on
 device 1 — with device 1's cuDNN handle, plans and kernels — whichever device is current,
 and an op given arrays of two devices raises a ValueError naming both.
 

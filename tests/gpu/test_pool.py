@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import dnnkit
-from dnnkit import reference as R
+from dnnkit import reference
 from dnnkit.ops.pool import MODES, tie_free
 from dnnkit.testing import assert_backends_agree
 
@@ -40,11 +40,12 @@ def test_backends_agree_with_each_other_and_float64(rng, shape, mode, dtype):
         rng.standard_normal(xs).astype(dtype)
     y = assert_backends_agree(fwd, x, k, s, p, mode)
     x64 = x.astype(np.float64)
-    assert R.rel_error(y.copy_to_host(), R.pool_forward(x64, k, s, p, mode)) <= TOL[dtype]
+    assert reference.rel_error(y.copy_to_host(), reference.pool_forward(x64, k, s, p, mode)) \
+        <= TOL[dtype]
     dy = rng.standard_normal(y.shape).astype(dtype)
     dx = assert_backends_agree(bwd, x, y, dy, k, s, p, mode).copy_to_host()
-    ref = R.pool_backward(x64, dy.astype(np.float64), k, s, p, mode)
-    assert R.rel_error(dx, ref) <= 2 * TOL[dtype]
+    ref = reference.pool_backward(x64, dy.astype(np.float64), k, s, p, mode)
+    assert reference.rel_error(dx, ref) <= 2 * TOL[dtype]
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -61,12 +62,12 @@ def test_max_deterministic_resolves_ties_like_numba_bitwise(rng, geo, dtype):
     got = bwd(x, y, dy, k, s, p, "max_deterministic", backend="cudnn").copy_to_host()
     want = bwd(x, y, dy, k, s, p, "max_deterministic", backend="numba").copy_to_host()
     np.testing.assert_array_equal(got, want)
-    np.testing.assert_array_equal(want, R.pool_backward(x, dy, k, s, p, "max"))
+    np.testing.assert_array_equal(want, reference.pool_backward(x, dy, k, s, p, "max"))
 
 
 def _maxima(x, y, k, s, p):
     """Mask of the inputs equal to the maximum of some window that covers them."""
-    _, spans, _ = R._pool_windows(x.shape, k, s, p)
+    _, spans, _ = reference.pool_windows(x.shape, k, s, p)
     mask = np.zeros(x.shape, bool)
     for o, sl in spans:
         at = (slice(None), slice(None)) + sl
@@ -87,7 +88,7 @@ def test_cudnn_max_routes_every_gradient_to_some_maximum(rng):
 
 def _nan_covered(x, k, s, p):
     """Mask of the inputs covered by a window that holds a NaN."""
-    _, spans, _ = R._pool_windows(x.shape, k, s, p)
+    _, spans, _ = reference.pool_windows(x.shape, k, s, p)
     mask = np.zeros(x.shape, bool)
     for _o, sl in spans:
         at = (slice(None), slice(None)) + sl
@@ -129,9 +130,9 @@ def test_non_default_stream_and_empty_batch(rng, backend):
     y = dnnkit.pool2d(d, 3, 2, 1, "average_exc_pad", backend=backend, stream=s)
     dx = dnnkit.pool2d_backward(d, y, y, 3, 2, 1, "average_exc_pad", backend=backend, stream=s)
     s.synchronize()
-    ref = R.pool_forward(x, 3, 2, 1, "average_exc_pad")
-    assert R.rel_error(y.copy_to_host(), ref) <= 1e-5
-    assert R.rel_error(dx.copy_to_host(),
-                       R.pool_backward(x, ref, 3, 2, 1, "average_exc_pad")) <= 1e-5
+    ref = reference.pool_forward(x, 3, 2, 1, "average_exc_pad")
+    assert reference.rel_error(y.copy_to_host(), ref) <= 1e-5
+    assert reference.rel_error(dx.copy_to_host(),
+                               reference.pool_backward(x, ref, 3, 2, 1, "average_exc_pad")) <= 1e-5
     e = dnnkit.pool2d(np.zeros((0, 3, 8, 8), np.float32), 2, backend=backend)
     assert e.shape == (0, 3, 4, 4)

@@ -11,7 +11,7 @@ from dnnkit.cudnn import api
 from dnnkit.cudnn import rnn as cr
 from dnnkit.errors import CudnnUnavailableError
 from dnnkit.ops.rnn import rnn_backward, rnn_forward
-from dnnkit.ops.rnn_common import MODES, RNNConfig, param_layout, param_size
+from dnnkit.rnn_layout import MODES, RNNConfig, param_layout, param_size
 
 pytestmark = [pytest.mark.gpu, pytest.mark.cudnn]
 
@@ -159,7 +159,7 @@ def _spy(monkeypatch):
 
 
 def _value(arg):
-    """A ctypes argument's value: device pointers are passed as plain ints (calls._ptr),
+    """A ctypes argument's value: device pointers are passed as plain ints (api.ptr),
     sizes as c_size_t."""
     return arg if isinstance(arg, int) or arg is None else arg.value
 

@@ -23,9 +23,9 @@ import numpy as np
 import pytest
 
 import dnnkit
-from dnnkit import memory, reference as R
+from dnnkit import memory, reference
 from dnnkit.ops import split
-from tests.gpu import scale_kernels as G
+from tests.gpu import scale_kernels
 from tests.conftest import REL_TOL, backend_params
 
 pytestmark = pytest.mark.gpu
@@ -105,13 +105,14 @@ def _samples(count, per_item, rng, group=1, extra=4):
 def _close(got, ref, tol, what):
     got = np.asarray(got, np.float64)
     assert np.isfinite(got).all(), f"{what}: non-finite values"
-    err = R.rel_error(got, ref)
+    err = reference.rel_error(got, ref)
     assert err <= tol, f"{what}: relative error {err:.3g} > {tol:.3g}"
 
 
 def _written(*outputs):
     for i, a in enumerate(outputs):
-        assert G.nonfinite(a) == 0, f"output {i}: NaN or inf (unwritten elements stay NaN)"
+        assert scale_kernels.nonfinite(a) == 0, \
+            f"output {i}: NaN or inf (unwritten elements stay NaN)"
 
 
 # ---------------------------------------------------------------- relu
@@ -120,13 +121,13 @@ def _written(*outputs):
 def test_relu_past_2_31_elements(backend, ran):
     n = RELU_N
     _need(4 * n * 2)
-    x = G.pattern((n,), F16, 69069, 2001, 1 / 256)        # multiples of 1/256 in [-3.9, 3.9]
-    dy = G.pattern((n,), F16, 40503, 255, 1 / 64)
-    G.poison(((n,), F16), ((n,), F16))
+    x = scale_kernels.pattern((n,), F16, 69069, 2001, 1 / 256)   # multiples of 1/256, +-3.9
+    dy = scale_kernels.pattern((n,), F16, 40503, 255, 1 / 64)
+    scale_kernels.poison(((n,), F16), ((n,), F16))
     y, t1, p1 = _call(dnnkit.activation, x, "relu", backend=backend)
     dx, t2, p2 = _call(dnnkit.activation_backward, x, y, dy, "relu", backend=backend)
     ran(t1 + t2, (p1, p2))
-    assert G.relu_errors(x, y, dy, dx) == 0
+    assert scale_kernels.relu_errors(x, y, dy, dx) == 0
 
 
 # ---------------------------------------------------------------- softmax
@@ -135,19 +136,20 @@ def test_relu_past_2_31_elements(backend, ran):
 def test_softmax_instance_past_2_31_elements(backend, ran, rng):
     rows, cols = SOFTMAX
     _need(4 * rows * cols * 2)
-    x = G.pattern((rows, cols), F16, 69069, 8191, 1 / 1024)    # [-4, 4]
-    dy = G.pattern((rows, cols), F16, 40503, 255, 1 / 128)
-    G.poison(((rows, cols), F16), ((rows, cols), F16))
+    x = scale_kernels.pattern((rows, cols), F16, 69069, 8191, 1 / 1024)    # [-4, 4]
+    dy = scale_kernels.pattern((rows, cols), F16, 40503, 255, 1 / 128)
+    scale_kernels.poison(((rows, cols), F16), ((rows, cols), F16))
     y, t1, p1 = _call(dnnkit.softmax, x, "accurate", "instance", backend=backend)
     dx, t2, p2 = _call(dnnkit.softmax_backward, y, dy, "accurate", "instance", backend=backend)
     ran(t1 + t2, (p1, p2))
     _written(y, dx)
     for r in _samples(rows, cols, rng):
         xr, dyr = x[r:r + 1].copy_to_host(), dy[r:r + 1].copy_to_host()
-        ref = R.softmax(xr, "accurate", "instance")
+        ref = reference.softmax(xr, "accurate", "instance")
         _close(y[r:r + 1].copy_to_host(), ref, TOL, f"y row {r}")
-        _close(dx[r:r + 1].copy_to_host(), R.softmax_backward(ref, dyr, "accurate", "instance"),
-               4 * TOL, f"dx row {r}")
+        _close(dx[r:r + 1].copy_to_host(),
+               reference.softmax_backward(ref, dyr, "accurate", "instance"), 4 * TOL,
+               f"dx row {r}")
 
 
 # ---------------------------------------------------------------- pooling
@@ -159,9 +161,9 @@ def test_pooling_past_2_31_elements(backend, mode, ran, rng):
     y_shape = shape[:2] + tuple((d + 2 * p - k) // s + 1 for d in shape[2:])
     nx, ny = int(np.prod(shape)), int(np.prod(y_shape))
     _need(2 * nx * 2 + 2 * ny * 2 + ny)
-    x = G.tiles(shape, F16)                  # no ties in a window: any max rule agrees
-    dy = G.pattern(y_shape, F16, 40503, 15, 1 / 8)
-    G.poison((y_shape, F16), (shape, F16))
+    x = scale_kernels.tiles(shape, F16)                  # no ties in a window: any max rule agrees
+    dy = scale_kernels.pattern(y_shape, F16, 40503, 15, 1 / 8)
+    scale_kernels.poison((y_shape, F16), (shape, F16))
     y, t1, p1 = _call(dnnkit.pool2d, x, k, s, p, mode, backend=backend)
     dx, t2, p2 = _call(dnnkit.pool2d_backward, x, y, dy, k, s, p, mode, backend=backend)
     ran(t1 + t2, (p1, p2))
@@ -170,9 +172,9 @@ def test_pooling_past_2_31_elements(backend, mode, ran, rng):
     for q in _samples(shape[0] * shape[1], plane, rng, group=shape[1]):
         at = tuple(int(v) for v in np.unravel_index(q, shape[:2]))
         xq = x[at].copy_to_host()[None, None]
-        _close(y[at].copy_to_host()[None, None], R.pool_forward(xq, k, s, p, mode), TOL,
+        _close(y[at].copy_to_host()[None, None], reference.pool_forward(xq, k, s, p, mode), TOL,
                f"y plane {at}")
-        ref = R.pool_backward(xq, dy[at].copy_to_host()[None, None], k, s, p, mode)
+        ref = reference.pool_backward(xq, dy[at].copy_to_host()[None, None], k, s, p, mode)
         _close(dx[at].copy_to_host()[None, None], ref, 2 * TOL, f"dx plane {at}")
 
 
@@ -198,30 +200,30 @@ def _images(a, i):
 @pytest.mark.parametrize("backend", backend_params())
 def test_conv_forward_past_2_31_elements(backend, ran, rng):
     _conv_need()
-    x = G.separable(CONV_X, F16, *_factors(rng, *CONV_X))
+    x = scale_kernels.separable(CONV_X, F16, *_factors(rng, *CONV_X))
     w = rng.standard_normal(CONV_W).astype(F16)
     b = rng.standard_normal(CONV_W[0]).astype(F16)
-    G.poison((CONV_X, F16))
+    scale_kernels.poison((CONV_X, F16))
     y, t, pieces = _call(dnnkit.conv2d, x, w, b, padding=1, backend=backend)
     ran(t, pieces)
     _written(y)
     for i in _samples(CONV_X[0], int(np.prod(CONV_X[1:])), rng):
-        ref = R.conv_forward(_images(x, i), w, b, **GEO)
+        ref = reference.conv_forward(_images(x, i), w, b, **GEO)
         _close(_images(y, i), ref, TOL, f"y image {i}")
 
 
 @pytest.mark.parametrize("backend", backend_params())
 def test_conv_backward_data_past_2_31_elements(backend, ran, rng):
     _conv_need()
-    dy = G.separable(CONV_X, F16, *_factors(rng, *CONV_X))
+    dy = scale_kernels.separable(CONV_X, F16, *_factors(rng, *CONV_X))
     w = rng.standard_normal(CONV_W).astype(F16)
-    G.poison((CONV_X, F16))
+    scale_kernels.poison((CONV_X, F16))
     dx, t, pieces = _call(dnnkit.conv2d_backward_data, dy, w, CONV_X, padding=1,
                           backend=backend)
     ran(t, pieces)
     _written(dx)
     for i in _samples(CONV_X[0], int(np.prod(CONV_X[1:])), rng):
-        ref = R.conv_backward_data(_images(dy, i), w, (1,) + CONV_X[1:], **GEO)
+        ref = reference.conv_backward_data(_images(dy, i), w, (1,) + CONV_X[1:], **GEO)
         _close(_images(dx, i), ref, TOL, f"dx image {i}")
 
 
@@ -238,7 +240,7 @@ def test_conv_filter_and_bias_gradients_past_2_31_elements(backend, ran, rng):
     and db[k] = (sum_n g[n, k]) (sum p) (sum q): a float64 reference without a 2**31 loop."""
     _conv_need()
     fx, fy = _factors(rng, *CONV_X), _factors(rng, *CONV_X)
-    x, dy = G.separable(CONV_X, F16, *fx), G.separable(CONV_X, F16, *fy)
+    x, dy = scale_kernels.separable(CONV_X, F16, *fx), scale_kernels.separable(CONV_X, F16, *fy)
     dw, t1, p1 = _call(dnnkit.conv2d_backward_filter, x, dy, CONV_W, padding=1,
                        backend=backend)
     db, t2, p2 = _call(dnnkit.conv_backward_bias, dy, backend=backend)

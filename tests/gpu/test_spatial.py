@@ -8,7 +8,7 @@ import pytest
 
 import dnnkit
 from dnnkit import config
-from dnnkit import reference as R
+from dnnkit import reference
 
 pytestmark = [pytest.mark.gpu]
 
@@ -41,11 +41,11 @@ def test_convention_probe():
         f"identity grid corner (H'-1, W'-1) is {g[0, -1, -1]}, expected (1, 1)"
     assert np.allclose(g[0, 0, 1], [-1 + 2 / 3, -1], atol=1e-6), \
         f"grid[0, 0, 1] = {g[0, 0, 1]}: the last axis is not (x, y) with x along W'"
-    np.testing.assert_allclose(g, R.affine_grid(eye, (n, c, oh, ow)), atol=1e-6)
+    np.testing.assert_allclose(g, reference.affine_grid(eye, (n, c, oh, ow)), atol=1e-6)
     # theta rows: x' = t00 x + t01 y + t02
     th = np.array([[[0.5, 0.25, 0.1], [-0.2, 0.75, -0.3]]], np.float32)
     np.testing.assert_allclose(_host(dnnkit.affine_grid(th, (n, c, oh, ow), backend="cudnn")),
-                               R.affine_grid(th, (n, c, oh, ow)), atol=1e-6)
+                               reference.affine_grid(th, (n, c, oh, ow)), atol=1e-6)
     # sampler: pixel (v, u) of a ramp image; (x, y) = (-1, -1) must read pixel (0, 0),
     # (1, 1) pixel (H-1, W-1), and a quarter pixel interpolates
     img = np.arange(h * w, dtype=np.float32).reshape(1, 1, h, w)
@@ -80,7 +80,7 @@ def test_one_point_dimension():
     th = np.array([[[1.0, 0.5, 0.25], [0.5, 1.0, -0.25]]], np.float32)
     for shape in ((1, 1, 1, 4), (1, 1, 3, 1), (1, 1, 1, 1)):
         got = _host(dnnkit.affine_grid(th, shape, backend="cudnn"))
-        np.testing.assert_allclose(got, R.affine_grid(th, shape), atol=1e-6,
+        np.testing.assert_allclose(got, reference.affine_grid(th, shape), atol=1e-6,
                                    err_msg=f"cuDNN's 1-point convention differs at {shape}")
 
 
@@ -92,19 +92,19 @@ def test_backends_agree_at_224(rng, dtype):
     theta = _theta(rng, n).astype(dtype)
     grid = dnnkit.testing.assert_backends_agree(dnnkit.affine_grid, theta, BIG)
     g = _host(grid)
-    assert R.rel_error(g, R.affine_grid(theta, BIG)) <= TOL[dtype]
+    assert reference.rel_error(g, reference.affine_grid(theta, BIG)) <= TOL[dtype]
     y = dnnkit.testing.assert_backends_agree(dnnkit.grid_sample, img, grid)
     sub = slice(0, 4)   # the float64 reference on 4 images (host time)
-    assert R.rel_error(_host(y)[sub], R.grid_sample(img[sub], g[sub])) <= TOL[dtype]
+    assert reference.rel_error(_host(y)[sub], reference.grid_sample(img[sub], g[sub])) <= TOL[dtype]
     dy = rng.standard_normal(y.shape).astype(dtype)
     dimg, dgrid = dnnkit.testing.assert_backends_agree(dnnkit.grid_sample_backward, img, grid,
                                                        dy)
-    rimg, rgrid = R.grid_sample_backward(img[sub], g[sub], dy[sub])
-    assert R.rel_error(_host(dimg)[sub], rimg) <= 2 * TOL[dtype]
-    # off the kinks (a pixel coordinate on an integer: one-sided slopes; R.spatial_kinks)
+    rimg, rgrid = reference.grid_sample_backward(img[sub], g[sub], dy[sub])
+    assert reference.rel_error(_host(dimg)[sub], rimg) <= 2 * TOL[dtype]
+    # off the kinks (a pixel coordinate on an integer: one-sided slopes; reference.spatial_kinks)
     gd, hw = g[sub], (h, w)
-    assert R.rel_error(R.off_kinks(_host(dgrid)[sub], gd, hw),
-                       R.off_kinks(rgrid, gd, hw)) <= 4 * TOL[dtype]
+    assert reference.rel_error(reference.off_kinks(_host(dgrid)[sub], gd, hw),
+                               reference.off_kinks(rgrid, gd, hw)) <= 4 * TOL[dtype]
     dnnkit.testing.assert_backends_agree(dnnkit.affine_grid_backward, dgrid)
 
 
@@ -112,7 +112,8 @@ def test_backends_agree_at_224(rng, dtype):
 def test_deterministic_backward_is_bitwise_repeatable(rng, dtype):
     config.set("dnn.deterministic", True)
     img = rng.standard_normal((16, 3, 224, 224)).astype(dtype)
-    grid = R.affine_grid(_theta(rng, 16, 0.3) * 0.5, (16, 3, 224, 224)).astype(dtype)  # zoom
+    # a zoom
+    grid = reference.affine_grid(_theta(rng, 16, 0.3) * 0.5, (16, 3, 224, 224)).astype(dtype)
     dy = rng.standard_normal((16, 3, 224, 224)).astype(dtype)
     first = [_host(a) for a in dnnkit.grid_sample_backward(img, grid, dy)]
     for _ in range(3):
@@ -121,7 +122,7 @@ def test_deterministic_backward_is_bitwise_repeatable(rng, dtype):
             assert np.array_equal(a.view(np.uint8), b.view(np.uint8))
     config.set("dnn.deterministic", False)
     atomic = _host(dnnkit.grid_sample_backward(img, grid, dy, backend="numba")[0])
-    assert R.rel_error(atomic, first[0]) <= 10 * TOL[dtype]
+    assert reference.rel_error(atomic, first[0]) <= 10 * TOL[dtype]
 
 
 @pytest.mark.parametrize("backend", ["numba", pytest.param("cudnn", marks=pytest.mark.cudnn)])
@@ -137,4 +138,4 @@ def test_matches_pytorch_align_corners(rng, backend):
     grid = dnnkit.affine_grid(theta, (n, c, h, w), backend=backend)
     np.testing.assert_allclose(_host(grid), tg.cpu().numpy(), atol=1e-5)
     y = _host(dnnkit.grid_sample(img, tg.cpu().numpy(), backend=backend))
-    assert R.rel_error(y, ty.cpu().numpy()) <= 1e-5
+    assert reference.rel_error(y, ty.cpu().numpy()) <= 1e-5

@@ -1,4 +1,4 @@
-"""Issue 9, concurrency: eight Python threads, each on its own stream, call every op of every
+"""Concurrency: eight Python threads, each on its own stream, call every op of every
 family at the same time, on each backend; each thread's results equal the serial run of the
 same inputs bit for bit (dnn.deterministic on, in every thread: change_flags is per thread),
 and each thread used its own cuDNN handle.
@@ -11,7 +11,7 @@ import threading
 import numpy as np
 import pytest
 
-from dnnkit import config, dispatch
+from dnnkit import config, crosscheck
 from dnnkit.errors import CudnnUnavailableError
 from tests.gpu.test_leaks import FAMILIES, _cases, _device_inputs
 
@@ -20,7 +20,7 @@ BACKENDS = ["numba", pytest.param("cudnn", marks=pytest.mark.cudnn)]
 
 
 def _host(out):
-    return [np.array(a) for a in dispatch._outputs(out)]
+    return [np.array(a) for a in crosscheck.outputs(out)]
 
 
 def _runnable(cases, backend, inputs):

@@ -4,8 +4,8 @@ Numba keys a cached kernel by its bytecode and the pickled bytes of its closure
 (numba.core.caching, ``_index_key``), so a factory-built kernel (softmax, spatial, GEMM
 variants) is found again only if its closure pickles identically in a new process. An
 intrinsic pickles with a uuid drawn per process: the tensor-core GEMM, whose ``mma_slab``
-closure calls two, got a new key in every process and was recompiled by each (the first conv
-of a second process took 5.2 s instead of 0.8 on an H100). kernels/tensorcore.py gives its
+closure calls two, would get a new key in every process and be recompiled by each (the first
+conv of a second process: 5.2 s instead of 0.8 s on an H100). kernels/tensorcore.py gives its
 intrinsics fixed uuids; this test compares the keys of two fresh processes (compiling
 nothing; the real numba.cuda, as for the PTX check)."""
 
@@ -16,10 +16,10 @@ import sys
 
 _SCRIPT = r"""
 import hashlib, json
-import dnnkit.kernels as K
+import dnnkit.kernels
 from numba.core.serialize import dumps
 out = {}
-for name, k in sorted(K.all_kernels().items()):
+for name, k in sorted(dnnkit.kernels.all_kernels().items()):
     f = k.py_func
     cells = () if f.__closure__ is None else tuple(c.cell_contents for c in f.__closure__)
     out[name] = hashlib.sha256(f.__code__.co_code + dumps(cells)).hexdigest()
@@ -40,4 +40,4 @@ def test_cache_keys_are_the_same_in_every_process():
     assert len(first) > 40 and first.keys() == second.keys()
     changed = sorted(n for n in first if first[n] != second[n])
     assert not changed, f"cache keys differ between processes (recompiled every time): {changed}"
-    assert any(n.startswith("gemm_") and "_tc_" in n for n in first)   # the case that broke
+    assert any(n.startswith("gemm_") and "_tc_" in n for n in first)   # the intrinsics' case

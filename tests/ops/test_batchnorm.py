@@ -3,7 +3,7 @@ import pytest
 
 import dnnkit
 from dnnkit import reference
-from dnnkit.ops import batchnorm as B
+from dnnkit.ops import batchnorm, batchnorm_numba
 from tests.conftest import DTYPES, REL_TOL, SIMULATOR, backend_params
 
 # (shape, parameter shape form): 2-D to 5-D, with (C,) and (1, C, 1...) parameters.
@@ -18,11 +18,11 @@ def _small_blocks(monkeypatch):
     """The simulator runs a Python thread per CUDA thread: cap blocks at 64 threads there (the
     kernels take any power-of-two block; test_plans_cover_every_mapping checks the mappings)."""
     if SIMULATOR:
-        monkeypatch.setattr(B, "_THREADS", 64)
+        monkeypatch.setattr(batchnorm_numba, "THREADS", 64)
 
 
 def _pshape(shape, mode, form="flat"):
-    flat, broadcast = B._param_shapes(shape, mode)
+    flat, broadcast = batchnorm.param_shapes(shape, mode)
     return flat if form == "flat" else broadcast
 
 
@@ -156,10 +156,10 @@ def test_large_mean_does_not_cancel(rng, shape, backend):
 
 
 def test_numba_results_are_bitwise_repeatable(rng, monkeypatch):
-    monkeypatch.setattr(B, "_THREADS", 32)
+    monkeypatch.setattr(batchnorm_numba, "THREADS", 32)
     x = rng.standard_normal((4, 3, 40)).astype(np.float32)
     gamma, beta = np.ones(3, np.float32), np.zeros(3, np.float32)
-    plan = B._plan(*B._ncs(x.shape, "spatial"))
+    plan = batchnorm_numba.plan(*batchnorm_numba.ncs(x.shape, "spatial"))
     assert plan.grid[0] > 1     # several partials per channel: the merge order matters
     dy = rng.standard_normal(x.shape).astype(np.float32)
     runs = []
@@ -184,9 +184,9 @@ PLANS = [
 def test_plans_cover_every_mapping(rng, monkeypatch, shape, mode, threads, grid_y, check):
     """Long rows split along positions, sample splits with S == 1, channel groups walked by
     a short grid, per-activation: each mapping against the float64 reference."""
-    monkeypatch.setattr(B, "_THREADS", threads)
-    monkeypatch.setattr(B, "_MAX_GRID_Y", grid_y)
-    assert check(B._plan(*B._ncs(shape, mode)))
+    monkeypatch.setattr(batchnorm_numba, "THREADS", threads)
+    monkeypatch.setattr(batchnorm_numba, "MAX_GRID_Y", grid_y)
+    assert check(batchnorm_numba.plan(*batchnorm_numba.ncs(shape, mode)))
     x = (rng.standard_normal(shape) * 3 + 2).astype(np.float32)
     gamma, beta, _, _ = _params(rng, shape, mode, "float32")
     y, m, v = dnnkit.batch_norm_train(x, gamma, beta, mode=mode, backend="numba")

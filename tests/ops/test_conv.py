@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import dnnkit
-from dnnkit import config, reference as R
+from dnnkit import config, reference
 from tests.conftest import backend_params
 
 TOL = {"float16": 4e-3, "float32": 2e-6, "float64": 1e-12}
@@ -41,7 +41,7 @@ def _direct_conv2d(x, w, stride, pad, dil, groups, flip):
 def test_reference_matches_loops(rng, stride, pad, dil, groups, flip):
     x = rng.standard_normal((2, 4, 7, 6))
     w = rng.standard_normal((4, 4 // groups, 3, 2))
-    assert np.allclose(R.conv_forward(x, w, None, stride, pad, dil, groups, flip),
+    assert np.allclose(reference.conv_forward(x, w, None, stride, pad, dil, groups, flip),
                        _direct_conv2d(x, w, stride, pad, dil, groups, flip), atol=1e-12)
 
 
@@ -51,14 +51,17 @@ def test_reference_gradients_by_finite_differences(rng, nd, flip):
     xs, ws = (2, 4) + (5, 4, 3)[:nd], (6, 2) + (3, 2, 2)[:nd]
     args = ((2, 1, 1)[:nd], (1, 0, 1)[:nd], (1, 2, 1)[:nd], 2, flip)
     x, w = rng.standard_normal(xs), rng.standard_normal(ws)
-    dy = rng.standard_normal(R.conv_forward(x, w, None, *args).shape)
+    dy = rng.standard_normal(reference.conv_forward(x, w, None, *args).shape)
     h, ex, ew = 1e-6, rng.standard_normal(xs), rng.standard_normal(ws)
-    f = lambda a, b: (R.conv_forward(a, b, None, *args) * dy).sum()  # noqa: E731
+    f = lambda a, b: (reference.conv_forward(a, b, None, *args) * dy).sum()  # noqa: E731
     fd_x = (f(x + h * ex, w) - f(x - h * ex, w)) / (2 * h)
     fd_w = (f(x, w + h * ew) - f(x, w - h * ew)) / (2 * h)
-    assert np.isclose((R.conv_backward_data(dy, w, xs, *args) * ex).sum(), fd_x, rtol=1e-7)
-    assert np.isclose((R.conv_backward_filter(x, dy, ws, *args) * ew).sum(), fd_w, rtol=1e-7)
-    assert np.allclose(R.conv_backward_bias(dy), dy.sum(axis=(0,) + tuple(range(2, 2 + nd))))
+    assert np.isclose((reference.conv_backward_data(dy, w, xs, *args) * ex).sum(), fd_x,
+                      rtol=1e-7)
+    assert np.isclose((reference.conv_backward_filter(x, dy, ws, *args) * ew).sum(), fd_w,
+                      rtol=1e-7)
+    assert np.allclose(reference.conv_backward_bias(dy),
+                       dy.sum(axis=(0,) + tuple(range(2, 2 + nd))))
 
 
 CASES = [  # (nd, x_shape, w_shape, stride, padding, dilation, groups, mode)
@@ -98,17 +101,18 @@ def test_forward_and_gradients_match_reference(rng, case, dtype, backend):
         y = fwd(x, w, b, backend=backend, **kw).copy_to_host()
     assert t.backends() == [backend] and t[0].algo
     x64, w64 = x.astype(np.float64), w.astype(np.float64)
-    ref = R.conv_forward(x64, w64, b.astype(np.float64), *ref_args)
-    assert y.shape == ref.shape and R.rel_error(y, ref) <= TOL[dtype]
+    ref = reference.conv_forward(x64, w64, b.astype(np.float64), *ref_args)
+    assert y.shape == ref.shape and reference.rel_error(y, ref) <= TOL[dtype]
     dy = rng.standard_normal(ref.shape).astype(dtype)
     dx = bwd_data(dy, w, xs, backend=backend, **kw).copy_to_host()
-    assert R.rel_error(dx, R.conv_backward_data(dy.astype(np.float64), w64, xs, *ref_args)) \
+    dy64 = dy.astype(np.float64)
+    assert reference.rel_error(dx, reference.conv_backward_data(dy64, w64, xs, *ref_args)) \
         <= 2 * TOL[dtype]
     dw = bwd_filter(x, dy, ws, backend=backend, **kw).copy_to_host()
-    assert R.rel_error(dw, R.conv_backward_filter(x64, dy.astype(np.float64), ws, *ref_args)) \
+    assert reference.rel_error(dw, reference.conv_backward_filter(x64, dy64, ws, *ref_args)) \
         <= 2 * TOL[dtype]
     db = dnnkit.conv_backward_bias(dy, backend=backend).copy_to_host()
-    assert R.rel_error(db, R.conv_backward_bias(dy.astype(np.float64))) <= 2 * TOL[dtype]
+    assert reference.rel_error(db, reference.conv_backward_bias(dy64)) <= 2 * TOL[dtype]
 
 
 def test_border_modes_give_the_documented_output_sizes():
@@ -163,10 +167,11 @@ def test_conv_flags_validate_and_resolve():
         config.set("dnn.conv.algo_bwd_filter", "large")
     with pytest.raises(ValueError, match="workspace_limit"):
         config.set("dnn.conv.workspace_limit", -5)
-    from dnnkit.ops.conv_args import _opts
-    o = _opts("conv2d", "fwd", np.float16, None, None)
+    from dnnkit.ops.conv_args import resolve_opts
+    o = resolve_opts("conv2d", "fwd", np.float16, None, None)
     assert (o["algo"], o["compute_dtype"], o["workspace"]) == ("time_once", "float32", 2**20)
-    assert _opts("conv2d", "fwd", np.float16, "fft", "as_input")["compute_dtype"] == "float16"
+    assert resolve_opts("conv2d", "fwd", np.float16, "fft", "as_input")["compute_dtype"] == \
+        "float16"
 
 
 @pytest.mark.parametrize("backend", backend_params())
@@ -206,11 +211,12 @@ def test_select_backend_for_conv():
 
 
 def test_flag_values_are_exactly_the_cudnn_tables():
-    """conv_args validates names without loading cuDNN; they must match cudnn/conv.py's maps."""
-    from dnnkit.cudnn import conv as cconv
+    """conv_args validates names without loading cuDNN; they must match cudnn/conv_algos.py's
+    maps."""
+    from dnnkit.cudnn import conv_algos
     from dnnkit.ops import conv_args
-    tables = {"fwd": cconv.FWD_ALGOS, "bwd_data": cconv.BWD_DATA_ALGOS,
-              "bwd_filter": cconv.BWD_FILTER_ALGOS}
+    tables = {"fwd": conv_algos.FWD_ALGOS, "bwd_data": conv_algos.BWD_DATA_ALGOS,
+              "bwd_filter": conv_algos.BWD_FILTER_ALGOS}
     for direction, table in tables.items():
-        assert set(conv_args.ALGOS[direction]) == set(table) | set(cconv.CHOICES)
-    assert conv_args.CHOICES == cconv.CHOICES
+        assert set(conv_args.ALGOS[direction]) == set(table) | set(conv_algos.CHOICES)
+    assert conv_args.CHOICES == conv_algos.CHOICES

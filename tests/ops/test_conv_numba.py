@@ -6,39 +6,43 @@ into x, the filter gradient into w. A finite-difference test checks that those g
 the true gradients of sum(y * dy).
 """
 
+import contextlib
+from unittest import mock
+
 import numpy as np
 import pytest
 
-from dnnkit import reference
+from dnnkit import device, reference
 from dnnkit.geometry import ConvGeom
-from dnnkit.ops import conv_numba
+from dnnkit.ops import conv_launch, conv_numba, gemm
+from dnnkit.ops.conv_tuning import settings
 
 TOL = {"float16": 4e-3, "float32": 2e-6, "float64": 1e-12}
 
 
-def _geom(x, w, stride=1, padding=0, dilation=1, groups=1, flip=False, nd=None):
+def conv_geom(x, w, stride=1, padding=0, dilation=1, groups=1, flip=False, nd=None):
     t3 = [v if isinstance(v, tuple) else (v,) * 3 for v in (stride, padding, dilation)]
     return ConvGeom(nd or (2 if x[2] == w[2] == 1 else 3), x, w, *t3, groups, flip)
 
 
 CASES = {
-    "2d": _geom((2, 3, 1, 5, 6), (4, 3, 1, 3, 3), padding=(0, 1, 1)),
-    "2d-s2-dil2-pad-flip": _geom((1, 2, 1, 6, 5), (2, 2, 1, 2, 3), (1, 2, 2), (0, 0, 1),
-                                 (1, 2, 2), flip=True),
-    "2d-s3-over-kernel": _geom((2, 2, 1, 6, 5), (3, 2, 1, 2, 2), (1, 3, 3), (0, 1, 0)),
-    "2d-1x1-groups2": _geom((2, 4, 1, 3, 4), (4, 2, 1, 1, 1), groups=2, flip=True),
-    "2d-depthwise": _geom((1, 4, 1, 5, 5), (4, 1, 1, 3, 3), (1, 2, 1), (0, 1, 1), groups=4,
-                          flip=True),
-    "2d-depthwise-x2": _geom((2, 2, 1, 4, 6), (4, 1, 1, 3, 2), 1, (0, 1, 0), (1, 1, 2),
-                             groups=2),
-    "3d-dil-flip": _geom((1, 2, 4, 4, 3), (2, 2, 2, 2, 2), (1, 2, 1), (1, 0, 1), (2, 1, 1),
-                         flip=True),
-    "3d-groups2-s2": _geom((2, 4, 3, 4, 3), (4, 2, 3, 1, 2), (2, 1, 2), (1, 1, 0), groups=2),
-    "3d-1x1x1-s3": _geom((1, 3, 3, 3, 4), (2, 3, 1, 1, 1), (2, 2, 3)),
+    "2d": conv_geom((2, 3, 1, 5, 6), (4, 3, 1, 3, 3), padding=(0, 1, 1)),
+    "2d-s2-dil2-pad-flip": conv_geom((1, 2, 1, 6, 5), (2, 2, 1, 2, 3), (1, 2, 2), (0, 0, 1),
+                                     (1, 2, 2), flip=True),
+    "2d-s3-over-kernel": conv_geom((2, 2, 1, 6, 5), (3, 2, 1, 2, 2), (1, 3, 3), (0, 1, 0)),
+    "2d-1x1-groups2": conv_geom((2, 4, 1, 3, 4), (4, 2, 1, 1, 1), groups=2, flip=True),
+    "2d-depthwise": conv_geom((1, 4, 1, 5, 5), (4, 1, 1, 3, 3), (1, 2, 1), (0, 1, 1), groups=4,
+                              flip=True),
+    "2d-depthwise-x2": conv_geom((2, 2, 1, 4, 6), (4, 1, 1, 3, 2), 1, (0, 1, 0), (1, 1, 2),
+                                 groups=2),
+    "3d-dil-flip": conv_geom((1, 2, 4, 4, 3), (2, 2, 2, 2, 2), (1, 2, 1), (1, 0, 1), (2, 1, 1),
+                             flip=True),
+    "3d-groups2-s2": conv_geom((2, 4, 3, 4, 3), (4, 2, 3, 1, 2), (2, 1, 2), (1, 1, 0), groups=2),
+    "3d-1x1x1-s3": conv_geom((1, 3, 3, 3, 4), (2, 3, 1, 1, 1), (2, 2, 3)),
     # 1x1, stride 1, no padding: the GEMMs read x and write dx in place (no im2col)
-    "2d-pointwise": _geom((3, 5, 1, 2, 3), (4, 5, 1, 1, 1)),
-    "3d-pointwise-groups-dil": _geom((2, 4, 2, 2, 3), (6, 2, 1, 1, 1), 1, 0, (2, 1, 3),
-                                     groups=2),
+    "2d-pointwise": conv_geom((3, 5, 1, 2, 3), (4, 5, 1, 1, 1)),
+    "3d-pointwise-groups-dil": conv_geom((2, 4, 2, 2, 3), (6, 2, 1, 1, 1), 1, 0, (2, 1, 3),
+                                         groups=2),
 }
 
 
@@ -113,7 +117,7 @@ def test_reference_gradients_are_the_finite_differences(rng, name):
 
 # ------------------------------------------------------------------ the Numba backend
 
-def _run_all(rng, g, dtype):
+def run_all(rng, g, dtype):
     """Every pass of the backend on random data vs the reference; the relative errors."""
     from numba import cuda
     host = [rng.standard_normal(s).astype(dtype) for s in
@@ -132,36 +136,47 @@ def _run_all(rng, g, dtype):
     return {key: reference.rel_error(a.copy_to_host(), want[key]) for key, a in got.items()}
 
 
-def _check(errors, dtype):
+def check_errors(errors, dtype):
     assert max(errors.values()) <= TOL[dtype], errors
+
+
+@contextlib.contextmanager
+def gpu_rules(sms=132):
+    """The launch rules as on a GPU of ``sms`` multiprocessors (an H100's by default):
+    ops/gemm.py's tile choice (on the simulator it answers "sim") and the waves of
+    ops/conv_launch.py."""
+    with mock.patch.object(device, "simulator", lambda: False), \
+            mock.patch.object(device, "sm_count", lambda dev=None: sms):
+        yield
 
 
 @pytest.mark.parametrize("dtype", list(TOL))
 @pytest.mark.parametrize("name", list(CASES))
 def test_matches_reference(rng, name, dtype):
-    _check(_run_all(rng, CASES[name], dtype), dtype)
+    check_errors(run_all(rng, CASES[name], dtype), dtype)
 
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_column_buffer_paths_match_reference(rng, monkeypatch, name):
-    """im2col + GEMM and GEMM + col2im everywhere (IMPLICIT = False): the default takes the
-    implicit GEMM on the stride-1 geometries here, so they need this to be covered."""
-    monkeypatch.setattr(conv_numba, "IMPLICIT", False)
-    _check(_run_all(rng, CASES[name], "float32"), "float32")
+    """im2col + GEMM and GEMM + col2im everywhere (settings.implicit = False): the default
+    takes the implicit GEMM on the stride-1 geometries here, so they need this to be
+    covered."""
+    monkeypatch.setattr(settings, "implicit", False)
+    check_errors(run_all(rng, CASES[name], "float32"), "float32")
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
 @pytest.mark.parametrize("name", list(CASES))
 def test_split_k_forward_matches_reference(rng, monkeypatch, name, dtype):
-    """The column-buffer forward with its sum over rows split in parts (SPLIT_K = 3: the
-    largest divisor of rows up to 3) into an accumulation-type workspace, summed with the
+    """The column-buffer forward with its sum over rows split in parts (settings.split_k = 3:
+    the largest divisor of rows up to 3) into an accumulation-type workspace, summed with the
     bias by conv_partsum_fwd_kernel."""
-    monkeypatch.setattr(conv_numba, "IMPLICIT", False)
-    monkeypatch.setattr(conv_numba, "SPLIT_K", 3)
+    monkeypatch.setattr(settings, "implicit", False)
+    monkeypatch.setattr(settings, "split_k", 3)
     g = CASES[name]
-    assert conv_numba._k_parts(conv_numba._Sizes(g, 4), 4) == \
-        max(d for d in (1, 2, 3) if conv_numba._Sizes(g, 4).rows % d == 0)
-    _check(_run_all(rng, g, dtype), dtype)
+    assert conv_numba.k_parts(conv_numba.ConvSizes(g, 4), 4) == \
+        max(d for d in (1, 2, 3) if conv_numba.ConvSizes(g, 4).rows % d == 0)
+    check_errors(run_all(rng, g, dtype), dtype)
     # without a bias (the sum kernel's per = 0 branch)
     from numba import cuda
     xh, wh = (rng.standard_normal(s).astype(dtype) for s in (g.x_shape, g.w_shape))
@@ -172,21 +187,17 @@ def test_split_k_forward_matches_reference(rng, monkeypatch, name, dtype):
 
 
 def test_split_k_rule_fills_one_wave():
-    """The rule (SPLIT_K = None) at the GPU's tiles on the ResNet-50 layers at
+    """The rule (settings.split_k = None) at an H100's tiles on the ResNet-50 layers at
     batch 32 (the counts measured fastest on an H100): 512 channels at 7^2 make 104 blocks
     of 64 x 128 (8 parts: 416 blocks of 128 x 128 fill 0.79 of their last wave, as 2 and 4
     parts do; 3 and 6 only 0.59), 256 at 14^2 196 (8), 128 at 28^2 392 (4: each part keeps
     >= 256 of the 1152 rows); 64 at 56^2 fills 0.99 of its wave alone (1)."""
-    from unittest import mock
-    from dnnkit.ops import gemm
-
     def parts(c, k, hw):
-        g = _geom((32, c, 1, hw, hw), (k, c, 1, 3, 3), padding=(0, 1, 1), nd=2)
-        sz = conv_numba._Sizes(g, 4)
-        return conv_numba._k_parts(sz, 4 * 32 * k * hw * hw)
+        g = conv_geom((32, c, 1, hw, hw), (k, c, 1, 3, 3), padding=(0, 1, 1), nd=2)
+        sz = conv_numba.ConvSizes(g, 4)
+        return conv_numba.k_parts(sz, 4 * 32 * k * hw * hw)
 
-    # ops/gemm.py's tile choice as on a GPU (on the simulator it answers "sim")
-    with mock.patch.object(gemm.arrays, "simulator", lambda: False):
+    with gpu_rules():
         assert (parts(512, 512, 7), parts(256, 256, 14), parts(128, 128, 28),
                 parts(64, 64, 56)) == (8, 8, 4, 1)
         assert parts(8, 8, 2) == 1          # 72 rows: too short a sum to split
@@ -195,45 +206,41 @@ def test_split_k_rule_fills_one_wave():
 @pytest.mark.parametrize("implicit", [False, True])
 @pytest.mark.parametrize("name", list(CASES))
 def test_filter_gradient_in_image_slices_matches_reference(rng, monkeypatch, name, implicit):
-    """The filter gradient reduced in FILTER_PARTS = 2 slices of whole images (the largest
-    divisor of the batch up to 2) by separate blocks, summed by conv_partsum_fwd_kernel, on
-    both paths (the rule keeps tiny problems whole)."""
-    monkeypatch.setattr(conv_numba, "IMPLICIT", implicit)
-    monkeypatch.setattr(conv_numba, "FILTER_PARTS", 2)
-    _check(_run_all(rng, CASES[name], "float32"), "float32")
+    """The filter gradient reduced in settings.filter_parts = 2 slices of whole images (the
+    largest divisor of the batch up to 2) by separate blocks, summed by
+    conv_partsum_fwd_kernel, on both paths (the rule keeps tiny problems whole)."""
+    monkeypatch.setattr(settings, "implicit", implicit)
+    monkeypatch.setattr(settings, "filter_parts", 2)
+    check_errors(run_all(rng, CASES[name], "float32"), "float32")
 
 
 def test_filter_split_rule():
-    """The filter gradient's image slices (FILTER_PARTS = None) on the ResNet-50 3x3 layers at
-    batch 32 with the GPU's tiles: the last-wave rule with each slice's sum at least
+    """The filter gradient's image slices (settings.filter_parts = None) on the ResNet-50 3x3
+    layers at batch 32 with an H100's tiles: the last-wave rule with each slice's sum at least
     MIN_K_PER_PART long, measured fastest or within 2% on an H100: 128 channels at 28^2 32
     slices, 256 at 14^2 16, 512 at 7^2 4 (16 without the length floor); a tiny problem stays
     whole."""
-    from unittest import mock
-    from dnnkit.ops import gemm
-
     def parts(n, c, hw):
-        g = _geom((n, c, 1, hw, hw), (c, c, 1, 3, 3), padding=(0, 1, 1), nd=2)
-        sz = conv_numba._Sizes(g, 4)
-        return conv_numba._filter_parts(sz, 4 * c * c * 9)
+        g = conv_geom((n, c, 1, hw, hw), (c, c, 1, 3, 3), padding=(0, 1, 1), nd=2)
+        sz = conv_numba.ConvSizes(g, 4)
+        return conv_numba.filter_parts(sz, 4 * c * c * 9)
 
-    # ops/gemm.py's tile choice as on a GPU (on the simulator it answers "sim")
-    with mock.patch.object(gemm.arrays, "simulator", lambda: False):
+    with gpu_rules():
         assert [parts(32, c, hw) for c, hw in ((128, 28), (256, 14), (512, 7))] == [32, 16, 4]
         assert parts(2, 4, 4) == 1
 
 
 def test_default_takes_the_implicit_gemm_where_it_measured_faster():
-    """IMPLICIT = None (the default): the implicit GEMM for a stride-1 undilated ungrouped 2-D
-    3x3 forward or data gradient with at most 128 channels out; the column buffer for strided
-    ones, for more channels, for other kernels and for every filter gradient
-    (validation/implicit_bench.py on an H100)."""
+    """settings.implicit = None (the default): the implicit GEMM for a stride-1 undilated
+    ungrouped 2-D 3x3 forward or data gradient with at most 128 channels out; the column
+    buffer for strided ones, for more channels, for other kernels and for every filter
+    gradient (validation/implicit_bench.py on an H100)."""
     from numba import cuda
-    assert conv_numba.IMPLICIT is None
+    assert settings.implicit is None
     s = cuda.default_stream()
 
     def algos(x, w, stride=1, padding=1):
-        g = _geom(x, w, stride, (0, padding, padding), nd=2)
+        g = conv_geom(x, w, stride, (0, padding, padding), nd=2)
         a, b, d = (cuda.to_device(np.ones(sh, np.float32))
                    for sh in (g.x_shape, g.w_shape, g.y_shape))
         return (conv_numba.forward(a, b, None, g, s)[1],
@@ -246,8 +253,8 @@ def test_default_takes_the_implicit_gemm_where_it_measured_faster():
     assert algos((1, 2, 1, 4, 4), (3, 2, 1, 3, 3), stride=(1, 2, 2)) == im
     assert algos((1, 2, 1, 3, 3), (3, 2, 1, 1, 1), padding=1) == im           # one tap
     assert algos((1, 2, 1, 5, 5), (3, 2, 1, 5, 5), padding=2) == im           # not timed: 5x5
-    g = _geom((1, 2, 1, 3, 3), (2, 1, 1, 3, 3), padding=(0, 1, 1), groups=2, nd=2)
-    assert not conv_numba._implicit_pays(g, conv_numba._Sizes(g, 4), False)  # nor grouped
+    g = conv_geom((1, 2, 1, 3, 3), (2, 1, 1, 3, 3), padding=(0, 1, 1), groups=2, nd=2)
+    assert not conv_numba.implicit_pays(g, conv_numba.ConvSizes(g, 4), False)  # nor grouped
     # 129 channels out: the column buffer forward; the data gradient makes 2 channels
     assert algos((1, 2, 1, 2, 2), (129, 2, 1, 3, 3)) == ("im2col+gemm", "implicit_gemm",
                                                         "im2col+gemm")
@@ -260,14 +267,14 @@ def test_default_takes_the_implicit_gemm_where_it_measured_faster():
 def test_implicit_paths_match_reference(rng, monkeypatch, name, dtype):
     """The forward, the filter gradient (x read as its im2col matrix, or its transpose, through
     the tap table: no column buffer) and the stride-1 data gradient (dy read as the column
-    matrix of a convolution) through the implicit GEMM (IMPLICIT = True) on every geometry;
-    1x1 stride-1 unpadded ones keep the in-place path."""
-    monkeypatch.setattr(conv_numba, "IMPLICIT", True)
-    _check(_run_all(rng, CASES[name], dtype), dtype)
+    matrix of a convolution) through the implicit GEMM (settings.implicit = True) on every
+    geometry; 1x1 stride-1 unpadded ones keep the in-place path."""
+    monkeypatch.setattr(settings, "implicit", True)
+    check_errors(run_all(rng, CASES[name], dtype), dtype)
     from numba import cuda
     g, s = CASES[name], cuda.default_stream()
     x, w, dy = (cuda.to_device(np.ones(sh, dtype)) for sh in (g.x_shape, g.w_shape, g.y_shape))
-    pointwise = conv_numba._Sizes(g, 4).pointwise
+    pointwise = conv_numba.ConvSizes(g, 4).pointwise
     want = "im2col+gemm" if pointwise else "implicit_gemm"
     assert conv_numba.forward(x, w, None, g, s)[1] == want
     assert conv_numba.backward_filter(x, dy, g, s)[1] == want
@@ -282,11 +289,10 @@ def test_implicit_paths_on_gpu_gemm_tiles(rng, monkeypatch, config):
     threads; forward columns decoded by the first 128 threads, edge tiles past the last
     column read as padding; the filter gradient's (image, position) walk over several
     images per slice)."""
-    from dnnkit.ops import gemm
     monkeypatch.setattr(gemm, "gemm_config", lambda *a: config)
-    monkeypatch.setattr(conv_numba, "IMPLICIT", True)
-    g = _geom((3, 3, 1, 4, 3), (5, 3, 1, 2, 2), (1, 1, 1), (0, 1, 0), (1, 1, 2))
-    _check(_run_all(rng, g, "float32"), "float32")
+    monkeypatch.setattr(settings, "implicit", True)
+    g = conv_geom((3, 3, 1, 4, 3), (5, 3, 1, 2, 2), (1, 1, 1), (0, 1, 0), (1, 1, 2))
+    check_errors(run_all(rng, g, "float32"), "float32")
 
 
 @pytest.mark.parametrize("images", [1, 2])
@@ -294,14 +300,14 @@ def test_batch_in_chunks(rng, monkeypatch, images):
     """A column budget of `images` images: N = 3 runs as chunks of 2 + 1 (the filter gradient's
     image split then differs in the last chunk) or 1 + 1 + 1; the forward (strided: the
     column buffer) with its k split in 2, each chunk writing its images' partial sums."""
-    g = _geom((3, 4, 1, 4, 5), (4, 2, 1, 2, 3), (1, 1, 2), (0, 1, 1), groups=2, flip=True)
+    g = conv_geom((3, 4, 1, 4, 5), (4, 2, 1, 2, 3), (1, 1, 2), (0, 1, 1), groups=2, flip=True)
     per_image = 4 * 6 * int(np.prod(g.out_spatial)) * 4      # C*T*R*S * O * sizeof(float32)
-    monkeypatch.setattr(conv_numba, "COL_BUDGET_BYTES", images * per_image + 1)
-    monkeypatch.setattr(conv_numba, "FILTER_PARTS", 2)
-    monkeypatch.setattr(conv_numba, "SPLIT_K", 2)
-    assert conv_numba._Sizes(g, 4).chunk == images
-    assert conv_numba._k_parts(conv_numba._Sizes(g, 4), 4) == 2
-    _check(_run_all(rng, g, "float32"), "float32")
+    monkeypatch.setattr(settings, "col_budget_bytes", images * per_image + 1)
+    monkeypatch.setattr(settings, "filter_parts", 2)
+    monkeypatch.setattr(settings, "split_k", 2)
+    assert conv_numba.ConvSizes(g, 4).chunk == images
+    assert conv_numba.k_parts(conv_numba.ConvSizes(g, 4), 4) == 2
+    check_errors(run_all(rng, g, "float32"), "float32")
 
 
 @pytest.mark.parametrize("config", ["small", "large"])
@@ -309,13 +315,12 @@ def test_gpu_gemm_tiles(rng, monkeypatch, config):
     """The GPU's GEMM tile configurations (256 threads, 64 or 128 rows x 128 columns) on the
     simulator: multi-round staging of both operands, the register double buffering, edge
     tiles in every dimension and the grouped (image, position) columns."""
-    from dnnkit.ops import gemm
     monkeypatch.setattr(gemm, "gemm_config", lambda *a: config)
-    g = _geom((3, 3, 1, 4, 3), (5, 3, 1, 2, 2), padding=(0, 1, 0))
-    _check(_run_all(rng, g, "float32"), "float32")
-    g = _geom((3, 3, 1, 4, 3), (5, 3, 1, 1, 1))          # pointwise: x and dx in place
-    assert conv_numba._Sizes(g, 4).pointwise
-    _check(_run_all(rng, g, "float32"), "float32")
+    g = conv_geom((3, 3, 1, 4, 3), (5, 3, 1, 2, 2), padding=(0, 1, 0))
+    check_errors(run_all(rng, g, "float32"), "float32")
+    g = conv_geom((3, 3, 1, 4, 3), (5, 3, 1, 1, 1))          # pointwise: x and dx in place
+    assert conv_numba.ConvSizes(g, 4).pointwise
+    check_errors(run_all(rng, g, "float32"), "float32")
 
 
 @pytest.mark.parametrize("shape", [(3, 4), (2, 3, 5), (1, 2, 3, 1, 4)])
@@ -324,3 +329,16 @@ def test_bias_gradient_any_rank(rng, shape):
     dy = rng.standard_normal(shape)
     db = conv_numba.backward_bias(cuda.to_device(dy), cuda.default_stream()).copy_to_host()
     assert reference.rel_error(db, ref_backward_bias(dy)) <= TOL["float64"]
+
+
+def test_waves_follow_the_device():
+    """The split rules' wave and the GEMM's large-tile threshold come from the device's SM
+    count: 264 blocks on an H100 or H200 (132 SMs), 216 on an A100 (108), 116 on an L4 (58);
+    the simulator keeps an H100's wave."""
+    assert conv_launch.wave_blocks() == 264
+    for sms in (132, 108, 58):
+        with gpu_rules(sms):
+            assert conv_launch.wave_blocks() == 2 * sms
+            # 128 x 128 tiles from two blocks per SM on: m = 128, n = 128 * blocks
+            assert gemm.gemm_config(128, 128 * 2 * sms) == "large"
+            assert gemm.gemm_config(128, 128 * (2 * sms - 1)) == "small"

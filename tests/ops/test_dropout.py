@@ -9,7 +9,8 @@ from dnnkit.kernels.dropout import keep_mask_host, mask_key
 from dnnkit.ops.dropout import DropoutState
 from tests.conftest import DTYPES, SIMULATOR, backend_params
 
-D = importlib.import_module("dnnkit.ops.dropout")   # dnnkit.ops.dropout is also the function
+# (imported by name: dnnkit.ops.dropout is also the function the package re-exports)
+dropout_module = importlib.import_module("dnnkit.ops.dropout")
 
 SHAPES = [(37,), (3, 5, 7), (2, 3, 4, 5)]
 
@@ -19,7 +20,7 @@ def _small_grid(monkeypatch):
     """The simulator runs a Python thread per CUDA thread: at most 2 blocks there (the kernel
     is a grid-stride loop, so the larger inputs also exercise several trips per thread)."""
     if SIMULATOR:
-        monkeypatch.setattr(D, "_MAX_BLOCKS", 2)
+        monkeypatch.setattr(dropout_module, "_MAX_BLOCKS", 2)
 
 
 def _binomial_ok(kept, p, sigmas=6):

@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 
 import dnnkit
-from dnnkit import reference as R
-from dnnkit.ops import pool as P
+from dnnkit import reference
+from dnnkit.ops import pool as pool_ops
 from tests.conftest import DTYPES, REL_TOL, backend_params
 
-MODES = list(P.MODES)
+MODES = list(pool_ops.MODES)
 CASES = [  # (id, x shape, window, stride, padding)
     ("2d-overlap", (2, 3, 7, 6), 3, 2, 1),                     # stride < window, padding
     ("2d-tiled", (1, 2, 6, 4), 2, None, 0),                     # stride = window, batch 1
@@ -35,7 +35,7 @@ def _input(rng, shape, dtype, mode):
     """max: distinct values per window (cuDNN's MAX breaks ties its own way); max_deterministic:
     a few integer levels, so most windows hold tied maxima; else normal data."""
     if mode == "max":
-        return P.tie_free(rng, shape, dtype)
+        return pool_ops.tie_free(rng, shape, dtype)
     if mode == "max_deterministic":
         return rng.integers(-2, 3, shape).astype(dtype)
     return rng.standard_normal(shape).astype(dtype)
@@ -53,14 +53,14 @@ def test_forward_and_backward_match_float64(rng, case, mode, dtype, backend):
         y = fwd(x, k, s, p, mode, backend=backend).copy_to_host()
     assert t.backends() == [backend]
     x64 = x.astype(np.float64)
-    ref = R.pool_forward(x64, k, s, p, mode)
+    ref = reference.pool_forward(x64, k, s, p, mode)
     assert y.dtype == np.dtype(dtype) and y.shape == ref.shape
-    assert R.rel_error(y, ref) <= REL_TOL[dtype]
+    assert reference.rel_error(y, ref) <= REL_TOL[dtype]
     dy = rng.standard_normal(y.shape).astype(dtype)
     dx = bwd(x, y, dy, k, s, p, mode, backend=backend).copy_to_host()
     assert dx.dtype == np.dtype(dtype) and dx.shape == shape
-    assert R.rel_error(dx, R.pool_backward(x64, dy.astype(np.float64), k, s, p, mode)) \
-        <= 4 * REL_TOL[dtype]
+    ref = reference.pool_backward(x64, dy.astype(np.float64), k, s, p, mode)
+    assert reference.rel_error(dx, ref) <= 4 * REL_TOL[dtype]
 
 
 def test_output_size_and_defaults():
@@ -85,33 +85,35 @@ def test_average_alias_and_exc_pad_divisor():
 
 # ---------------------------------------------------------------- gradients
 
-def _batched_fd(fwd, x, dy, geo, mode, h):
+def _batched_fd(fwd, x, dy, window_args, mode, h):
     """Central differences of L(x) = sum(dy * pool(x)) wrt every element of x (x has N = 1),
     all in one launch: sample 2i of the batch carries +h at element i, sample 2i+1 -h."""
     m = x.size
     xs = np.repeat(x, 2 * m, axis=0).reshape(2 * m, -1)
     xs[np.arange(0, 2 * m, 2), np.arange(m)] += h
     xs[np.arange(1, 2 * m, 2), np.arange(m)] -= h
-    ys = fwd(xs.reshape((2 * m,) + x.shape[1:]), *geo, mode, backend="numba").copy_to_host()
+    ys = fwd(xs.reshape((2 * m,) + x.shape[1:]), *window_args, mode,
+             backend="numba").copy_to_host()
     loss = (ys * dy).reshape(2 * m, -1).sum(axis=1)
     return ((loss[0::2] - loss[1::2]) / (2 * h)).reshape(x.shape)
 
 
 @pytest.mark.parametrize("mode", ["average_inc_pad", "average_exc_pad", "sum", "max"])
-@pytest.mark.parametrize("shape,geo", [((1, 1, 4, 5), (3, 2, 1)),
+@pytest.mark.parametrize("shape,window_args", [((1, 1, 4, 5), (3, 2, 1)),
                                        ((1, 1, 3, 3, 4), ((2, 2, 3), (1, 2, 1), (1, 0, 1)))],
                          ids=["2d", "3d"])
-def test_backward_is_the_derivative(rng, shape, geo, mode):
+def test_backward_is_the_derivative(rng, shape, window_args, mode):
     """Numba's and the reference's gradients against central differences of Numba's forward
     (float64; max on tie-free data, where the derivative exists)."""
     fwd, bwd = _fns(len(shape) - 2)
-    x = P.tie_free(rng, shape, np.float64) if mode == "max" else rng.standard_normal(shape)
-    y = fwd(x, *geo, mode, backend="numba").copy_to_host()
+    x = pool_ops.tie_free(rng, shape, np.float64) if mode == "max" else rng.standard_normal(shape)
+    y = fwd(x, *window_args, mode, backend="numba").copy_to_host()
     dy = rng.standard_normal(y.shape)
-    fd = _batched_fd(fwd, x, dy, geo, mode, 1e-3 if mode == "max" else 1e-5)
-    dx = bwd(x, y, dy, *geo, mode, backend="numba").copy_to_host()
+    fd = _batched_fd(fwd, x, dy, window_args, mode, 1e-3 if mode == "max" else 1e-5)
+    dx = bwd(x, y, dy, *window_args, mode, backend="numba").copy_to_host()
     np.testing.assert_allclose(dx, fd, rtol=1e-7, atol=1e-9)
-    np.testing.assert_allclose(R.pool_backward(x, dy, *geo, mode), fd, rtol=1e-7, atol=1e-9)
+    np.testing.assert_allclose(reference.pool_backward(x, dy, *window_args, mode), fd, rtol=1e-7,
+                               atol=1e-9)
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -120,24 +122,24 @@ def test_backward_is_the_derivative(rng, shape, geo, mode):
 def test_global_pooling_walks_small_planes_flat(rng, shape, window, mode):
     """Planes of few positions (global pooling) are walked as (plane, position) pairs
     (dnnkit/ops/pool.py _launch: below 4 positions on the simulator, 128 on a GPU)."""
-    x = P.tie_free(rng, shape, np.float64) if "max" in mode else rng.standard_normal(shape)
+    x = pool_ops.tie_free(rng, shape, np.float64) if "max" in mode else rng.standard_normal(shape)
     y = dnnkit.pool2d(x, window, mode=mode, backend="numba")
-    np.testing.assert_allclose(y.copy_to_host(), R.pool_forward(x, window, window, 0, mode),
-                               rtol=1e-12)
+    np.testing.assert_allclose(y.copy_to_host(),
+                               reference.pool_forward(x, window, window, 0, mode), rtol=1e-12)
     dy = rng.standard_normal(y.shape)
     dx = dnnkit.pool2d_backward(x, y, dy, window, window, 0, mode, backend="numba")
-    np.testing.assert_allclose(dx.copy_to_host(), R.pool_backward(x, dy, window, window, 0, mode),
-                               rtol=1e-12)
+    np.testing.assert_allclose(dx.copy_to_host(),
+                               reference.pool_backward(x, dy, window, window, 0, mode), rtol=1e-12)
 
 
 def test_max_backward_with_more_taps_than_a_byte(rng):
     """Windows of more than 255 taps carry their arg-max codes in int32, not uint8."""
-    x = P.tie_free(rng, (1, 2, 17, 18), np.float64)
-    geo = ((16, 17), (1, 1), 0)                        # 272 taps, 2 x 2 overlapping windows
-    y = dnnkit.pool2d(x, *geo, "max", backend="numba")
+    x = pool_ops.tie_free(rng, (1, 2, 17, 18), np.float64)
+    window_args = ((16, 17), (1, 1), 0)                        # 272 taps, 2 x 2 overlapping windows
+    y = dnnkit.pool2d(x, *window_args, "max", backend="numba")
     dy = rng.standard_normal(y.shape)
-    dx = dnnkit.pool2d_backward(x, y, dy, *geo, "max", backend="numba").copy_to_host()
-    np.testing.assert_allclose(dx, R.pool_backward(x, dy, *geo, "max"), rtol=1e-12)
+    dx = dnnkit.pool2d_backward(x, y, dy, *window_args, "max", backend="numba").copy_to_host()
+    np.testing.assert_allclose(dx, reference.pool_backward(x, dy, *window_args, "max"), rtol=1e-12)
     assert np.count_nonzero(dx) >= 2
 
 
@@ -157,7 +159,7 @@ def test_max_routes_to_the_first_maximum(mode, backend):
     np.testing.assert_array_equal(y.copy_to_host(), [[[[5, 5, 5], [5, 5, 5]]]])
     dx = dnnkit.pool2d_backward(TIE_X, y, TIE_DY, 2, 1, 0, mode, backend=backend)
     np.testing.assert_array_equal(dx.copy_to_host(), TIE_DX)
-    np.testing.assert_array_equal(R.pool_backward(TIE_X, TIE_DY, 2, 1, 0, mode), TIE_DX)
+    np.testing.assert_array_equal(reference.pool_backward(TIE_X, TIE_DY, 2, 1, 0, mode), TIE_DX)
 
 
 @pytest.mark.parametrize("backend", backend_params())
@@ -183,9 +185,9 @@ def test_nan_in_a_window_propagates(rng, mode, backend):
     nan = np.zeros(y.shape, bool)
     nan[0, 0, 1, 1] = True
     np.testing.assert_array_equal(np.isnan(y), nan)
-    ref = R.pool_forward(x, 2, 2, 0, mode)[~nan]
+    ref = reference.pool_forward(x, 2, 2, 0, mode)[~nan]
     # norm-wise, as everywhere (cuDNN's average of a small value was measured 1.6e-6 off)
-    assert R.rel_error(y[~nan], ref) <= 2e-6
+    assert reference.rel_error(y[~nan], ref) <= 2e-6
 
 
 def _minus_inf_windows(dtype):
@@ -214,13 +216,12 @@ def test_repair_of_cudnn_max_restores_minus_inf_only_where_ieee_says(dtype):
     leaves every other output, the true lowest included."""
     from numba import cuda
 
-    from dnnkit.ops import pool as P
     x, want = _minus_inf_windows(dtype)
     cudnn_y = want.copy()
     cudnn_y[0, 0, 0, 0] = np.finfo(dtype).min
     y = cuda.to_device(cudnn_y)
-    geom = P.make_geom("pool2d", 2, x.shape, 2, 2, 0)
-    P.repair_max(cuda.to_device(x), y, geom, "max", dnnkit.arrays.as_stream(None))
+    geom = pool_ops.make_geom("pool2d", 2, x.shape, 2, 2, 0)
+    pool_ops.repair_max(cuda.to_device(x), y, geom, "max", dnnkit.arrays.as_stream(None))
     np.testing.assert_array_equal(y.copy_to_host(), want)
 
 
@@ -231,19 +232,18 @@ def test_repair_finds_every_lowest_output_of_a_larger_pooling(rng):
     as -inf, every other output untouched (the true maximum, or a planted lowest-finite input)."""
     from numba import cuda
 
-    from dnnkit.ops import pool as P
     x = rng.standard_normal((2, 4, 16, 16)).astype(np.float32)
     lo = np.finfo(np.float32).min
     for n, c, r, s in [(0, 0, 0, 0), (0, 3, 5, 9), (1, 1, 13, 13), (1, 2, 0, 12)]:
         x[n, c, r:r + 4, s:s + 4] = -np.inf       # windows inside this block are all -inf
     x[1, 3, 6, 6] = lo                              # a true lowest: its window keeps it
     x[1, 3, 5:8, 5:8] = np.where(x[1, 3, 5:8, 5:8] == lo, lo, -np.inf)
-    geom = P.make_geom("pool2d", 2, x.shape, 3, 2, 1)
+    geom = pool_ops.make_geom("pool2d", 2, x.shape, 3, 2, 1)
     want = dnnkit.pool2d(x, 3, 2, 1, backend="numba").copy_to_host()
     assert np.isneginf(want).sum() >= 4 and (want == lo).sum() == 1
     cudnn_y = np.where(np.isneginf(want), lo, want).astype(np.float32)
     y = cuda.to_device(cudnn_y)
-    P.repair_max(cuda.to_device(x), y, geom, "max", dnnkit.arrays.as_stream(None))
+    pool_ops.repair_max(cuda.to_device(x), y, geom, "max", dnnkit.arrays.as_stream(None))
     np.testing.assert_array_equal(y.copy_to_host(), want)
 
 
@@ -256,7 +256,7 @@ def test_backward_with_nan_input_on_numba(rng, mode):
     y = dnnkit.pool2d(x, 3, 1, 1, mode, backend="numba")
     dy = rng.standard_normal(y.shape)
     dx = dnnkit.pool2d_backward(x, y, dy, 3, 1, 1, mode, backend="numba").copy_to_host()
-    np.testing.assert_allclose(dx, R.pool_backward(x, dy, 3, 1, 1, mode), rtol=1e-13)
+    np.testing.assert_allclose(dx, reference.pool_backward(x, dy, 3, 1, 1, mode), rtol=1e-13)
     assert np.isfinite(dx).all()
     if mode.startswith("max"):
         assert dx[0, 0, 1, 2] != 0 and dx[0, 0, 2, 1] != 0   # each NaN is first in some window
@@ -306,22 +306,22 @@ def test_bad_arguments_name_op_and_values(call, exc, words):
 # ---------------------------------------------------------------- dispatch and cuDNN layer
 
 def test_cudnn_supports_every_mode_and_big_batches_but_not_huge_images():
-    g = P.make_geom("t", 2, (2, 3, 8, 8), 3, 2, 1)
+    g = pool_ops.make_geom("t", 2, (2, 3, 8, 8), 3, 2, 1)
     small = types.SimpleNamespace(size=2 * 3 * 64, shape=(2, 3, 8, 8))
     for mode in MODES:
-        assert P._cudnn_supports(small, g, mode, None) is None
+        assert pool_ops._cudnn_supports(small, g, mode, None) is None
     batch = types.SimpleNamespace(size=2**31, shape=(2**21, 2**10, 1, 1))   # split (split.py)
-    assert P._cudnn_supports(batch, P.make_geom("t", 2, batch.shape, 1, 1, 0), "max", None) \
-        is None
+    gbatch = pool_ops.make_geom("t", 2, batch.shape, 1, 1, 0)
+    assert pool_ops._cudnn_supports(batch, gbatch, "max", None) is None
     big = types.SimpleNamespace(size=2**31, shape=(1, 2**11, 2**10, 2**10))
-    gb = P.make_geom("t", 2, big.shape, 1, 1, 0)
-    assert "32-bit" in P._cudnn_supports(big, big, big, gb, "max", None)
+    gb = pool_ops.make_geom("t", 2, big.shape, 1, 1, 0)
+    assert "32-bit" in pool_ops._cudnn_backward_supports(big, big, big, gb, "max", None)
 
 
 def test_forced_without_cudnn_names_the_op(monkeypatch):
-    from dnnkit import dispatch
+    from dnnkit import policy
     from dnnkit.cudnn.loader import CudnnStatus
-    monkeypatch.setattr(dispatch, "cudnn_status", lambda: CudnnStatus(False, "no GPU here"))
+    monkeypatch.setattr(policy, "cudnn_status", lambda: CudnnStatus(False, "no GPU here"))
     x = _x4()
     assert dnnkit.select_backend("pool2d", x, 2, backend="auto") == "numba"
     with pytest.raises(dnnkit.CudnnUnavailableError, match="pool2d.*no GPU here"):
@@ -329,7 +329,7 @@ def test_forced_without_cudnn_names_the_op(monkeypatch):
 
 
 def test_kernel_geometry_of_2d_is_3d_with_depth_1():
-    g = P.make_geom("t", 2, (2, 3, 9, 8), (3, 2), (2, 1), (1, 0))
+    g = pool_ops.make_geom("t", 2, (2, 3, 9, 8), (3, 2), (2, 1), (1, 0))
     assert g.y_shape == (2, 3, 5, 7) and g.window_size == 6
     assert g.kernel_geo() == (1, 9, 8, 1, 5, 7, 1, 3, 2, 1, 2, 1, 0, 1, 0)
 
@@ -442,11 +442,11 @@ def test_deterministic_flag_makes_cudnn_max_deterministic(monkeypatch):
     monkeypatch.setattr(cpool, "backward", lambda *a: seen.append(a[7]))
     x = cuda.to_device(np.ones((1, 1, 4, 4), np.float32))
     y = cuda.to_device(np.ones((1, 1, 2, 2), np.float32))
-    g, s = P.make_geom("t", 2, (1, 1, 4, 4), 2, 2, 0), cuda.default_stream()
+    g, s = pool_ops.make_geom("t", 2, (1, 1, 4, 4), 2, 2, 0), cuda.default_stream()
     for flag in (False, True):
         with config.change_flags({"dnn.deterministic": flag}):
-            P._forward_cudnn(x, g, "max", s)
-            P._backward_cudnn(x, y, y, g, "max", s)
-            P._forward_cudnn(x, g, "average_exc_pad", s)
+            pool_ops._forward_cudnn(x, g, "max", s)
+            pool_ops._backward_cudnn(x, y, y, g, "max", s)
+            pool_ops._forward_cudnn(x, g, "average_exc_pad", s)
     assert seen == ["max", "max", "average_exc_pad"] + ["max_deterministic"] * 2 + \
         ["average_exc_pad"]

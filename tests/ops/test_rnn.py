@@ -8,18 +8,16 @@ batch_first x lengths x dtype) is covered by an orthogonal array instead of the 
 every mode meets both values of every binary factor and every dtype (test_runs_cover_...).
 """
 
-import importlib
-
 import numpy as np
 import pytest
 
 import dnnkit
 from dnnkit import reference
 from dnnkit.errors import CudnnUnavailableError
-from dnnkit.ops.rnn_common import GATES, MODES, RNNConfig, param_layout, param_size
+from dnnkit.ops import rnn as rnn_ops
+from dnnkit.ops import rnn_numba
+from dnnkit.rnn_layout import GATES, MODES, RNNConfig, param_layout, param_size
 from tests.conftest import DTYPES, backend_params
-
-R = importlib.import_module("dnnkit.ops.rnn")
 
 # L8 orthogonal array, 5 two-level columns: layers-1, bidirectional, skip, batch_first, lengths
 _L8 = ["00000", "00011", "01100", "01111", "10101", "10110", "11001", "11010"]
@@ -126,8 +124,8 @@ def test_forward_backward_match_float64(rng, run, backend):
 def test_split_k_per_step_gemms(rng, monkeypatch, mode):
     """The per-step GEMMs cut their depth into P partial sums on the GPU (rnn_numba.split_k;
     P = 1 on the simulator): force P = 2 and check against the reference."""
-    monkeypatch.setattr(R.rnn_numba, "_SPLIT", 2)
-    assert R.rnn_numba.split_k(3, 16, 4, 2) == 2
+    monkeypatch.setattr(rnn_numba, "SPLIT_K", 2)
+    assert rnn_numba.split_k(3, 16, 4, 2) == 2
     rnn = dnnkit.RNN(mode, 2, 4, bidirectional=True, dtype="float64")
     w = rnn.init_params(seed=2)
     lengths = [1, 3]
@@ -207,8 +205,8 @@ def _closed_form(mode, i, h, layers, bidir, skip):
 def test_param_size_and_layout_closed_form(mode, bidir, skip):
     h = 5
     i = h if skip else 3
-    cfg = R.make_config(mode, i, h, 3, bidirectional=bidir,
-                        input_mode="skip" if skip else "linear")
+    cfg = rnn_ops.make_config(mode, i, h, 3, bidirectional=bidir,
+                              input_mode="skip" if skip else "linear")
     g, d = GATES[mode], 2 if bidir else 1
     assert param_size(cfg) == _closed_form(mode, i, h, 3, bidir, skip)
     if not skip:   # PyTorch's nn.LSTM/nn.GRU/nn.RNN count: G*H*(I_l + H + 2) per layer-dir
@@ -289,7 +287,7 @@ def test_init_params_range_and_seed():
 # ---------------------------------------------------------------- errors
 
 def _cfg(mode="lstm", **kw):
-    return R.make_config(mode, 3, 4, **kw)
+    return rnn_ops.make_config(mode, 3, 4, **kw)
 
 
 def _fwd(**over):
@@ -375,7 +373,7 @@ def test_non_contiguous_device_x_is_refused_naming_the_op(batch_first):
 
 
 def test_backward_with_a_state_from_another_backend_raises():
-    cfg = R.make_config("gru", 2, 2)
+    cfg = rnn_ops.make_config("gru", 2, 2)
     w, x = np.zeros(param_size(cfg), np.float32), np.zeros((1, 1, 2), np.float32)
     with pytest.raises(ValueError) as ei:
         dnnkit.rnn_backward(cfg, w, x, np.zeros((1, 1, 2), np.float32),
@@ -401,7 +399,7 @@ def test_backward_state_must_match_the_call():
 
 def test_selfcheck_case_runs():
     from dnnkit.selfcheck import Case, THRESHOLD
-    cases = R.selfcheck_cases(Case)
+    cases = rnn_ops.selfcheck_cases(Case)
     assert {c.op for c in cases} == {"rnn_forward", "rnn_backward"}
     assert len(cases) == 2 * len(MODES)
     case = next(c for c in cases if c.op == "rnn_backward" and c.variant.startswith("gru"))
@@ -419,7 +417,7 @@ def test_gpu_realistic_shape_with_split_k(rng, mode):
     h, n, t = 256, 8, 6
     rnn = dnnkit.RNN(mode, 128, h, 2, bidirectional=True)
     g = GATES[mode]
-    assert R.rnn_numba.split_k(n, g * h, h, 2) > 1 and R.rnn_numba.split_k(n, h, g * h, 2) > 1
+    assert rnn_numba.split_k(n, g * h, h, 2) > 1 and rnn_numba.split_k(n, h, g * h, 2) > 1
     w = rnn.init_params(seed=4)
     lengths = [6, 2, 5, 1, 6, 3, 4, 6]
     x, dy = rng.standard_normal((t, n, 128), np.float32), rng.standard_normal((t, n, 2 * h),

@@ -16,7 +16,7 @@ from numba import cuda
 
 import dnnkit
 from dnnkit import config
-from dnnkit import reference as R
+from dnnkit import reference
 from dnnkit.kernels.spatial import _axis
 from tests.conftest import DTYPES, REL_TOL, backend_params
 
@@ -105,13 +105,14 @@ def test_numba_sampler_refuses_planes_past_its_32_bit_offsets():
 def test_reference_follows_the_equations(rng):
     img = rng.standard_normal((2, 2, 4, 5))
     theta = _theta(rng, 2, 0.5)
-    grid = R.affine_grid(theta, (2, 2, 3, 4))
+    grid = reference.affine_grid(theta, (2, 2, 3, 4))
     xs, ys = np.linspace(-1, 1, 4), np.linspace(-1, 1, 3)
     want = np.einsum("nck,hwk->nhwc", theta, np.stack(
         np.broadcast_arrays(xs[None, :], ys[:, None], 1.0), axis=-1))
     np.testing.assert_allclose(grid, want, atol=1e-14)
-    np.testing.assert_allclose(R.grid_sample(img, grid), _naive_sample(img, grid), atol=1e-13)
-    assert np.array_equal(R.spatial_grid_coords(1), [-1.0])    # cuDNN's 1-point rule
+    np.testing.assert_allclose(reference.grid_sample(img, grid), _naive_sample(img, grid),
+                               atol=1e-13)
+    assert np.array_equal(reference.spatial_grid_coords(1), [-1.0])    # cuDNN's 1-point rule
 
 
 @pytest.mark.parametrize("backend", backend_params())
@@ -129,10 +130,10 @@ def test_match_float64_reference(rng, shapes, det, dtype, backend):
     assert t.backends() == [backend]
     g = _host(grid)
     assert g.shape == (n, oh, ow, 2) and g.dtype == np.dtype(dtype)
-    assert R.rel_error(g, R.affine_grid(theta, (n, c, oh, ow))) <= tol
+    assert reference.rel_error(g, reference.affine_grid(theta, (n, c, oh, ow))) <= tol
     y = _host(dnnkit.grid_sample(img, grid, backend=backend))
     assert y.shape == (n, c, oh, ow) and y.dtype == np.dtype(dtype)
-    assert R.rel_error(y, R.grid_sample(img, g)) <= tol
+    assert reference.rel_error(y, reference.grid_sample(img, g)) <= tol
     dy = rng.standard_normal(y.shape).astype(dtype)
     if det and backend == "cudnn":
         # cuDNN's sampler backward is not documented as deterministic: forcing it refuses
@@ -140,13 +141,13 @@ def test_match_float64_reference(rng, shapes, det, dtype, backend):
             dnnkit.grid_sample_backward(img, grid, dy, backend=backend)
         return
     dimg, dgrid = dnnkit.grid_sample_backward(img, grid, dy, backend=backend)
-    rimg, rgrid = R.grid_sample_backward(img, g, dy)
+    rimg, rgrid = reference.grid_sample_backward(img, g, dy)
     assert _host(dimg).dtype == np.dtype(dtype) and _host(dgrid).shape == g.shape
-    assert R.rel_error(_host(dimg), rimg) <= tol
-    assert R.rel_error(_host(dgrid), rgrid) <= 4 * tol   # slopes: differences of pixels
+    assert reference.rel_error(_host(dimg), rimg) <= tol
+    assert reference.rel_error(_host(dgrid), rgrid) <= 4 * tol   # slopes: differences of pixels
     dtheta = _host(dnnkit.affine_grid_backward(dgrid, backend=backend))
     assert dtheta.shape == (n, 2, 3)
-    assert R.rel_error(dtheta, R.affine_grid_backward(_host(dgrid))) <= 4 * tol
+    assert reference.rel_error(dtheta, reference.affine_grid_backward(_host(dgrid))) <= 4 * tol
 
 
 @pytest.mark.parametrize("backend", backend_params())
@@ -158,7 +159,7 @@ def test_spatial_transformer_composes_and_scales(rng, dtype, backend):
                                          backend=backend))
     assert y.shape == (2, 2, 3, 6)   # ceil(5 * 0.5), ceil(4 * 1.3)
     tol = max(REL_TOL[dtype], _TOL16 if dtype == "float16" else 0)
-    assert R.rel_error(y, R.spatial_transformer(img, theta, 0.5, 1.3)) <= tol
+    assert reference.rel_error(y, reference.spatial_transformer(img, theta, 0.5, 1.3)) <= tol
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -174,19 +175,19 @@ def test_numba_channel_trips_grid_in_the_sampler_and_dtheta_over_blocks(rng, dty
     y = _host(dnnkit.spatial_transformer(img, theta, scale_height=2.0, scale_width=1.5,
                                          backend="numba"))
     assert y.shape == (n, c, 12, 11)
-    assert R.rel_error(y, R.spatial_transformer(img, theta, 2.0, 1.5)) <= tol
+    assert reference.rel_error(y, reference.spatial_transformer(img, theta, 2.0, 1.5)) <= tol
     grid = _host(dnnkit.affine_grid(theta, y.shape, backend="numba"))
     two_step = _host(dnnkit.grid_sample(img, grid, backend="numba"))
-    assert R.rel_error(y, two_step) <= tol
+    assert reference.rel_error(y, two_step) <= tol
     dy = rng.standard_normal(y.shape).astype(dtype)
     dimg, dgrid = (_host(a) for a in dnnkit.grid_sample_backward(img, grid, dy,
                                                                   backend="numba"))
-    rimg, rgrid = R.grid_sample_backward(img, grid, dy)
-    assert R.rel_error(dimg, rimg) <= tol and R.rel_error(dgrid, rgrid) <= 4 * tol
+    rimg, rgrid = reference.grid_sample_backward(img, grid, dy)
+    assert reference.rel_error(dimg, rimg) <= tol and reference.rel_error(dgrid, rgrid) <= 4 * tol
     for shape in ((n, 13, 11, 2), (2, 16, 16, 2)):
         dg = rng.standard_normal(shape).astype(dtype)
         dtheta = _host(dnnkit.affine_grid_backward(dg, backend="numba"))
-        assert R.rel_error(dtheta, R.affine_grid_backward(dg)) <= tol
+        assert reference.rel_error(dtheta, reference.affine_grid_backward(dg)) <= tol
         # the split depends on the image's size only: image 0's dtheta, bit for bit, alone
         alone = _host(dnnkit.affine_grid_backward(np.ascontiguousarray(dg[:1]),
                                                   backend="numba"))
@@ -206,7 +207,7 @@ def test_identity_and_one_pixel_translation(rng, dtype, backend):
     # other sizes: exact up to the rounding of the coordinates
     img2 = rng.standard_normal((1, 1, 4, 7)).astype(dtype)
     y2 = _host(dnnkit.spatial_transformer(img2, eye[:1].astype(dtype), backend=backend))
-    assert R.rel_error(y2, img2) <= (2e-3 if dtype == "float16" else REL_TOL[dtype])
+    assert reference.rel_error(y2, img2) <= (2e-3 if dtype == "float16" else REL_TOL[dtype])
     shift = eye.copy()
     shift[:, 0, 2] = 2.0 / (w - 1)   # x + one pixel: output column j reads column j + 1
     y = _host(dnnkit.spatial_transformer(img, shift.astype(dtype), backend=backend)).astype(
@@ -229,7 +230,7 @@ def _grid_off_boundaries(rng, n, oh, ow, h, w):
 def _theta_off_boundaries(rng, n, oh, ow, h, w):
     for _ in range(200):
         theta = _theta(rng, n, 0.3)
-        g = R.affine_grid(theta, (n, 1, oh, ow))
+        g = reference.affine_grid(theta, (n, 1, oh, ow))
         u, v = (g[..., 0] + 1) * (w - 1) / 2, (g[..., 1] + 1) * (h - 1) / 2
         frac = np.concatenate([(u % 1).ravel(), (v % 1).ravel()])
         if np.min(np.minimum(frac, 1 - frac)) > 0.05:
@@ -249,7 +250,7 @@ def test_finite_differences(rng, det):
     eps = 1e-6
 
     def loss_of(im, gr):
-        return float(np.sum(dy * R.grid_sample(im, gr)))
+        return float(np.sum(dy * reference.grid_sample(im, gr)))
 
     for arr, grad in ((img, dimg), (grid, dgrid)):
         for idx in list(np.ndindex(arr.shape))[::3]:
@@ -269,8 +270,8 @@ def test_finite_differences(rng, det):
         plus, minus = theta.copy(), theta.copy()
         plus[idx] += eps
         minus[idx] -= eps
-        fd = (np.sum(dy * R.spatial_transformer(img, plus, oh / h, ow / w))
-              - np.sum(dy * R.spatial_transformer(img, minus, oh / h, ow / w))) / (2 * eps)
+        fd = (np.sum(dy * reference.spatial_transformer(img, plus, oh / h, ow / w))
+              - np.sum(dy * reference.spatial_transformer(img, minus, oh / h, ow / w))) / (2 * eps)
         assert abs(fd - dtheta[idx]) <= 1e-6 * (1 + abs(fd)), (idx, fd, dtheta[idx])
 
 
@@ -340,7 +341,7 @@ def test_argument_errors():
 def test_cudnn_layer_declares_the_calls():
     from dnnkit.cudnn import api
     from dnnkit.cudnn import spatial as cs
-    from dnnkit.cudnn.descriptors import _Descriptor
+    from dnnkit.cudnn.descriptors import Descriptor
     for name in ("cudnnCreateSpatialTransformerDescriptor",
                  "cudnnSetSpatialTransformerNdDescriptor",
                  "cudnnDestroySpatialTransformerDescriptor",
@@ -348,7 +349,7 @@ def test_cudnn_layer_declares_the_calls():
                  "cudnnSpatialTfSamplerForward", "cudnnSpatialTfSamplerBackward"):
         assert name in api.PROTOTYPES
     assert len(api.PROTOTYPES["cudnnSpatialTfSamplerBackward"]) == 14
-    assert issubclass(cs.SpatialTransformerDescriptor, _Descriptor)
+    assert issubclass(cs.SpatialTransformerDescriptor, Descriptor)
 
 
 # ---------------------------------------------------------------- the cuDNN layer (stubbed)
@@ -420,9 +421,9 @@ def test_selfcheck_rows_pass_on_numba():
 
 
 def test_forced_without_cudnn_names_the_op(monkeypatch):
-    from dnnkit import dispatch
+    from dnnkit import policy
     from dnnkit.cudnn.loader import CudnnStatus
-    monkeypatch.setattr(dispatch, "cudnn_status", lambda: CudnnStatus(False, "no GPU here"))
+    monkeypatch.setattr(policy, "cudnn_status", lambda: CudnnStatus(False, "no GPU here"))
     theta = np.zeros((1, 2, 3), np.float32)
     assert dnnkit.select_backend("affine_grid", theta, (1, 1, 2, 2), backend="auto") == "numba"
     with pytest.raises(dnnkit.CudnnUnavailableError, match="affine_grid.*no GPU here"):

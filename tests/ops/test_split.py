@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import dnnkit
-from dnnkit import reference as R
+from dnnkit import reference
 from dnnkit.ops import split
 from tests.ops.split_fakes import fake_cudnn
 
@@ -70,9 +70,9 @@ def test_activation_runs_as_flat_pieces(rng, monkeypatch):
     assert t.backends() == ["cudnn", "cudnn"]
     assert seen["activation"] == ([(256,)] * 4 + [(26,)]) * 2          # forward, backward
     x64 = x.astype(np.float64)
-    np.testing.assert_allclose(y.copy_to_host(), R.activation(x64, "elu", 0.5), rtol=1e-6)
-    np.testing.assert_allclose(dx.copy_to_host(), R.activation_backward(x64, dy, "elu", 0.5),
-                               rtol=1e-6)
+    np.testing.assert_allclose(y.copy_to_host(), reference.activation(x64, "elu", 0.5), rtol=1e-6)
+    np.testing.assert_allclose(dx.copy_to_host(),
+                               reference.activation_backward(x64, dy, "elu", 0.5), rtol=1e-6)
 
 
 @pytest.mark.parametrize("shape,mode", [((10, 12), "instance"), ((5, 3, 2, 4), "channel"),
@@ -86,9 +86,9 @@ def test_softmax_runs_as_pieces_of_the_batch(rng, monkeypatch, shape, mode):
     dx = dnnkit.softmax_backward(y, dy, "log", mode, backend="cudnn").copy_to_host()
     sizes = [2] * (shape[0] // 2) + [shape[0] % 2] * (shape[0] % 2)
     assert seen["softmax"] == [(s,) + shape[1:] for s in sizes] * 2     # forward, backward
-    ref = R.softmax(x, "log", mode)
+    ref = reference.softmax(x, "log", mode)
     np.testing.assert_allclose(y.copy_to_host(), ref, rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(dx, R.softmax_backward(y.copy_to_host(), dy, "log", mode),
+    np.testing.assert_allclose(dx, reference.softmax_backward(y.copy_to_host(), dy, "log", mode),
                                rtol=1e-5, atol=1e-6)
 
 
@@ -104,8 +104,9 @@ def test_pooling_runs_as_pieces_of_the_batch(rng, monkeypatch, nd, mode):
     assert split.last_pieces() == 3 and [s[0] for s in seen["pool"]] == [2, 2, 1]
     dy = _x(rng, y.shape)
     dx = bwd(x, y, dy, 3, 2, 1, mode, backend="cudnn").copy_to_host()
-    np.testing.assert_allclose(y.copy_to_host(), R.pool_forward(x, 3, 2, 1, mode), rtol=1e-6)
-    np.testing.assert_allclose(dx, R.pool_backward(x, dy, 3, 2, 1, mode), rtol=1e-6)
+    np.testing.assert_allclose(y.copy_to_host(), reference.pool_forward(x, 3, 2, 1, mode),
+                               rtol=1e-6)
+    np.testing.assert_allclose(dx, reference.pool_backward(x, dy, 3, 2, 1, mode), rtol=1e-6)
 
 
 _CONV = dict(stride=(2, 1), padding=(1, 2), dilation=(1, 2), groups=2, mode="conv")
@@ -116,7 +117,7 @@ def test_convolution_runs_as_pieces_of_the_batch(rng, monkeypatch):
     """Five images in pieces of two: forward (+ bias), both gradients and the bias gradient;
     the gradients of w and b are the sums of the pieces' partial sums."""
     x, w, b = _x(rng, (5, 4, 6, 7)), _x(rng, (6, 2, 3, 2)), _x(rng, (6,))
-    ref_y = R.conv_forward(x, w, b, **_REF)
+    ref_y = reference.conv_forward(x, w, b, **_REF)
     seen = fake_cudnn(monkeypatch, limit=2 * max(x[0].size, ref_y[0].size))
     with dnnkit.trace() as t:
         y = dnnkit.conv2d(x, w, b, backend="cudnn", **_CONV)
@@ -128,12 +129,13 @@ def test_convolution_runs_as_pieces_of_the_batch(rng, monkeypatch):
     assert t.backends() == ["cudnn"] * 4 and t[0].algo == "fake"
     assert [s[0] for s in seen["conv"]] == [2, 2, 1] * 3
     np.testing.assert_allclose(y.copy_to_host(), ref_y, rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(dx.copy_to_host(), R.conv_backward_data(dy, w, x.shape, **_REF),
-                               rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(dw.copy_to_host(),
-                               R.conv_backward_filter(x, dy, w.shape, **_REF), rtol=1e-5,
+    np.testing.assert_allclose(dx.copy_to_host(),
+                               reference.conv_backward_data(dy, w, x.shape, **_REF), rtol=1e-5,
                                atol=1e-5)
-    np.testing.assert_allclose(db.copy_to_host(), R.conv_backward_bias(dy), rtol=1e-5)
+    np.testing.assert_allclose(dw.copy_to_host(),
+                               reference.conv_backward_filter(x, dy, w.shape, **_REF), rtol=1e-5,
+                               atol=1e-5)
+    np.testing.assert_allclose(db.copy_to_host(), reference.conv_backward_bias(dy), rtol=1e-5)
 
 
 def test_3d_convolution_pieces_keep_the_5d_geometry(rng, monkeypatch):
@@ -141,7 +143,7 @@ def test_3d_convolution_pieces_keep_the_5d_geometry(rng, monkeypatch):
     seen = fake_cudnn(monkeypatch, limit=2 * 4 * 5 * 6)      # one image of y (K, OD, OH, OW)
     y = dnnkit.conv3d(x, w, padding=1, backend="cudnn").copy_to_host()
     assert seen["conv"] == [(1, 2, 3, 4, 5)] * 3
-    ref = R.conv_forward(x, w, None, stride=(1,) * 3, padding=(1,) * 3, dilation=(1,) * 3)
+    ref = reference.conv_forward(x, w, None, stride=(1,) * 3, padding=(1,) * 3, dilation=(1,) * 3)
     np.testing.assert_allclose(y, ref, rtol=1e-5, atol=1e-5)
 
 

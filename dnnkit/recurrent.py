@@ -12,8 +12,9 @@ import collections
 import numpy as np
 
 from . import arrays
-from .ops import rnn as _ops
-from .ops.rnn_common import param_layout, param_size
+from .ops import rnn as rnn_ops
+from .ops.rnn_numba import transpose01
+from .rnn_layout import param_layout, param_size
 
 
 class RNNResult(collections.namedtuple("RNNResult", "y hy cy")):
@@ -28,9 +29,9 @@ class RNN:
 
     def __init__(self, mode, input_size, hidden_size, num_layers=1, *, bidirectional=False,
                  input_mode="linear", batch_first=False, dtype="float32"):
-        self.cfg = _ops.make_config(mode, input_size, hidden_size, num_layers,
-                                    bidirectional=bidirectional, input_mode=input_mode,
-                                    dtype=dtype)
+        self.cfg = rnn_ops.make_config(mode, input_size, hidden_size, num_layers,
+                                       bidirectional=bidirectional, input_mode=input_mode,
+                                       dtype=dtype)
         if not isinstance(batch_first, (bool, np.bool_)):
             raise TypeError(f"RNN: batch_first must be a bool; got {batch_first!r}")
         self.batch_first = bool(batch_first)
@@ -53,7 +54,7 @@ class RNN:
     def init_params(self, seed=0, *, stream=None):
         """A device buffer of ``param_size`` elements, uniform in [-1/sqrt(H), 1/sqrt(H)]
         (PyTorch's initialisation), from ``np.random.default_rng(seed)``."""
-        from numba import cuda
+        from numba import cuda      # numba on first use: ``import dnnkit`` does not load it
         bound = 1.0 / np.sqrt(self.cfg.hidden_size)
         h = np.random.default_rng(seed).uniform(-bound, bound, self.param_size)
         return cuda.to_device(h.astype(self.dtype), stream=arrays.as_stream(stream))
@@ -87,18 +88,16 @@ class RNN:
             return a
         # a device array is tested as in every other check (is_device_array first): the
         # simulator's arrays have no __cuda_array_interface__, and a non-contiguous device
-        # view was copied through the host instead of refused (found by tests/fuzz/test_fuzz.py)
+        # view must be refused, not copied through the host (tests/fuzz/test_fuzz.py)
         if not (arrays.is_device_array(a) or hasattr(a, "__cuda_array_interface__")):
             h = np.asarray(a)
             return np.ascontiguousarray(h.swapaxes(0, 1)) if h.ndim == 3 else h
-        from .ops.rnn_numba import transpose01
         d = arrays.device_input("RNN", "x", a, stream, ndim=(3,))
         return transpose01(d, stream)
 
     def _batch_major(self, a, stream):
         if a is None or not self.batch_first:
             return a
-        from .ops.rnn_numba import transpose01
         return transpose01(a, stream)
 
     def forward(self, w, x, hx=None, cx=None, *, training=False, lengths=None, backend=None,
@@ -107,9 +106,9 @@ class RNN:
         with ``.state`` set when ``training`` (for :meth:`backward`). ``lengths``: host ints,
         one per sequence, in [1, T], any order."""
         s = arrays.as_stream(stream)
-        y, hy, cy, state = _ops.rnn_forward(self.cfg, w, self._time_major(x, s), hx, cx,
-                                            lengths=lengths, training=training,
-                                            backend=backend, stream=s)
+        y, hy, cy, state = rnn_ops.rnn_forward(self.cfg, w, self._time_major(x, s), hx, cx,
+                                               lengths=lengths, training=training,
+                                               backend=backend, stream=s)
         out = RNNResult(self._batch_major(y, s), hy, cy)
         out.state = state
         return out
@@ -123,7 +122,7 @@ class RNN:
         s = arrays.as_stream(stream)
         if backend is None and getattr(state, "backend", None) in ("numba", "cudnn"):
             backend = state.backend
-        dx, dhx, dcx, dw = _ops.rnn_backward(
+        dx, dhx, dcx, dw = rnn_ops.rnn_backward(
             self.cfg, w, self._time_major(x, s), self._time_major(y, s),
             self._time_major(dy, s), dhy, dcy, hx, cx, state=state, lengths=lengths,
             backend=backend, stream=s)

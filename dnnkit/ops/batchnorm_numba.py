@@ -1,0 +1,147 @@
+"""Batch normalization on the Numba kernels (kernels/batchnorm.py): the launch plan and the
+three ops' implementations. Welford statistics merged in a fixed order: deterministic.
+
+The kernels are imported inside the functions: they import numba, which ``import dnnkit``
+does not pay for.
+"""
+
+import collections
+
+import numpy as np
+
+from .. import arrays, device
+from ..launch import launch, pow2_at_most
+from ..registry import register
+
+THREADS = 256               # block size, at most: <= kernels.batchnorm.MAX_THREADS
+MAX_GRID_Y = 65535
+_THREADS_PER_SM = 2048      # resident threads per SM, at most (sm_80, sm_90)
+_SIMULATED_SMS = 132        # the simulator plans as an H100 does, so its tests see the splits
+TOL = {"float16": (2e-3, 1e-3), "float32": (1e-5, 1e-6), "float64": (1e-12, 1e-14)}
+# dgamma/dbeta are long sums: the two backends add in different orders.
+TOL_BWD = {"float16": (5e-3, 2e-3), "float32": (1e-4, 1e-5), "float64": (1e-10, 1e-12)}
+
+
+def ncs(shape, mode):
+    """(N, C, S): statistics per c over (n, s); per-activation is spatial on (N, C*S, 1)."""
+    s = int(np.prod(shape[2:], dtype=np.int64))
+    return (shape[0], shape[1] * s, 1) if mode == "per-activation" else (shape[0], shape[1], s)
+
+
+def flat_copy(a, stream):
+    """A flat device copy of ``a`` (None for None): the running statistics a call updates."""
+    if a is None:
+        return None
+    out = arrays.cuda_empty((a.size,), a.dtype, stream)
+    out.copy_to_device(arrays.flat(a), stream=stream)
+    return out
+
+
+Plan = collections.namedtuple("Plan", "threads sw cw splits_i grid")
+
+
+def _target_threads():
+    """Threads to keep resident: the power of two at most SMs x 2048 (2**18 on the 132 SMs of
+    an H100 or H200)."""
+    sms = _SIMULATED_SMS if device.simulator() else device.sm_count()
+    return 1 << ((sms * _THREADS_PER_SM).bit_length() - 1)
+
+
+def plan(n, c, s):
+    """Block shape and grid of the kernels that walk x (mapping: kernels/batchnorm.py). Splits
+    give each channel more blocks when there are few channels, but leave every thread a few
+    unrolled trips. Depends only on the shape and the GPU, so results are bitwise repeatable."""
+    from ..kernels.batchnorm import MAX_THREADS, UNROLL
+    assert THREADS <= MAX_THREADS, "blocks larger than the kernels' launch bound"
+    sw = pow2_at_most(s, THREADS)
+    cw = pow2_at_most(c, THREADS // sw)
+    by = pow2_at_most(n, THREADS // (sw * cw))
+    threads = sw * cw * by
+    cgroups = -(-c // cw)
+    want = -(-max(1, _target_threads() // threads) // cgroups)
+    if s > sw:   # long rows: split the samples, then the positions
+        so = max(1, min(want, n))
+        si = max(1, min(-(-want // so), -(-s // (sw * UNROLL))))
+    else:
+        so, si = max(1, min(want, -(-n // (by * UNROLL)))), 1
+    return Plan(threads, sw, cw, si, (so * si, min(cgroups, MAX_GRID_Y)))
+
+
+def _geo(n, c, s, p):
+    return (n, c, s, p.sw, p.cw, p.splits_i)
+
+
+def _launch_1d(kernel, n, stream, args):
+    blocks, threads = arrays.grid_1d(n)
+    launch(kernel, blocks, threads, stream, args)
+
+
+@register("batch_norm_train", "numba", tolerance=TOL)
+def _train_numba(x, gamma, beta, mode, epsilon, momentum, running_mean, running_var, stream):
+    from ..kernels import (batch_norm_apply_fwd_kernel, batch_norm_finalize_fwd_kernel,
+                           batch_norm_stats_fwd_kernel)
+    n, c, s = ncs(x.shape, mode)
+    acc = arrays.acc_array(x.dtype)
+    t = acc.dtype.type
+    y = arrays.empty_like(x, stream)
+    mean, invstd = (arrays.cuda_empty((c,), acc.dtype, stream) for _ in range(2))
+    rm, rv = flat_copy(running_mean, stream), flat_copy(running_var, stream)
+    if x.size:
+        p = plan(n, c, s)
+        splits = p.grid[0]
+        part = arrays.cuda_empty((3 * splits * c,), acc.dtype, stream)
+        launch(batch_norm_stats_fwd_kernel, p.grid, p.threads, stream,
+               (arrays.flat(x), part, *_geo(n, c, s, p), acc),
+               3 * p.threads * acc.dtype.itemsize)
+        m = n * s
+        has = rm is not None
+        _launch_1d(batch_norm_finalize_fwd_kernel, c, stream,
+                   (arrays.flat(x), part, splits, c, s, mean, invstd, rm if has else mean,
+                    rv if has else invstd,
+                    int(has), t(momentum), t(m / (m - 1)), t(epsilon), acc))
+        launch(batch_norm_apply_fwd_kernel, p.grid, p.threads, stream,
+               (arrays.flat(x), arrays.flat(y), mean, invstd, arrays.flat(gamma),
+                arrays.flat(beta), *_geo(n, c, s, p), 0, t(epsilon), acc))
+    return y, mean.reshape(*gamma.shape), invstd.reshape(*gamma.shape), rm, rv
+
+
+@register("batch_norm_inference", "numba", tolerance=TOL)
+def _inference_numba(x, gamma, beta, mean, var, mode, epsilon, stream):
+    from ..kernels import batch_norm_apply_fwd_kernel
+    n, c, s = ncs(x.shape, mode)
+    acc = arrays.acc_array(x.dtype)
+    y = arrays.empty_like(x, stream)
+    if x.size:
+        p = plan(n, c, s)
+        launch(batch_norm_apply_fwd_kernel, p.grid, p.threads, stream,
+               (arrays.flat(x), arrays.flat(y), arrays.flat(mean), arrays.flat(var),
+                arrays.flat(gamma), arrays.flat(beta), *_geo(n, c, s, p), 1,
+                acc.dtype.type(epsilon), acc))
+    return y
+
+
+@register("batch_norm_backward", "numba", tolerance=TOL_BWD)
+def _backward_numba(x, dy, gamma, saved_mean, saved_invstd, mode, epsilon, stream):
+    from ..kernels import (batch_norm_apply_bwd_kernel, batch_norm_finalize_bwd_kernel,
+                           batch_norm_reduce_bwd_kernel)
+    n, c, s = ncs(x.shape, mode)
+    acc = arrays.acc_array(x.dtype)
+    dx = arrays.empty_like(x, stream)
+    dgamma, dbeta = (arrays.cuda_empty((c,), acc.dtype, stream) for _ in range(2))
+    if x.size:
+        p = plan(n, c, s)
+        splits = p.grid[0]
+        part = arrays.cuda_empty((2 * splits * c,), acc.dtype, stream)
+        f = arrays.flat
+        launch(batch_norm_reduce_bwd_kernel, p.grid, p.threads, stream,
+               (f(x), f(dy), f(saved_mean), part, *_geo(n, c, s, p), acc),
+               2 * p.threads * acc.dtype.itemsize)
+        _launch_1d(batch_norm_finalize_bwd_kernel, c, stream,
+                   (part, splits, c, f(saved_invstd), dgamma, dbeta, acc))
+        launch(batch_norm_apply_bwd_kernel, p.grid, p.threads, stream,
+               (f(x), f(dy), f(dx), f(saved_mean), f(saved_invstd), f(gamma), dgamma, dbeta,
+                acc.dtype.type(1.0 / (n * s)), *_geo(n, c, s, p), acc))
+    else:        # (C = 0 or an empty image) the parameter gradients sum nothing
+        arrays.zero_fill(dgamma, stream)
+        arrays.zero_fill(dbeta, stream)
+    return dx, dgamma.reshape(*gamma.shape), dbeta.reshape(*gamma.shape)

@@ -1,0 +1,38 @@
+"""Launch sizes shared by the Numba convolution paths (ops/conv_numba.py, ops/conv_winograd.py):
+elementwise blocks, the GPU's wave of GEMM blocks, the GEMM's block count. Read at call time
+from the device (cached by dnnkit/device.py)."""
+
+import math
+
+from .. import device
+from . import gemm
+
+# An H100's (and H200's) multiprocessors: the GPU the launch rules were measured on.
+H100_SMS = 132
+# The multiprocessor count the split rules assume on Numba's simulator: an H100's. The
+# simulator's one multiprocessor would make every launch a full last wave, so the rules would
+# never split there and the tests would not walk the split paths a GPU takes.
+SIMULATED_SMS = H100_SMS
+GEMM_BLOCKS_PER_SM = 2      # the GEMM's resident blocks per SM (kernels/gemm.py's tiles)
+
+
+def elem_threads():
+    """Threads per block of the elementwise kernels (im2col, col2im, partial sums, Winograd
+    transforms): 256; 32 on the simulator, which runs a Python thread per CUDA thread."""
+    return 32 if device.simulator() else 256
+
+
+def sm_count():
+    """The device's multiprocessor count (SIMULATED_SMS on the simulator)."""
+    return SIMULATED_SMS if device.simulator() else device.sm_count()
+
+
+def wave_blocks():
+    """GEMM blocks that run at once: one wave (264 on an H100 or H200, 132 SMs)."""
+    return GEMM_BLOCKS_PER_SM * sm_count()
+
+
+def gemm_blocks(m, n, batch):
+    """Blocks of the GEMM's launch for an m x n product ``batch`` times (its tile
+    configuration depends on the batch too: ops/gemm.py)."""
+    return math.prod(gemm.launch_grid(m, n, batch)[1])

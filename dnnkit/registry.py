@@ -1,0 +1,73 @@
+"""The registry of op implementations: ``{op: {backend: Impl}}``, each op's ``OpInfo`` and the
+argument checks of its public function (``PREPARE``).
+
+An op family registers one function per backend with ``register`` (and, where it can prepare
+a call's work once per signature, a ``bind`` with ``binder``); ``dispatch.public_op`` records
+the family's argument checks in ``PREPARE``.
+"""
+
+import dataclasses
+
+from . import fastpath
+
+BACKENDS = ("cudnn", "numba")
+DEFAULT_TOLERANCE = {"float16": (1e-2, 1e-2), "float32": (1e-5, 1e-5), "float64": (1e-12, 1e-12)}
+
+
+@dataclasses.dataclass
+class Impl:
+    fn: object
+    supports: object = None   # fn(*args, **kw) -> None when supported, else the reason (str)
+    # bind(*args, **kw) -> a function of the same arguments doing fn's work with everything
+    # that depends only on the call's signature prepared once (dnnkit/fastpath.py)
+    bind: object = None
+
+
+@dataclasses.dataclass
+class OpInfo:
+    # max allowed |a - b| <= atol + rtol * |b| between two backends, per dtype
+    tolerance: dict = dataclasses.field(default_factory=lambda: dict(DEFAULT_TOLERANCE))
+    crosscheck: bool = True
+    # why cuDNN offers nothing for this op (optimizer updates, embedding, loss reductions):
+    # it runs its Numba kernel under every policy, ``forced`` included (docs/backends.md)
+    numba_only: str = ""
+
+
+REGISTRY = {}   # op -> {backend: Impl}
+OPS = {}        # op -> OpInfo
+PREPARE = {}    # op -> fn(public args) -> the implementation's arguments (validated)
+
+
+def register(op, backend, *, supports=None, tolerance=None, crosscheck=True, numba_only=""):
+    """Decorator: register ``fn`` as ``op``'s implementation on ``backend``. ``numba_only``:
+    for an op cuDNN has no call for, the reason (a sentence); the op then runs on Numba under
+    every policy and is never cross-checked."""
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; allowed: {', '.join(BACKENDS)}")
+    info = OPS.setdefault(op, OpInfo())
+    if tolerance:
+        info.tolerance.update(tolerance)
+    info.crosscheck = info.crosscheck and crosscheck and not numba_only
+    if numba_only:
+        info.numba_only = numba_only
+
+    def deco(fn):
+        REGISTRY.setdefault(op, {})[backend] = Impl(fn, supports)
+        fastpath.invalidate()
+        return fn
+    return deco
+
+
+def binder(op, backend):
+    """Decorator: ``bind`` for ``op``'s implementation on ``backend`` (registered first)."""
+    def deco(bind):
+        REGISTRY[op][backend].bind = bind
+        fastpath.invalidate()
+        return bind
+    return deco
+
+
+def bound(op, backend, args, kw):
+    """The implementation's runner for these arguments (bound once where it can be)."""
+    impl = REGISTRY[op][backend]
+    return (impl.bind(*args, **kw) if impl.bind is not None else None) or impl.fn

@@ -1,0 +1,111 @@
+"""The GPU suite (every test marked ``gpu`` or ``cudnn``) in one call of under ten minutes.
+
+The tests are collected once, then run by several pytest processes side by side on the one GPU,
+a file per process at a time (balanced by test count), followed by the tests that read the
+device's free memory or start threads and processes of their own (leaks, faults, scale,
+threads, several GPUs), which run alone. Each process gets the time left to the deadline; one
+that does not finish is reported as such, with its log.
+
+    python -m validation.gpu_suite [--workers 4] [--budget 560] [--logs DIR] [PATH ...]
+
+Prints one line per process (its pytest summary) and exits non-zero when any failed or did not
+finish. Logs: DIR/worker-K.log and DIR/alone.log (default: $OUT/gpu_suite or /tmp/gpu_suite).
+"""
+
+import argparse
+import collections
+import os
+import re
+import subprocess
+import sys
+import time
+
+# Tests that measure the device's free memory, or use threads or several devices: alone.
+ALONE = re.compile(r"(leaks|faults|scale|threads|multi)\.py$")
+PYTEST = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts="]
+
+
+def collect(marks, paths):
+    out = subprocess.run(PYTEST + ["--collect-only", "-m", marks] + paths,
+                         capture_output=True, text=True)
+    ids = [line for line in out.stdout.splitlines() if "::" in line]
+    if not ids:
+        sys.exit(f"gpu_suite: no tests collected\n{out.stdout[-2000:]}{out.stderr[-2000:]}")
+    return ids
+
+
+def split(ids, workers):
+    """Files (with their tests) dealt to the least-loaded worker, largest first."""
+    files = collections.OrderedDict()
+    for i in ids:
+        files.setdefault(i.split("::")[0], []).append(i)
+    alone = [i for f, t in files.items() if ALONE.search(f) for i in t]
+    loads = [[0, []] for _ in range(workers)]
+    for f, t in sorted(((f, t) for f, t in files.items() if not ALONE.search(f)),
+                       key=lambda ft: -len(ft[1])):
+        w = min(loads, key=lambda lw: lw[0])
+        w[0] += len(t)
+        w[1].extend(t)
+    return [w[1] for w in loads if w[1]], alone
+
+
+def start(name, ids, marks, logs):
+    log = open(os.path.join(logs, f"{name}.log"), "w")
+    # a few hundred node ids (~100 bytes each) are far under the argument-size limit
+    cmd = PYTEST + ["-m", marks, "-rfE"] + ids
+    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT), log
+
+
+def summary(path):
+    lines = [ln.strip() for ln in open(path, errors="replace") if ln.strip()]
+    for ln in reversed(lines):
+        if re.search(r"\b(passed|failed|error|no tests ran)\b", ln):
+            return ln.strip("= ")
+    return lines[-1] if lines else "(no output)"
+
+
+def wait_all(procs, deadline):
+    ok = True
+    for name, (p, log) in procs.items():
+        try:
+            rc = p.wait(timeout=max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+            rc = None
+        log.close()
+        line = summary(log.name)
+        print(f"{name}: {'DID NOT FINISH (deadline)' if rc is None else 'rc=' + str(rc)}: "
+              f"{line}", flush=True)
+        ok = ok and rc == 0
+    return ok
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--workers", type=int, default=4)
+    ap.add_argument("--budget", type=float, default=560.0, help="seconds for the whole run")
+    ap.add_argument("--marks", default="gpu or cudnn")
+    ap.add_argument("--logs", default=os.path.join(os.environ.get("OUT", "/tmp"), "gpu_suite"))
+    ap.add_argument("paths", nargs="*", help="test files or folders to collect from (default: all)")
+    a = ap.parse_args(argv)
+    os.makedirs(a.logs, exist_ok=True)
+    t0 = time.monotonic()
+    deadline = t0 + a.budget
+    ids = collect(a.marks, a.paths)
+    groups, alone = split(ids, a.workers)
+    print(f"gpu_suite: {len(ids)} tests, {len(groups)} workers side by side, {len(alone)} alone",
+          flush=True)
+    procs = {f"worker-{k}": start(f"worker-{k}", g, a.marks, a.logs)
+             for k, g in enumerate(groups)}
+    ok = wait_all(procs, deadline)
+    print(f"gpu_suite: side by side done at {time.monotonic() - t0:.0f} s", flush=True)
+    if alone:
+        ok = wait_all({"alone": start("alone", alone, a.marks, a.logs)}, deadline) and ok
+    print(f"gpu_suite: {'all passed' if ok else 'FAILURES or unfinished'} in "
+          f"{time.monotonic() - t0:.0f} s", flush=True)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
