@@ -1,12 +1,22 @@
-"""``python -m dnnkit info`` (backends and flags) and ``python -m dnnkit check`` (cross-check
-every registered op on every available backend against float64 NumPy, with timings)."""
+"""The command line: ``python -m dnnkit`` or the ``dnnkit`` console script.
+
+``info`` (backends and flags), ``check`` (cross-check every registered op on every available
+backend against float64 NumPy, with timings) and ``demo`` (train a small CNN, a residual CNN
+and an LSTM end to end). An error of dnnkit's (a missing library, a bad flag) ends the command with one line
+on stderr, ``dnnkit: error: <the reason>``, and exit status 1; a bad command line, with
+argparse's usage line and status 2.
+"""
 
 import argparse
 import os
 import sys
 import time
 
-from . import backends, config, demo, selfcheck
+from . import __version__, backends, config, demo, selfcheck
+from .errors import DnnkitError
+
+DTYPES = ("float16", "float32", "float64")
+BACKENDS = ("auto", "cudnn", "numba")
 
 
 def _ensure_device(argv):
@@ -35,9 +45,8 @@ def cmd_check(args):
           f"Numba: {st.numba.describe()}\n")
     t0 = time.perf_counter()
     rows = []
-    only = args.ops.split(",") if args.ops else None
     print(selfcheck.HEADER + "\n" + "-" * len(selfcheck.HEADER), flush=True)
-    for row in selfcheck.run(dtypes=args.dtypes.split(","), reps=args.reps, ops_=only):
+    for row in selfcheck.run(dtypes=args.dtypes, reps=args.reps, ops_=args.ops):
         rows.append(row)
         print(selfcheck.format_row(row), flush=True)
     bad = [r for r in rows if r["status"] == "FAIL"]
@@ -54,27 +63,106 @@ def cmd_demo(args):
     return 0 if demo.finite(results) else 1
 
 
-def main(argv=None):
-    argv = list(sys.argv[1:] if argv is None else argv)
-    p = argparse.ArgumentParser(prog="python -m dnnkit")
-    sub = p.add_subparsers(dest="cmd")
-    sub.add_parser("info", help="backend status and flags")
-    d = sub.add_parser("demo", help="train a small CNN and an LSTM end to end")
-    d.add_argument("--backend", default="auto", choices=["auto", "cudnn", "numba"])
+COMMANDS = {"info": cmd_info, "check": cmd_check, "demo": cmd_demo}
+
+
+def _names(kind, allowed):
+    """An argparse type: a comma-separated list of names out of ``allowed()``."""
+    def parse(text):
+        names = [n.strip() for n in text.split(",") if n.strip()]
+        if not names:
+            raise argparse.ArgumentTypeError(f"no {kind} given")
+        valid = allowed()
+        bad = [n for n in names if n not in valid]
+        if bad:
+            raise argparse.ArgumentTypeError(
+                f"unknown {kind} {', '.join(map(repr, bad))}; valid: {', '.join(sorted(valid))}")
+        return names
+    return parse
+
+
+def _positive(text):
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1; got {v}")
+    return v
+
+
+def checked_ops():
+    """The op names ``check`` has rows for."""
+    return {case.op for case in selfcheck.cases()}
+
+
+def build_parser(prog="python -m dnnkit"):
+    p = argparse.ArgumentParser(
+        prog=prog, description="dnnkit: deep-learning ops on Numba CUDA kernels and cuDNN. "
+        "Without a GPU every command runs on Numba's CUDA simulator (tiny shapes).")
+    p.add_argument("--version", action="version", version=f"dnnkit {__version__}",
+                   help="print dnnkit's version and exit")
+    sub = p.add_subparsers(dest="cmd", title="commands", metavar="COMMAND")
+    sub.add_parser("info", help="backend status (cuDNN, Numba, the GPU) and flag values",
+                   description="Print the backend report and every flag with its source.")
+    d = sub.add_parser("demo", help="train a small CNN, a residual CNN and an LSTM end to end",
+                       description="Train a small CNN and a residual CNN on 8x8 digits and an "
+                       "LSTM on a sequence task, then print held-out accuracies and the per-op "
+                       "time table.")
+    d.add_argument("--backend", default="auto", choices=BACKENDS,
+                   help="where the ops run: auto (cuDNN where it can, else Numba), cudnn "
+                   "(cuDNN or an error), numba (never cuDNN); default: %(default)s")
     d.add_argument("--crosscheck", action="store_true",
                    help="train a cuDNN and a Numba copy side by side; report their divergence")
     d.add_argument("--plot", metavar="PNG", help="write the loss curves (needs matplotlib)")
-    d.add_argument("--seed", type=int, default=0)
-    c = sub.add_parser("check", help="cross-check every op on every backend vs float64 NumPy")
-    c.add_argument("--dtypes", default="float16,float32,float64")
-    c.add_argument("--reps", type=int, default=20, help="timed runs per row (GPU)")
-    c.add_argument("--ops", default="", help="comma-separated op names (default: all)")
+    d.add_argument("--seed", type=int, default=0,
+                   help="seed of the data and the initial weights; default: %(default)s")
+    c = sub.add_parser("check", help="cross-check every op on every backend vs float64 NumPy",
+                       description="One row per op, variant, dtype and backend: the relative "
+                       "error against a float64 NumPy reference and the median time.")
+    c.add_argument("--dtypes", default=list(DTYPES), type=_names("dtype", lambda: DTYPES),
+                   help=f"comma-separated dtypes out of {', '.join(DTYPES)}; default: all")
+    c.add_argument("--reps", type=_positive, default=20,
+                   help="timed runs per row on a GPU (the median is shown); default: "
+                   "%(default)s")
+    c.add_argument("--ops", type=_names("op", checked_ops), default=None,
+                   help="comma-separated op names (default: all); an unknown name lists the "
+                   "valid ones")
+    return p
+
+
+def _one_line(e):
+    return " ".join(str(e).split()) or type(e).__name__
+
+
+def main(argv=None, prog="python -m dnnkit"):
+    argv = list(sys.argv[1:] if argv is None else argv)
+    p = build_parser(prog)
     args = p.parse_args(argv)
     if args.cmd is None:
         p.print_help()
         return 2
-    _ensure_device(argv)
-    return {"info": cmd_info, "check": cmd_check, "demo": cmd_demo}[args.cmd](args)
+    try:
+        config.get("dnn.enabled")        # a bad DNNKIT_FLAGS or rc file: say so before anything
+        if args.cmd == "demo" and args.backend == "cudnn":
+            # before the simulator's re-run: without a GPU there is no cuDNN to wait for
+            st = backends.status()
+            if not st.cudnn_available:
+                raise DnnkitError(f"--backend cudnn needs cuDNN, which cannot run here: "
+                                  f"{st.cudnn_reason}")
+        _ensure_device(argv)
+        return COMMANDS[args.cmd](args)
+    except (DnnkitError, config.ConfigError) as e:
+        # dnnkit's own errors (the environment, a library, a flag): the reason, not a traceback
+        print(f"dnnkit: error: {_one_line(e)}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+def cli():
+    """The ``dnnkit`` console script."""
+    return main(prog="dnnkit")
 
 
 if __name__ == "__main__":

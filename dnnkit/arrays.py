@@ -1,15 +1,21 @@
 """Input and output arrays, and streams.
 
 Inputs: any object with ``__cuda_array_interface__`` (Numba, CuPy, PyTorch) is wrapped without
-a copy; NumPy arrays (and anything ``np.asarray`` accepts) are copied to the device. Outputs are
-Numba device arrays. Streams: None (the default stream), a Numba stream, a raw ``cudaStream_t``
-int, or an object with ``.cuda_stream`` (PyTorch) or ``.ptr`` (CuPy).
+a copy (the dispatcher turns foreign arrays into Numba views before an op sees them:
+dnnkit/foreign.py); NumPy arrays (and anything ``np.asarray`` accepts) are copied to the device.
+Outputs are Numba device arrays. Streams: None (this thread's current stream: the one
+``stream()`` made current, else the legacy default stream), 0 (the legacy default stream), a
+Numba stream, a raw ``cudaStream_t`` int, or an object with ``.cuda_stream`` (PyTorch) or
+``.ptr`` (CuPy).
 """
+
+import contextlib
 
 import numpy as np
 
 from . import memory
-from .device import device_id, driver, foreign_device, numba_cuda, simulator, stream_pointer
+from .device import (LEGACY_CODE, device_id, driver, foreign_device, numba_cuda, simulator,
+                     stream_pointer, stream_state, stream_wait)
 from .errors import DnnkitError
 
 FLOAT_DTYPES = ("float16", "float32", "float64")
@@ -32,10 +38,16 @@ def is_device_array(a):
 
 
 _default_streams = {}      # device id -> Numba's default-stream object
+_external = {}             # (device id, raw handle) -> a Numba stream object wrapping it
 
 
 def as_stream(stream):
-    """A Numba stream object for kernel launches."""
+    """A Numba stream object for kernel launches; ``None``: this thread's current stream (one
+    read of a thread-local dict, on every op call)."""
+    if stream is None:
+        s = stream_state.__dict__.get("stream")
+        if s is not None:
+            return s
     cuda = numba_cuda()
     if stream is None or (isinstance(stream, int) and stream == 0):
         dev = device_id()
@@ -55,9 +67,50 @@ def as_stream(stream):
     if ptr is None:
         raise TypeError(f"stream must be None, a Numba stream, a cudaStream_t int or a PyTorch/"
                         f"CuPy stream, got {type(stream).__name__}")
-    if int(ptr) == 0:
-        return as_stream(None)
-    return cuda.external_stream(int(ptr))
+    return external(int(ptr))
+
+
+def external(ptr):
+    """The Numba stream object for raw handle ``ptr`` (0: the legacy default stream), made
+    once per device and handle: Numba's external_stream builds a new object each call, and a
+    handle names one stream until it is destroyed (a later stream given the same handle is
+    then the one it names)."""
+    if ptr == 0:
+        return as_stream(0)
+    key = (device_id(), ptr)
+    s = _external.get(key)
+    if s is None:
+        if len(_external) >= 256:
+            _external.clear()
+        s = _external[key] = numba_cuda().external_stream(ptr)
+    return s
+
+
+def current_stream():
+    """This thread's current stream, a Numba stream object: the one ``stream()`` made current,
+    else the legacy default stream. Ops called with ``stream=None`` run on it."""
+    return as_stream(None)
+
+
+@contextlib.contextmanager
+def stream(s):
+    """``with dnnkit.stream(s):`` -- ops called with ``stream=None`` inside the block run on
+    ``s`` (this thread only; an inner block restores the outer one), as with
+    ``torch.cuda.stream``. ``s``: anything ``stream=`` takes (a Numba, PyTorch or CuPy stream,
+    a raw ``cudaStream_t``; 0 the legacy default stream); ``None`` changes nothing, as in
+    PyTorch. Yields the Numba stream object. The memo keys calls by the current stream, so a
+    call inside the block never replays a runner bound to another stream."""
+    if s is None:
+        yield as_stream(None)
+        return
+    ns = as_stream(s)
+    d = stream_state.__dict__
+    saved = d.get("stream"), d.get("key")
+    d["stream"], d["key"] = ns, stream_pointer(ns)
+    try:
+        yield ns
+    finally:
+        d["stream"], d["key"] = saved
 
 
 def host_contiguous(h):
@@ -77,11 +130,17 @@ def host_contiguous(h):
     return np.array(h, dtype=h.dtype, order="C", copy=True)
 
 
-def _foreign(cuda, x):
-    """A Numba view of a foreign device array (PyTorch, CuPy). Numba ties it to the current
-    context whatever device holds the memory: the true device is asked of the driver and
-    kept for the dispatcher's device check."""
-    d = cuda.as_cuda_array(x)
+def _foreign(cuda, x, stream):
+    """A Numba view of a foreign device array (PyTorch, CuPy) reaching an op's checks directly
+    (the dispatcher makes its views first, more cheaply: dnnkit/foreign.py). The CAI v3 stream
+    is waited for by ``stream`` (an event), not by the host as Numba's ``as_cuda_array`` would.
+    Numba ties the view to the current context whatever device holds the memory: the true
+    device is asked of the driver and kept for the dispatcher's device check."""
+    desc = x.__cuda_array_interface__
+    d = cuda.from_cuda_array_interface(desc, owner=x, sync=False)
+    s = desc.get("stream") if desc.get("version", 0) >= 3 else None
+    if s is not None:
+        stream_wait(stream_pointer(stream), 0 if s == LEGACY_CODE else int(s))
     dev = foreign_device(x)
     if dev is not None:
         d._dnnkit_device = dev
@@ -97,7 +156,7 @@ def device_input(op, name, x, stream, *, ndim=None):
         if not hasattr(cuda, "as_cuda_array"):  # the simulator cannot wrap foreign memory
             raise TypeError(f"{op}: {name} is a foreign device array, which the CUDA "
                             "simulator cannot read")
-        d = _foreign(cuda, x)
+        d = _foreign(cuda, x, stream)
     else:
         try:
             h = np.asarray(x)
@@ -197,7 +256,7 @@ def constant(values, dtype):
     """A small read-only device array of ``values``, made once per device and content. (Copying
     from pageable host memory makes the host wait for the stream's earlier work: per call, it
     would serialise the host's launches with the GPU.) Kernels must not write into it."""
-    h = np.ascontiguousarray(values, dtype)
+    h = np.array(values, dtype=dtype, order="C")     # (ascontiguousarray makes 0-d 1-d)
     key = (device_id(), h.dtype.str, h.shape, h.tobytes())
     a = _constants.get(key)
     if a is None:

@@ -4,17 +4,23 @@ Precedence, highest first: a Python assignment (``dnnkit.config.dnn.enabled = "f
 ``change_flags`` block on the current thread) > the ``DNNKIT_FLAGS`` environment variable
 (``"dnn.enabled=forced,dnn.verbose=True"``) > the rc file (INI, ``~/.dnnkitrc`` or the path in
 ``DNNKIT_RC``; section ``[dnn]`` holds ``enabled = forced``, ``[dnn.conv]`` holds ``algo_fwd = ...``)
-> the defaults.
+> the defaults. The rc file is UTF-8 text and its values are literal (``library_path =
+/opt/100%/lib`` means just that: no interpolation); a file that cannot be used raises
+ConfigError naming it and the line.
 
 The environment and the rc file are read on first use; ``reload()`` reads them again (tests use
 it). ``change_flags`` is scoped to the calling thread, so concurrent blocks on other threads never
 see each other's values; a plain assignment is process-wide.
 """
 
+import ast
 import configparser
 import contextlib
 import os
+import re
 import threading
+
+from . import files
 
 _TRUE = {"true", "1", "yes", "on"}
 _FALSE = {"false", "0", "no", "off"}
@@ -127,7 +133,16 @@ class UnknownFlagError(ValueError, AttributeError):
     """An unknown flag name (a ValueError; also an AttributeError so hasattr() works)."""
 
 
+class ConfigError(ValueError):
+    """The rc file or ``DNNKIT_FLAGS`` cannot be used: unreadable, not UTF-8 text, not INI,
+    or holding an unknown flag or a bad value. The message names the file (or the variable)
+    and the line. Raised by the first flag read, and by every read after it until the source
+    is fixed (nothing is half-loaded)."""
+
+
 def _flag(name):
+    if not isinstance(name, str):      # before the lookup: a list is not hashable
+        raise TypeError(f"a flag name is a str such as 'dnn.enabled'; got {name!r}")
     try:
         return FLAGS[name]
     except KeyError:
@@ -140,9 +155,12 @@ def _read_env():
     text = os.environ.get("DNNKIT_FLAGS", "")
     for item in filter(None, (p.strip() for p in text.split(","))):
         if "=" not in item:
-            raise ValueError(f"DNNKIT_FLAGS: {item!r} is not of the form name=value")
+            raise ConfigError(f"DNNKIT_FLAGS: {item!r} is not of the form name=value")
         k, v = (s.strip() for s in item.split("=", 1))
-        out[k] = _flag(k).parse(k, v)
+        try:
+            out[k] = _flag(k).parse(k, v)
+        except ValueError as e:
+            raise ConfigError(f"DNNKIT_FLAGS: {e}") from None
     return out
 
 
@@ -150,15 +168,55 @@ def rc_path():
     return os.environ.get("DNNKIT_RC") or os.path.join(os.path.expanduser("~"), ".dnnkitrc")
 
 
+def _key_line(text, section, key):
+    """The line number of ``key`` in ``[section]`` of the rc file's text (None if not found:
+    a value inherited from [DEFAULT])."""
+    current = None
+    for n, line in enumerate(text.splitlines(), 1):
+        head = re.match(r"\s*\[([^\]]*)\]", line)
+        if head:
+            current = head.group(1).strip()
+        elif current == section and re.match(r"\s*" + re.escape(key) + r"\s*[=:]", line,
+                                              re.IGNORECASE):
+            return n
+    return None
+
+
+def _ini_problem(e):
+    """(line, what) of a configparser error, in one line."""
+    if isinstance(e, configparser.MissingSectionHeaderError):
+        return e.lineno, f"{e.line.strip()!r} comes before any [section] header"
+    if isinstance(e, configparser.ParsingError):
+        lineno, line = e.errors[0]
+        with contextlib.suppress(ValueError, SyntaxError):   # Python 3.11 keeps its repr
+            line = ast.literal_eval(line)
+        return lineno, f"{str(line).strip()!r} is not a 'name = value' line nor a [section]"
+    if isinstance(e, configparser.DuplicateOptionError):
+        return e.lineno, f"{e.option!r} appears twice in [{e.section}]"
+    if isinstance(e, configparser.DuplicateSectionError):
+        return e.lineno, f"section [{e.section}] appears twice"
+    return getattr(e, "lineno", None), str(e).splitlines()[0]
+
+
 def _read_rc():
+    """The rc file's flags. Values are literal (no interpolation: ``%`` is a character);
+    every problem is one ConfigError naming the file and, where it has one, the line."""
     path = rc_path()
     if not os.path.isfile(path):
         return {}
-    cp = configparser.ConfigParser()
     try:
-        cp.read(path)
+        text = files.read_text(path, "rc file")
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    except OSError as e:
+        raise ConfigError(f"rc file {path}: cannot be read ({e.strerror or e})") from None
+    cp = configparser.ConfigParser(interpolation=None)
+    try:
+        cp.read_string(text, source=path)
     except configparser.Error as e:
-        raise ValueError(f"rc file {path}: {e}") from None
+        line, what = _ini_problem(e)
+        where = f", line {line}" if line else ""
+        raise ConfigError(f"rc file {path}{where}: {what}") from None
     out = {}
     for section in cp.sections():
         for key, value in cp.items(section):
@@ -166,7 +224,9 @@ def _read_rc():
             try:
                 out[name] = _flag(name).parse(name, value)
             except ValueError as e:
-                raise ValueError(f"rc file {path}: {e}") from None
+                line = _key_line(text, section, key)
+                where = f", line {line}" if line else ""
+                raise ConfigError(f"rc file {path}{where}: {e}") from None
     return out
 
 
@@ -187,17 +247,20 @@ def reset():
 
 
 def get(name):
-    stack = getattr(state.local, "stack", None)
-    if stack:
-        for layer in reversed(stack):
-            if name in layer:
-                return layer[name]
-    merged = state.merged or state.merge()
     try:
+        stack = getattr(state.local, "stack", None)
+        if stack:
+            for layer in reversed(stack):
+                if name in layer:
+                    return layer[name]
+        merged = state.merged or state.merge()
         return merged[name]
     except KeyError:
         _flag(name)               # raises UnknownFlagError naming the known flags
         return state.merge()[name]   # registered after the last merge
+    except TypeError:
+        _flag(name)               # an unhashable name: TypeError saying what a name is
+        raise
 
 
 def source(name):

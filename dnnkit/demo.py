@@ -1,16 +1,19 @@
-"""``python -m dnnkit demo``: train two small real models end to end with dnnkit.nn.
+"""``python -m dnnkit demo``: train three small real models end to end with dnnkit.nn on
+Tensors (``loss.backward()``, an optimizer step; the host reads the loss only every few steps).
 
 1. A LeNet-style CNN (conv-BN-ReLU-pool x 2, linear) on handwritten digits: scikit-learn's
    bundled 8x8 digits (the optional ``demo`` extra), or, without scikit-learn, a generated set
    of 8x8 shapes (bars, diagonals, boxes, crosses with noise).
-2. An LSTM on a sequence task generated on the fly: is the majority of a bit sequence ones?
+2. A residual CNN (dnnkit.models.resnet18, CIFAR form, narrowed) on the same digits.
+3. An LSTM on a sequence task generated on the fly: is the majority of a bit sequence ones?
 
-It prints the backend report, a progress bar per epoch, loss and accuracy per epoch, the
-held-out accuracy, and the per-op backend/time table (dnnkit.profile). ``--backend`` pins the
-models (dnnkit.nn.convert); ``--crosscheck`` trains a cuDNN copy and a Numba copy of each model
-side by side on the same batches and reports how far their losses drift apart; ``--plot``
-writes the loss curves (matplotlib). Without a GPU it runs on Numba's CUDA simulator with tiny
-models and a few steps.
+It prints the backend report, a progress bar per epoch (on stderr), the mean loss per epoch,
+the held-out accuracy, and the per-op backend/time table (dnnkit.profile; on the simulator,
+which measures no GPU time, the ops and their backends only). ``--backend`` pins the models
+(dnnkit.nn.convert); ``--crosscheck`` trains a cuDNN copy and a Numba copy of each model side
+by side on the same batches and reports how far their losses drift apart; ``--plot`` writes
+the loss curves (matplotlib, without touching the backend the user chose). Without a GPU it
+runs on Numba's CUDA simulator with tiny models and a few steps.
 """
 
 import math
@@ -20,10 +23,13 @@ import time
 import numpy as np
 
 from . import backends, nn
-from .device import numba_cuda, simulator
+from .autograd import no_grad
+from .device import simulator
+from .models import ResNet
 from .nn.loss import CrossEntropyLoss
 from .optim import Adam
 from .profile import profile
+from .tensors import tensor
 
 
 # ---------------------------------------------------------------- data
@@ -67,20 +73,11 @@ def majority(rng, n, t):
 # ---------------------------------------------------------------- models
 
 class LastStep(nn.Module):
-    """(T, N, H) -> (N, H): the last time step (a view). Backward puts dy at the last step of a
-    (T, N, H) gradient whose earlier steps are zero: one device buffer per shape, zeroed once,
-    of which only the last step is rewritten (the LSTM's backward consumes it at once)."""
+    """(T, N, H) -> (N, H): the last time step (a view; its gradient puts dy at the last step
+    of a zero (T, N, H) gradient)."""
 
     def forward(self, y):
-        self._shape, self._dtype = tuple(y.shape), y.dtype
         return y[y.shape[0] - 1]
-
-    def backward(self, dy):
-        key = (self._shape, self._dtype)
-        if getattr(self, "_full_key", None) != key:
-            self._full_key, self._full = key, numba_cuda().to_device(np.zeros(self._shape, self._dtype))
-        self._full[self._shape[0] - 1].copy_to_device(dy)
-        return self._full
 
 
 def cnn(classes, width, seed):
@@ -93,6 +90,12 @@ def cnn(classes, width, seed):
         nn.Flatten(), nn.Linear(c2 * 4, classes, seed=seed + 2))
 
 
+def resnet(classes, width, seed, blocks=(2, 2, 2, 2)):
+    """ResNet-18's CIFAR form on one-channel 8x8 images (8 -> 4 -> 2 -> 1 over the stages);
+    ``blocks`` fewer for the simulator."""
+    return ResNet(blocks, classes, width=width, in_channels=1, seed=seed)
+
+
 def lstm(hidden, seed):
     return nn.Sequential(nn.LSTM(1, hidden, seed=seed), LastStep(), nn.Linear(hidden, 2,
                                                                           seed=seed + 1))
@@ -103,7 +106,7 @@ def lstm(hidden, seed):
 def _bar(it, total, desc):
     try:
         from tqdm import tqdm
-        return tqdm(it, total=total, desc=desc, leave=False, file=sys.stdout)
+        return tqdm(it, total=total, desc=desc, leave=False, file=sys.stderr)
     except ImportError:
         return it
 
@@ -115,47 +118,60 @@ def _batches(n, batch, rng, steps):
 
 
 def step(model, loss_fn, opt, xb, yb):
-    """One training step; returns (loss, correct predictions)."""
+    """One training step on device Tensors; returns the loss, a 0-d Tensor not yet read (the
+    host queues the step and goes on)."""
     model.train()
-    logits = model.forward(xb)
-    loss = loss_fn.forward(logits, yb)
+    loss = loss_fn(model(xb), yb)
     opt.zero_grad()
-    model.backward(loss_fn.backward())
+    loss.backward()
     opt.step()
-    return loss, int((logits.copy_to_host().argmax(axis=1) == yb).sum())
+    return loss.detach()
 
 
 def accuracy(model, x, y, batch, axis=0):
     model.eval()
     right = 0
-    for i in range(0, len(y), batch):
-        xb = x[i:i + batch] if axis == 0 else x[:, i:i + batch]
-        right += int((model.forward(np.ascontiguousarray(xb)).copy_to_host().argmax(axis=1)
-                      == y[i:i + batch]).sum())
+    with no_grad():
+        for i in range(0, len(y), batch):
+            xb = x[i:i + batch] if axis == 0 else x[:, i:i + batch]
+            logits = model(tensor(np.ascontiguousarray(xb)))
+            right += int((logits.numpy().argmax(axis=1) == y[i:i + batch]).sum())
     return right / max(1, len(y))
 
 
-def train(name, models, data, cfg, rng, log):
-    """Train each of ``models`` ({label: model}) on the same batches. Returns the loss curves
-    ({label: [per-epoch mean loss]}) and the held-out accuracies."""
+def train(name, models, data, cfg, rng, log, read_every=10):
+    """Train each of ``models`` ({label: model}) on the same batches. The losses are summed on
+    the device and read (``item()``, which waits for the GPU) every ``read_every`` steps and
+    at the end of an epoch. Returns the loss curves ({label: [per-epoch mean loss]}) and the
+    held-out accuracies."""
     (xtr, ytr), (xte, yte), axis = data
     opts = {k: Adam(m.parameters(), lr=cfg["lr"]) for k, m in models.items()}
     loss_fn = {k: nn.convert(CrossEntropyLoss(), k) for k in models}
     curves = {k: [] for k in models}
     for epoch in range(cfg["epochs"]):
         batches = _batches(len(ytr), cfg["batch"], rng, cfg["steps"])
-        sums = {k: [0.0, 0, 0] for k in models}
+        sums = {k: [None, 0.0] for k in models}      # device sum since the last read, host
         t0 = time.perf_counter()
-        for idx in _bar(batches, len(batches), f"{name} epoch {epoch + 1}"):
-            xb = np.ascontiguousarray(xtr[idx] if axis == 0 else xtr[:, idx])
+        # the epoch's batches go to the device before its first step (a copy from pageable
+        # host memory waits for the GPU: inside the loop it would stall every step)
+        dev = [(tensor(np.ascontiguousarray(xtr[idx] if axis == 0 else xtr[:, idx])),
+                tensor(ytr[idx])) for idx in batches]
+        bar = _bar(dev, len(dev), f"{name} epoch {epoch + 1}")
+        for i, (xb, yb) in enumerate(bar):
             for k, m in models.items():
-                loss, right = step(m, loss_fn[k], opts[k], xb, ytr[idx])
+                loss = step(m, loss_fn[k], opts[k], xb, yb)
                 s = sums[k]
-                s[0], s[1], s[2] = s[0] + loss, s[1] + right, s[2] + len(idx)
-        for k, (total, right, seen) in sums.items():
+                with no_grad():
+                    s[0] = loss if s[0] is None else s[0] + loss
+                if (i + 1) % read_every == 0 or i + 1 == len(batches):
+                    s[1] += s[0].item()
+                    s[0] = None
+                    if hasattr(bar, "set_postfix") and k == next(iter(models)):
+                        bar.set_postfix(loss=f"{s[1] / (i + 1):.4f}")
+        for k, (_, total) in sums.items():
             curves[k].append(total / max(1, len(batches)))
-            log(f"{name} [{k}] epoch {epoch + 1}: loss {curves[k][-1]:.4f}, train accuracy "
-                f"{right / max(1, seen):.3f} ({time.perf_counter() - t0:.1f} s)")
+            log(f"{name} [{k}] epoch {epoch + 1}: loss {curves[k][-1]:.4f} "
+                f"({time.perf_counter() - t0:.1f} s)")
     accs = {k: accuracy(m, xte, yte, cfg["batch"], axis) for k, m in models.items()}
     for k, a in accs.items():
         log(f"{name} [{k}] held-out accuracy: {a:.3f}")
@@ -164,12 +180,15 @@ def train(name, models, data, cfg, rng, log):
 
 def _config(tiny):
     if tiny:   # the CUDA simulator: one Python thread per CUDA thread
-        return dict(cnn=dict(epochs=2, batch=4, steps=2, lr=0.01, width=2),
+        return dict(cnn=dict(epochs=2, batch=2, steps=1, lr=0.01, width=2),
+                    resnet=dict(epochs=2, batch=2, steps=1, lr=0.01, width=2, blocks=(1,)),
                     lstm=dict(epochs=2, batch=4, steps=2, lr=0.02, hidden=2, t=3),
-                    test=8)
+                    test=4)
     # width 16: held-out 0.983-0.997 over six seeds on an H100 (width 8: 0.953-0.989;
     # shifting the training images by a pixel made it worse); validation/demo_accuracy.py
     return dict(cnn=dict(epochs=8, batch=64, steps=None, lr=0.01, width=16),
+                resnet=dict(epochs=8, batch=64, steps=None, lr=0.01, width=16,
+                            blocks=(2, 2, 2, 2)),
                 lstm=dict(epochs=10, batch=64, steps=None, lr=0.01, hidden=32, t=15),
                 test=None)
 
@@ -210,10 +229,13 @@ def run(backend="auto", crosscheck=False, plot=None, seed=0, log=print):
     data_cnn, data_lstm, classes, summary = datasets(rng, cfg, tiny)
     log(summary + "\n")
     results, curves = {}, {}
+    rc = cfg["resnet"]
     with profile() as prof:
         for name, make, data, c in (
                 ("cnn", lambda: cnn(classes, cfg["cnn"]["width"], seed), data_cnn,
                  cfg["cnn"]),
+                ("resnet", lambda: resnet(classes, rc["width"], seed, rc["blocks"]), data_cnn,
+                 rc),
                 ("lstm", lambda: lstm(cfg["lstm"]["hidden"], seed), data_lstm, cfg["lstm"])):
             models = {k: nn.convert(make(), k) for k in labels}
             log(f"{name}: {models[labels[0]]}")
@@ -223,21 +245,28 @@ def run(backend="auto", crosscheck=False, plot=None, seed=0, log=print):
                 gap = np.abs(a - b).max()
                 log(f"{name} crosscheck: max |loss(cudnn) - loss(numba)| over epochs {gap:.2e} "
                     f"(relative {gap / max(1e-12, np.abs(b).max()):.2e})")
-    log("\nper-op time (dnnkit.profile):\n" + prof.table())
+    if tiny:
+        rows = sorted(prof.rows.values(), key=lambda r: (r.op, r.backend))
+        log("\nper-op backends (dnnkit.profile; the simulator measures no GPU time, so no "
+            "times are shown):\n" + "\n".join(f"{r.op:<28} {r.backend:<8} {r.calls:>7} calls"
+                                              for r in rows))
+    else:
+        log("\nper-op time (dnnkit.profile):\n" + prof.table())
     if plot:
         _plot(curves, plot, log)
     return results
 
 
 def _plot(curves, path, log):
+    """The loss curves as an image file. A bare ``Figure`` draws and saves without pyplot, so
+    the matplotlib backend (the user's choice, or matplotlib's) is neither set nor started."""
     try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        from matplotlib.figure import Figure
     except ImportError:
         log("--plot needs matplotlib (pip install dnnkit[demo]); no plot written")
         return
-    fig, axes = plt.subplots(1, len(curves), figsize=(5 * len(curves), 3.5))
+    fig = Figure(figsize=(5 * len(curves), 3.5))
+    axes = fig.subplots(1, len(curves))
     for ax, (name, per) in zip(np.atleast_1d(axes), curves.items()):
         for label, c in per.items():
             ax.plot(range(1, len(c) + 1), c, marker="o", label=label)

@@ -1,17 +1,20 @@
 """The current device and its properties, below every other host module.
 
 Which device is current (cheaply: several times per op call), whether Numba's CUDA simulator
-runs, how many devices there are, the device that holds an array, a stream's raw handle, and
-the device's properties (multiprocessor count, shared memory) read from the device once and
-kept: launch shapes and algorithm rules scale with them instead of assuming one GPU.
+runs, how many devices there are, the device that holds an array, a stream's raw handle, the
+thread's current stream (set by ``dnnkit.stream``), waits between streams, CUDA-graph
+capture status, and the device's properties (multiprocessor count, shared memory) read from
+the device once and kept: launch shapes and algorithm rules scale with them instead of
+assuming one GPU.
 
 numba and cuda-bindings are imported inside the functions that need them: ``import dnnkit``
 does not load them, and the tests choose Numba's simulator before numba is first imported.
 """
 
+import contextlib
 import threading
 
-from .errors import NumbaUnavailableError
+from .errors import CaptureError, DnnkitError, NumbaUnavailableError
 
 _available = None             # numba.cuda once a device (or the simulator) answered
 
@@ -100,6 +103,109 @@ def stream_pointer(stream):
     if v is None and not hasattr(h, "value"):
         v = int(h)  # cuda-bindings CUstream
     return int(v or 0)
+
+
+# ---------------------------------------------------------------- streams
+
+# Per thread: the stream that ops called with stream=None run on, set by dnnkit.stream()
+# (dnnkit/arrays.py): "stream" the Numba stream object, "key" its raw handle (an int; the
+# memo's signature reads it). Empty: the legacy default stream.
+stream_state = threading.local()
+
+# The handles that the CUDA array interface and DLPack give the two default streams, and
+# CU_STREAM_PER_THREAD's handle value
+LEGACY_CODE, PER_THREAD_CODE, PER_THREAD = 1, 2, 2
+CAPTURE_IMPLICIT = 906         # CUDA_ERROR_STREAM_CAPTURE_IMPLICIT
+
+
+def _check(err, what):
+    if int(err):
+        raise DnnkitError(f"{what} failed with {err}")
+
+
+_events = threading.local()     # per thread: {device ordinal: the CUevent of stream_wait}
+
+
+def stream_wait(consumer, producer):
+    """Order the work queued on raw stream ``consumer`` from now on after everything queued
+    so far on raw stream ``producer``: an event recorded on the producer and waited for on the
+    consumer (cuEventRecord + cuStreamWaitEvent, ~2 us of host time); the host does not wait.
+    One event per thread and device serves every call: the wait takes the event's latest
+    record, made just before it on this thread. Nothing to do on the simulator (it runs every
+    launch to the end at once)."""
+    if consumer == producer or simulator():
+        return
+    drv, dev = driver(), device_id()
+    ev = _events.__dict__.get(dev)
+    if ev is None:
+        err, ev = drv.cuEventCreate(int(drv.CUevent_flags.CU_EVENT_DISABLE_TIMING))
+        _check(err, "cuEventCreate")
+        _events.__dict__[dev] = ev
+    (err,) = drv.cuEventRecord(ev, producer)
+    _check(err, f"cuEventRecord on stream {producer:#x}")
+    (err,) = drv.cuStreamWaitEvent(consumer, ev, 0)
+    _check(err, f"cuStreamWaitEvent of stream {consumer:#x} on stream {producer:#x}")
+
+
+def create_stream():
+    """A new non-blocking stream's raw handle (cuStreamCreate, CU_STREAM_NON_BLOCKING: no
+    implicit ordering with the legacy default stream, so default-stream work elsewhere neither
+    waits for it nor joins a capture on it)."""
+    drv = driver()
+    err, s = drv.cuStreamCreate(int(drv.CUstream_flags.CU_STREAM_NON_BLOCKING))
+    _check(err, "cuStreamCreate")
+    return int(s)
+
+
+def destroy_stream(ptr):
+    (err,) = driver().cuStreamDestroy(ptr)
+    _check(err, f"cuStreamDestroy of stream {ptr:#x}")
+
+
+def is_capturing(stream_ptr):
+    """Whether raw stream ``stream_ptr`` is being captured into a CUDA graph (an invalidated
+    capture still counts until it ends); for the legacy stream 0, whether a blocking stream it
+    would wait for is. Always False on the simulator, which cannot capture."""
+    if simulator():
+        return False
+    err, status = driver().cuStreamIsCapturing(stream_ptr)
+    if int(err) == CAPTURE_IMPLICIT:
+        return True
+    return not int(err) and int(status) != 0
+
+
+def refuse_in_capture(what, why, stream_ptr=None):
+    """Raise CaptureError naming ``what`` when the stream it would use -- ``stream_ptr``, else
+    this thread's current stream -- is being captured into a CUDA graph: ``why`` says what a
+    graph cannot hold (a host read, a timing run, a synchronisation). One driver query
+    (cuStreamIsCapturing, under a microsecond), made where such work happens, never per op."""
+    if stream_ptr is None:
+        stream_ptr = stream_state.__dict__.get("key") or 0
+    if is_capturing(stream_ptr):
+        raise CaptureError(
+            f"{what} cannot run while stream {stream_ptr:#x} is being captured into a CUDA "
+            f"graph: {why}. Run it before the capture (the warm-up calls do) or after a "
+            f"replay", what=what)
+
+
+@contextlib.contextmanager
+def capture_relaxed():
+    """This thread's stream-capture mode RELAXED inside the block (cuThreadExchangeStreamCapture
+    Mode, restored after): a cuMemAlloc made while this thread captures is then allowed (under
+    THREAD_LOCAL the driver refuses it and invalidates the capture). dnnkit.memory's
+    graph-private pools allocate this way; the address is not part of the captured work and is
+    never freed while the graph lives (PyTorch's allocator does the same)."""
+    if simulator():
+        yield
+        return
+    drv = driver()
+    err, old = drv.cuThreadExchangeStreamCaptureMode(
+        drv.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED)
+    _check(err, "cuThreadExchangeStreamCaptureMode")
+    try:
+        yield
+    finally:
+        drv.cuThreadExchangeStreamCaptureMode(old)
 
 
 def device_of(a):

@@ -10,50 +10,76 @@ signature skips all of that and runs its memoised runner (dnnkit/fastpath.py).
 
 import functools
 import logging
+from typing import Any, Callable
 
-from . import config, fastpath, placement
+from . import config, fastpath, foreign, placement, tensors
+from .autograd import PUBLIC
 from .crosscheck import crosscheck
 from .device import device_id
 from .errors import CudnnError
-from .policy import choose, log_decision
+from .hints import PublicOp, op_doc, with_backend
+from .policy import choose, log_decision, policy
 from .profile import active as active_profile, profile_state
 from .registry import OPS, PREPARE, bound
+from .tensors import Tensor
 from .tracing import record, trace_state
 
 log = logging.getLogger("dnnkit")
 
 
-def public_op(name, memo=True):
+def public_op(name: str, memo: bool = True) -> Callable[[Callable[..., Any]], PublicOp]:
     """Decorator for an op's public function. The decorated body validates the user's
     arguments and returns the (device) arguments the implementations take, a NamedTuple of
     the family's own; the returned wrapper adds ``backend=`` and dispatches.
     ``select_backend`` reuses the body. ``memo=False`` for an op whose body is not a function
     of the call's signature (dropout draws a fresh seed): its calls always take the full path
-    (dnnkit/fastpath.py)."""
+    (dnnkit/fastpath.py). A call with a ``dnnkit.Tensor`` among its arguments runs the same
+    way on the Tensors' arrays and is recorded for autograd (dnnkit/tensors.py)."""
     def deco(prepare):
-        @functools.wraps(prepare)
-        def wrapper(*args, backend=None, **kw):
+        def call(args, kw, backend):
+            """(output, the backend that ran it)."""
+            if backend is not None and type(backend) is not str:
+                policy(name, backend)      # raises the clear error before anything hashes it
             sig, entry = _fast_find(name, args, backend, kw) if memo else (None, None)
             if entry is not None:          # a memoised call: its runner on these arrays
-                runner, prepared, subs = entry
+                runner, prepared, subs, ran_on = entry
                 fastpath.stats["hits"] += 1
                 if subs:
                     prepared = list(prepared)
                     for i, j, k in subs:
                         prepared[i] = args[j] if k is None else kw[k]
                 try:
-                    return runner(*prepared)
+                    return runner(*prepared), ran_on
                 except CudnnError as e:   # the full path decides: fall back or raise
                     if not e.not_supported:
                         raise
                     fastpath.drop(sig)
+            elif sig is None or sig is fastpath.FOREIGN:
+                # PyTorch/CuPy/DLPack arrays: the call again on Numba views of them, on the
+                # stream the interop rule picks (dnnkit/foreign.py); None: there are none
+                res = foreign.call(call, args, kw, backend)
+                if res is not None:
+                    return res
+                sig = None
             prepared = prepare(*args, **kw)
-            out, runner = run(name, prepared, backend)
+            out, runner, ran_on = run(name, prepared, backend)
             if sig is not None and runner is not None:
-                fastpath.store(sig, args, kw, prepared, runner)
-            return out
+                fastpath.store(sig, args, kw, prepared, runner, ran_on)
+            return out, ran_on
+
+        @functools.wraps(prepare)
+        def wrapper(*args, backend=None, **kw):
+            for a in args:
+                if isinstance(a, Tensor):
+                    return tensors.call(name, call, args, kw, backend)
+            if kw and any(isinstance(a, Tensor) for a in kw.values()):
+                return tensors.call(name, call, args, kw, backend)
+            return call(args, kw, backend)[0]
         PREPARE[name] = prepare
+        PUBLIC[name] = wrapper
         wrapper.op_name = name
+        # help(): the body's parameters + backend=, its docstring + what every op shares
+        wrapper.__signature__, wrapper.__doc__ = with_backend(prepare), op_doc(prepare.__doc__)
         return wrapper
     return deco
 
@@ -78,7 +104,7 @@ def dispatch(op, *args, backend=None, **kw):
 
 
 def run(op, args, backend, kw=None):
-    """(output, the runner a repeat of this call may reuse, or None)."""
+    """(output, the runner a repeat of this call may reuse or None, the backend that ran)."""
     kw = kw or {}
     dev = placement.call_device(op, args)
     if dev is not None and dev != device_id():
@@ -112,4 +138,4 @@ def _run_here(op, args, backend, kw):
     if config.get("dnn.crosscheck") and OPS[op].crosscheck:
         crosscheck(op, chosen, out, args, kw)
         runner = None
-    return out, (None if kw or config.get("dnn.verbose") else runner)
+    return out, (None if kw or config.get("dnn.verbose") else runner), chosen

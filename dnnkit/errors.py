@@ -44,6 +44,16 @@ class CudnnError(DnnkitError):
         return 3000 <= self.status < 4000
 
 
+class CaptureError(DnnkitError):
+    """Work that cannot be recorded into a CUDA graph (a host read, an algorithm timing, a
+    synchronisation) was asked for while its stream was being captured (dnnkit.graphs), or
+    the capture itself failed. ``what`` names the call."""
+
+    def __init__(self, message, *, what=None):
+        super().__init__(message)
+        self.what = what
+
+
 class NumbaUnavailableError(DnnkitError):
     """No CUDA device for the Numba kernels (no driver and the simulator is not enabled)."""
 

@@ -9,20 +9,25 @@ caller's arrays go. The next call with the same signature runs the runner on its
 directly: the host cost of an op becomes an allocation and the cuDNN call or kernel launch
 (PyTorch's per-op cost is the bar).
 
-The signature: the op, ``backend=``, and per argument its type and value for plain scalars
-(str, int, float, bool, None, tuples of ints) or (shape, strides, dtype) for a device array.
-Anything else (host arrays, foreign arrays, stream objects) is not memoised: such calls always
-take the full path. Entries are dropped when any flag changes process-wide (the flags' merged
-dict is replaced), when ``invalidate()`` is called (cuDNN caches cleared, algorithm cache
-reset), and when this thread enters or leaves a ``change_flags`` block; they are never
-used inside traces, the profiler, cross-checking, DEBUG logging, or on machines with several
-GPUs (there the full path picks the device). ``dnn.memo = False`` turns it off.
+The signature: the op, ``backend=``, the thread's current stream (dnnkit.stream: a runner
+holds the stream it was bound to), and per argument its type and value for plain scalars (str,
+int, float, bool, None, tuples of ints), (shape, strides, dtype) for a device array, or the raw
+handle of a stream object (Numba's, PyTorch's, CuPy's). A foreign array (PyTorch, CuPy, any
+``__cuda_array_interface__`` or ``__dlpack__``) makes ``signature`` answer ``FOREIGN``: the
+dispatcher turns it into a Numba view (dnnkit/foreign.py) and the call is memoised as any.
+Anything else (host arrays) is not memoised: such calls always take the full path.
+
+Entries are dropped when any flag changes process-wide (the flags' merged dict is replaced),
+when ``invalidate()`` is called (cuDNN caches cleared, algorithm cache reset), and when this
+thread enters or leaves a ``change_flags`` block; they are never used inside traces, the
+profiler, cross-checking, DEBUG logging, or on machines with several GPUs (there the full path
+picks the device). ``dnn.memo = False`` turns it off.
 """
 
 import threading
 
 from . import config
-from .device import simulator
+from .device import simulator, stream_pointer, stream_state
 
 MAX_ENTRIES = 1024          # per thread; a program with more signatures starts over
 _PLAIN = frozenset((str, int, float, bool, type(None)))
@@ -63,12 +68,50 @@ def _memo():
 
 
 _OFF = {}           # the memo of a thread with dnn.memo off: stays empty
+FOREIGN = ("foreign",)     # signature()'s answer for a call with a foreign array
+_STREAM = 1
+_kinds = {}         # type -> _STREAM, FOREIGN or None (asked once per type)
+
+
+def _kind(t):
+    """_STREAM for a stream object type (Numba's, or one carrying ``.cuda_stream`` or ``.ptr``),
+    FOREIGN for another library's array type, None for anything else (not memoised)."""
+    k = _kinds.get(t, 0)
+    if k == 0:
+        names = {c.__name__ for c in t.__mro__}
+        if "DeviceNDArrayBase" in names or t.__module__.startswith("dnnkit"):
+            k = None          # Numba's other array classes, dnnkit's own objects
+        elif hasattr(t, "auto_synchronize") or hasattr(t, "cuda_stream") or \
+                (hasattr(t, "ptr") and "Stream" in t.__name__):
+            k = _STREAM
+        elif hasattr(t, "__cuda_array_interface__") or (
+                hasattr(t, "__dlpack__") and "ndarray" not in names):
+            k = FOREIGN
+        else:
+            k = None
+        _kinds[t] = k
+    return k
+
+
+def _other(a, t):
+    """The signature part of an argument that is neither plain nor a Numba array: a stream's
+    raw handle; FOREIGN; None (not memoised)."""
+    k = _kinds.get(t, 0)
+    if k == 0:
+        k = _kind(t)
+    if k is _STREAM:
+        if hasattr(a, "auto_synchronize"):      # a Numba stream; the simulator's have no handle
+            return t, (stream_pointer(a) if getattr(a, "handle", None) is not None else id(a))
+        h = getattr(a, "cuda_stream", None)
+        return t, int(h if h is not None else a.ptr)
+    return k
 
 
 def signature(op, args, backend, kw):
-    """The call's signature (hashable), or None when it cannot be memoised."""
+    """The call's signature (hashable); FOREIGN when an argument is another library's array;
+    None when it cannot be memoised."""
     arrays = _arrays or _array_types()
-    k = [op, backend]
+    k = [op, backend, stream_state.__dict__.get("key")]
     for a in args:
         t = type(a)
         if t in arrays:
@@ -76,7 +119,10 @@ def signature(op, args, backend, kw):
         elif t in _PLAIN or (t is tuple and all(type(v) is int for v in a)):
             k += (t, a)
         else:
-            return None
+            o = _other(a, t)
+            if o is None or o is FOREIGN:
+                return o
+            k += o
     for name, a in kw.items():
         t = type(a)
         if t in arrays:
@@ -84,7 +130,10 @@ def signature(op, args, backend, kw):
         elif t in _PLAIN or (t is tuple and all(type(v) is int for v in a)):
             k += (name, t, a)
         else:
-            return None
+            o = _other(a, t)
+            if o is None or o is FOREIGN:
+                return o
+            k += (name, *o)
     return tuple(k)
 
 
@@ -92,8 +141,8 @@ def find(op, args, backend, kw):
     """(signature, memoised entry or None); (None, None) when the call cannot be memoised.
     (_memo()'s check inlined: this runs on every call.)"""
     sig = signature(op, args, backend, kw)
-    if sig is None:
-        return None, None
+    if sig is None or sig is FOREIGN:
+        return sig, None
     try:
         m = _local.m
     except AttributeError:
@@ -104,11 +153,12 @@ def find(op, args, backend, kw):
     return sig, m[3].get(sig)
 
 
-def store(sig, args, kw, prepared, runner):
-    """Remember ``runner`` for ``sig``: a later call runs ``runner(*prepared')`` where
-    ``prepared'`` is ``prepared`` with the caller's new arrays in the places its arrays held
-    now. Not stored when a checked array is not one of the caller's (a host input copied to
-    the device, a made-contiguous copy): that work must happen on every call."""
+def store(sig, args, kw, prepared, runner, backend):
+    """Remember ``runner`` (which runs on ``backend``) for ``sig``: a later call runs
+    ``runner(*prepared')`` where ``prepared'`` is ``prepared`` with the caller's new arrays in
+    the places its arrays held now. Not stored when a checked array is not one of the caller's
+    (a host input copied to the device, a made-contiguous copy): that work must happen on
+    every call."""
     arrays = _arrays or _array_types()
     where = {id(a): i for i, a in enumerate(args) if type(a) in arrays}
     named = {id(a): name for name, a in kw.items() if type(a) in arrays}
@@ -129,7 +179,12 @@ def store(sig, args, kw, prepared, runner):
     m = _memo()
     if m is _OFF:
         return
-    m[sig] = (runner, tuple(prepared), tuple(subs))
+    # the entry keeps no array of this call: each hit puts the caller's arrays in their places,
+    # and an array held here would outlive the step that made it (a whole model's activations)
+    kept = list(prepared)
+    for i, _, _ in subs:
+        kept[i] = None
+    m[sig] = (runner, tuple(kept), tuple(subs), backend)
     stats["stores"] += 1
 
 

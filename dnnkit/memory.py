@@ -15,15 +15,25 @@ Sizes are rounded up (to 512 bytes below 1 MiB, to 2 MiB above), so a training l
 repeated shapes hit the cache exactly. When cuMemAlloc fails the cache is emptied and the
 allocation retried once. ``dnn.allocator = caching | numba`` (default caching) chooses;
 ``empty_cache()`` releases every cached block; ``stats()`` reports hits, misses and bytes.
+
+Debugging: ``dnn.debug.fill_uninitialized = nan`` (default off) fills every new array --
+an op's outputs and the scratch arrays its kernels write -- with 0xFF bytes, a NaN in every
+float dtype, with a memset on the array's stream; an element that no kernel wrote then reads
+as NaN instead of whatever the block held before (PyTorch's
+``torch.utils.deterministic.fill_uninitialized_memory``). Raw cuDNN workspaces (``scratch``)
+are not filled: only cuDNN reads them, after writing them. It costs one memset per
+allocation.
 """
 
+import contextlib
 import gc
 import threading
 
 import numpy as np
 
 from . import config
-from .device import device_id, numba_cuda, simulator, stream_pointer
+from .device import capture_relaxed, device_id, driver, numba_cuda, simulator, stream_pointer
+from .errors import DnnkitError
 
 _SMALL, _SMALL_ROUND, _LARGE_ROUND = 1 << 20, 512, 2 << 20
 
@@ -38,6 +48,42 @@ def _allocator(flag, value):
 config.register_flag("dnn.allocator", "caching", _allocator,
                      "device allocations of dnnkit's ops: caching (reuse freed blocks per "
                      "stream) or numba (cuMemAlloc/cuMemFree every time)")
+
+
+def _fill_mode(flag, value):
+    v = str(value).strip().lower()
+    if v not in ("off", "nan"):
+        raise ValueError(f"flag {flag}: bad value {value!r}; allowed: off, nan")
+    return v
+
+
+config.register_flag("dnn.debug.fill_uninitialized", "off", _fill_mode,
+                     "off, or nan: every new array of dnnkit's allocator starts as all-0xFF "
+                     "bytes (NaN in every float dtype), so an output element no kernel wrote "
+                     "shows as NaN")
+
+# The fill byte: 0xFF in every byte is a NaN in float16, float32 and float64 alike (exponent
+# all ones, mantissa not zero) and -1 / the largest value in the integer types.
+FILL_BYTE = 0xFF
+
+
+def _fill(a, stream):
+    """Set every byte of the new C-contiguous array ``a`` to FILL_BYTE, ordered on ``stream``
+    (a Numba stream or a raw cudaStream_t int) before any kernel the caller queues there: one
+    cuMemsetD8Async, no host synchronisation."""
+    nbytes = int(a.size) * a.dtype.itemsize
+    if not nbytes:
+        return a
+    if simulator():
+        host = np.full(nbytes, FILL_BYTE, np.uint8).view(a.dtype).reshape(a.shape)
+        a.copy_to_device(host, stream=0 if isinstance(stream, int) else stream)
+        return a
+    ptr = stream if isinstance(stream, int) else stream_pointer(stream)
+    (err,) = driver().cuMemsetD8Async(a.device_ctypes_pointer.value, FILL_BYTE, nbytes, ptr)
+    if int(err):
+        raise DnnkitError(f"cuMemsetD8Async failed with {err} filling {nbytes} bytes "
+                           "(dnn.debug.fill_uninitialized)")
+    return a
 
 
 def rounded(nbytes):
@@ -96,6 +142,43 @@ class _Pool:
 
 _pool = _Pool()
 
+# Graph-private pools (dnnkit/graphs.py). While a thread captures a CUDA graph, every block it
+# takes -- arrays and scratch alike -- comes from a pool of that graph's own and goes back to
+# it: the graph holds the blocks' addresses, so no eager call may be handed one while the graph
+# lives. Inside the capture, reuse is ordered as in eager code (one stream). A new block is
+# allocated with the thread's capture mode relaxed (device.capture_relaxed), never freed while
+# the pool lives, and never retried through empty_cache (a capture must not free memory).
+_private = threading.local()      # .pool: this thread's graph pool inside private_pool()
+_private_users = [0]              # threads inside private_pool(); 0 keeps the hook one check
+
+
+def new_pool():
+    """An empty pool for one CUDA graph (its owner keeps it as long as the graph)."""
+    pool = _Pool()
+    pool.kept = []          # the memory of Numba-allocated arrays made inside private_pool()
+    return pool
+
+
+@contextlib.contextmanager
+def private_pool(pool):
+    """Inside the block, this thread's allocations come from ``pool`` (``new_pool()``) and
+    their blocks go back to it."""
+    d = _private.__dict__
+    saved, d["pool"] = d.get("pool"), pool
+    with _pool.lock:
+        _private_users[0] += 1
+    try:
+        yield pool
+    finally:
+        with _pool.lock:
+            _private_users[0] -= 1
+        d["pool"] = saved
+
+
+def _private_alloc(size):
+    with capture_relaxed():
+        return _context().memalloc(size)
+
 
 def _raw_alloc(ctx, size):
     """cuMemAlloc through Numba; on failure, empty the cache and retry once."""
@@ -153,8 +236,8 @@ def reshaped(a, shape):
         return a.reshape(shape)
     src = _templates.get((a.shape, a.dtype)) or _template(a.shape, a.dtype)
     dst = _templates.get((shape, a.dtype)) or _template(shape, a.dtype)
-    if type(a) is not _DeviceNDArray or dst[1] is None or src[0] != dst[0] \
-            or a.strides != src[1]["strides"]:
+    if type(a) is not _DeviceNDArray or src[1] is None or dst[1] is None or src[0] != dst[0] \
+            or a.strides != src[1]["strides"]:      # (a 0-d array has no template)
         return a.reshape(shape)
     arr = object.__new__(_DeviceNDArray)
     d = arr.__dict__
@@ -180,43 +263,64 @@ def _pooled(shape, dtype, stream):
 
 
 def _numba_array(shape, dtype, stream):
-    return numba_cuda().device_array(shape, dtype=dtype,
-                                     stream=0 if isinstance(stream, int) else stream)
+    pool = _private.__dict__.get("pool") if _private_users[0] else None
+    if pool is None:
+        return numba_cuda().device_array(shape, dtype=dtype,
+                                         stream=0 if isinstance(stream, int) else stream)
+    # an array the pool does not serve (0-d, empty) inside a graph pool: Numba's cuMemAlloc
+    # with the capture mode relaxed, its memory kept as long as the pool (a graph holds it)
+    with capture_relaxed():
+        a = numba_cuda().device_array(shape, dtype=dtype,
+                                      stream=0 if isinstance(stream, int) else stream)
+    pool.kept.append(getattr(a, "gpu_data", a))
+    return a
 
 
 def device_array(shape, dtype, stream):
     """An uninitialised C-contiguous device array from the cache, for work on ``stream`` (a
-    Numba stream, or a raw cudaStream_t int)."""
+    Numba stream, or a raw cudaStream_t int); under ``dnn.debug.fill_uninitialized = nan``
+    every byte is 0xFF (NaN)."""
     if type(shape) is not tuple:
         shape = tuple(int(s) for s in shape)
     p = _pooled(shape, dtype, stream)
-    return _numba_array(shape, dtype, stream) if p is None else _new(*p)
+    a = _numba_array(shape, dtype, stream) if p is None else _new(*p)
+    if config.get("dnn.debug.fill_uninitialized") != "off":
+        _fill(a, stream)
+    return a
 
 
 def allocator(shape, dtype, stream):
     """``alloc()`` -> a new array like ``device_array(shape, dtype, stream)``, for repeated
-    allocations of one signature (dispatch's memo): the template, pool key and flag read once.
-    (Memoised calls are dropped when a flag changes, so ``dnn.allocator`` cannot change under
-    it.)"""
+    allocations of one signature (dispatch's memo): the template, pool key and flags read
+    once. (Memoised calls are dropped when a flag changes, so ``dnn.allocator`` and
+    ``dnn.debug.fill_uninitialized`` cannot change under it.)"""
     shape = tuple(int(s) for s in shape)
     p = _pooled(shape, dtype, stream)
     if p is None:
-        return lambda: _numba_array(shape, dtype, stream)
-    key, attrs, recorded = p
-    return lambda: _new(key, attrs, recorded)
+        alloc = lambda: _numba_array(shape, dtype, stream)   # noqa: E731
+    else:
+        key, attrs, recorded = p
+        alloc = lambda: _new(key, attrs, recorded)           # noqa: E731
+    if config.get("dnn.debug.fill_uninitialized") == "off":
+        return alloc
+    return lambda: _fill(alloc(), stream)
 
 
 def _new(key, attrs, stream):
     """A new array of template ``attrs``: a pool block (or a new one) lent to it. Neither the
     array nor its pointer goes through Numba's constructors (the array's computes its layout
     in Python, the pointer's registers a weakref finalizer: ~5 and ~4 us a call)."""
-    raw = _pool.take(key) or _raw_alloc(_context(), key[2])
+    pool = _pool if not _private_users[0] else (_private.__dict__.get("pool") or _pool)
+    raw = pool.take(key) or (
+        _raw_alloc(_context(), key[2]) if pool is _pool else _private_alloc(key[2]))
     lend = raw.__dict__.get("_dnnkit_lend") or _lend_attrs(key, raw)
     mem = object.__new__(_Lent)
     md = mem.__dict__
     md.update(lend[0])
     md["refct"], md["_key"], md["_addr"] = 1, key, lend[1]
-    _pool.lent[lend[1]] = raw
+    pool.lent[lend[1]] = raw
+    if pool is not _pool:
+        md["home"] = pool
     arr = object.__new__(_DeviceNDArray)
     d = arr.__dict__
     d.update(attrs)
@@ -254,7 +358,7 @@ def _lent_class():
         def free(self):
             addr = self.__dict__.pop("_addr", None)
             if addr is not None:
-                _pool.give_back(self._key, addr)
+                (self.__dict__.get("home") or _pool).give_back(self._key, addr)
 
         def __del__(self):
             try:
@@ -269,17 +373,20 @@ class scratch:
     bytes) for work queued on that stream inside the block; the block goes back to the pool at
     the end, to be reused by later work on the same stream (stream order keeps it safe). No
     array object is built: a workspace only needs its address."""
-    __slots__ = ("key", "raw")
+    __slots__ = ("key", "raw", "pool")
 
     def __init__(self, nbytes, stream_ptr):
-        self.key = self.raw = None
+        self.key = self.raw = self.pool = None
         if not nbytes:
             return
         if simulator() or config.get("dnn.allocator") != "caching":
             self.raw = numba_cuda().device_array(int(nbytes), dtype=np.uint8)
             return
         self.key = (device_id(), int(stream_ptr), rounded(int(nbytes)))
-        self.raw = _pool.take(self.key) or _raw_alloc(_context(), self.key[2])
+        pool = self.pool = \
+            _pool if not _private_users[0] else (_private.__dict__.get("pool") or _pool)
+        self.raw = pool.take(self.key) or (
+            _raw_alloc(_context(), self.key[2]) if pool is _pool else _private_alloc(self.key[2]))
 
     def __enter__(self):
         if self.raw is None:
@@ -289,8 +396,8 @@ class scratch:
 
     def __exit__(self, *exc):
         if self.key is not None:
-            _pool.give(self.key, self.raw)
-        self.key = self.raw = None
+            self.pool.give(self.key, self.raw)
+        self.key = self.raw = self.pool = None
 
 
 _on_empty = []     # functions called by empty_cache() (caches keyed by device addresses)

@@ -2,14 +2,19 @@
 parameter and step (kernels/optim.py).
 
     opt = Adam(model.parameters(), lr=1e-3)
-    opt.zero_grad(); model.backward(loss.backward()); opt.step()
+    opt.zero_grad(); loss = loss_fn(model(x), y); loss.backward(); opt.step()
 
-Parameters are updated in place (``p.data``) from ``p.grad``; a parameter whose grad is None is
-skipped (its step count does not advance, as in PyTorch). State buffers (SGD's momentum, Adam's
-m and v) are flat device arrays in the accumulation dtype (float32 for float16 and float32
-parameters, float64 for float64), made on a parameter's first step. ``state_dict()`` holds host
-NumPy copies, in PyTorch's layout: {"state": {index: {...}}, "param_groups": [{hyper-parameters,
-"params": [indices]}]}.
+Parameters (leaf Tensors, dnnkit.nn.Parameter) are updated in place (``p.data``) from
+``p.grad`` (a Tensor; a device array is accepted too), and their version is bumped, so a graph
+recorded before the step refuses to differentiate the old value. A parameter whose grad is
+None is skipped (its step count does not advance, as in PyTorch). A step reads nothing back
+from the device: the kernels are queued on the stream and ``step()`` returns.
+
+State buffers (SGD's momentum, Adam's m and v) are flat device arrays in the accumulation
+dtype (float32 for float16 and float32 parameters, float64 for float64), made (zeroed by a
+memset) on a parameter's first step. ``state_dict()`` holds host NumPy copies, in PyTorch's
+layout: {"state": {index: {...}}, "param_groups": [{hyper-parameters, "params": [indices]}]};
+``load_state_dict`` checks every key before it changes anything.
 
 The kernels (dnnkit.kernels) and numba are imported inside the functions that use them:
 ``import dnnkit`` must not pay for numba.
@@ -21,7 +26,8 @@ import numbers
 import numpy as np
 
 from . import arrays
-from .launch import launch
+from .autograd import no_grad
+from .launch import launch, pow2_at_most
 
 
 def _number(cls, name, value):
@@ -51,7 +57,11 @@ class Optimizer:
         if _is_device(params) or hasattr(params, "data"):
             raise TypeError(f"{cls}: params must be an iterable of Parameters; got a single "
                             f"{type(params).__name__}")
-        self.params = list(params)
+        try:
+            self.params = list(params)
+        except TypeError:
+            raise TypeError(f"{cls}: params must be an iterable of Parameters; got "
+                            f"{type(params).__name__}") from None
         if not self.params:
             raise ValueError(f"{cls}: got an empty parameter list")
         if len({id(p) for p in self.params}) != len(self.params):
@@ -61,6 +71,9 @@ class Optimizer:
             if not _is_device(getattr(p, "data", None)):
                 raise TypeError(f"{cls}: parameter {i} has no device array .data "
                                 f"(got {type(p).__name__})")
+            if getattr(p, "grad_fn", None) is not None:
+                raise ValueError(f"{cls}: parameter {i} was made by an op (grad_fn "
+                                 f"{p.grad_fn.op}); only leaf tensors can be optimized")
         self.defaults = dict(defaults)
         self.state = [{} for _ in self.params]
 
@@ -86,18 +99,24 @@ class Optimizer:
             p.grad = None
 
     def step(self, stream=None):
-        """Update every parameter that has a gradient, on ``stream``."""
+        """Update every parameter that has a gradient, in place, on ``stream`` (queued: the
+        host does not wait for the GPU)."""
         s = arrays.as_stream(stream)
         op = f"{type(self).__name__}.step"
-        for i, (p, st) in enumerate(zip(self.params, self.state)):
-            if p.grad is None:
-                continue
-            data = arrays.device_input(op, f"parameter {i}", p.data, s)
-            grad = arrays.device_input(op, f"grad of parameter {i}", p.grad, s)
-            arrays.same_shape(op, f"parameter {i}", data, grad=grad)
-            if data.size:
-                self._update(arrays.flat(data), arrays.flat(grad), st, s,
-                             arrays.acc_array(data.dtype))
+        with no_grad():
+            for i, (p, st) in enumerate(zip(self.params, self.state)):
+                g = p.grad
+                if g is None:
+                    continue
+                data = arrays.device_input(op, f"parameter {i}", p.data, s)
+                grad = arrays.device_input(op, f"grad of parameter {i}",
+                                           g.data if hasattr(g, "grad_fn") else g, s)
+                arrays.same_shape(op, f"parameter {i}", data, grad=grad)
+                if data.size:
+                    self._update(arrays.flat(data), arrays.flat(grad), st, s,
+                                 arrays.acc_array(data.dtype))
+                if hasattr(p, "bump_version"):
+                    p.bump_version()
 
     def _update(self, p, g, state, stream, acc):
         """One step of flat parameter ``p`` with gradient ``g``; ``state``: its dict."""
@@ -105,16 +124,18 @@ class Optimizer:
 
     @staticmethod
     def _launch(kernel, n, stream, args):
-        blocks, threads = arrays.grid_1d(n)
+        # a small parameter (a bias, a BatchNorm scale) gets a block of its size, rounded up
+        # to a warp: the same one pass on a GPU, and 8x fewer simulated threads than 256
+        blocks, threads = arrays.grid_1d(n, max(32, pow2_at_most(n, 256)))
         launch(kernel, blocks, threads, stream, args)
 
     @staticmethod
     def _buffer(n, acc, stream, zero=True):
-        """A state buffer: n elements of the accumulation dtype (zeros, or uninitialised)."""
+        """A state buffer: n elements of the accumulation dtype (zeros, by a memset on the
+        stream, or uninitialised)."""
         from numba import cuda
-        if not zero:
-            return cuda.device_array(n, acc.dtype, stream=stream)
-        return cuda.to_device(np.zeros(n, acc.dtype), stream=stream)
+        buf = cuda.device_array(n, acc.dtype, stream=stream)
+        return arrays.zero_fill(buf, stream) if zero else buf
 
     # saving -------------------------------------------------------------------------
 
@@ -128,40 +149,92 @@ class Optimizer:
         group = dict(self.defaults, params=list(range(len(self.params))))
         return {"state": state, "param_groups": [group]}
 
+    # the keys of one parameter's state, all present or none: {key: "buffer" | "count"}
+    STATE_KEYS = {}
+
     def load_state_dict(self, d):
-        """Restore what :meth:`state_dict` returned (buffers are copied to the device)."""
+        """Restore what :meth:`state_dict` returned (buffers are copied to the device).
+        Everything is checked first: a malformed dict raises ValueError naming the key and
+        leaves the optimizer as it was."""
         cls = type(self).__name__
+        where = f"{cls}.load_state_dict"
+        if not isinstance(d, dict):
+            raise ValueError(f"{where}: expected a dict with 'state' and 'param_groups'; got "
+                             f"{type(d).__name__}")
+        for key in ("state", "param_groups"):
+            if key not in d:
+                raise ValueError(f"{where}: the dict has no {key!r} key")
+        groups, saved = d["param_groups"], d["state"]
+        if not isinstance(groups, (list, tuple)) or len(groups) != 1 or \
+                not isinstance(groups[0], dict):
+            raise ValueError(f"{where}: 'param_groups' must be a list of one dict; got "
+                             f"{groups!r:.80}")
+        group = groups[0]
+        for k in self.defaults:
+            if k not in group:
+                raise ValueError(f"{where}: param_groups[0] has no {k!r} key")
         try:
-            (group,) = d["param_groups"]
-            hyper = {k: group[k] for k in self.defaults}
-            saved = d["state"]
-        except (KeyError, TypeError, ValueError):
-            raise ValueError(f"{cls}.load_state_dict: not a {cls} state dict") from None
-        if len(group.get("params", ())) != len(self.params):
-            raise ValueError(f"{cls}.load_state_dict: {len(group.get('params', ()))} "
-                             f"parameters saved, this optimizer has {len(self.params)}")
-        hyper = self._validate(**hyper)
-        state = [self._load_one(i, saved.get(i, {})) for i in range(len(self.params))]
+            hyper = self._validate(**{k: group[k] for k in self.defaults})
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"{where}: param_groups[0]: {e}") from None
+        params = group.get("params", ())
+        if not isinstance(params, (list, tuple)) or len(params) != len(self.params):
+            raise ValueError(f"{where}: param_groups[0]['params'] must list the "
+                             f"{len(self.params)} parameters of this optimizer; got "
+                             f"{params!r:.60}")
+        if not isinstance(saved, dict):
+            raise ValueError(f"{where}: 'state' must be a dict {{parameter index: dict}}; got "
+                             f"{type(saved).__name__}")
+        for i in saved:
+            if isinstance(i, bool) or not isinstance(i, (int, np.integer)) or \
+                    not 0 <= i < len(self.params):
+                raise ValueError(f"{where}: state key {i!r} is not a parameter index in "
+                                 f"[0, {len(self.params)})")
+        state = [self._load_one(where, i, saved.get(i, {})) for i in range(len(self.params))]
         self.defaults, self.state = hyper, state
 
-    def _load_one(self, i, saved):
+    def _load_one(self, where, i, saved):
         from numba import cuda
+        if not isinstance(saved, dict):
+            raise ValueError(f"{where}: state[{i}] must be a dict; got {type(saved).__name__}")
         p = self.params[i]
         acc = arrays.acc_dtype(p.data.dtype)
+        for k in saved:
+            if k not in self.STATE_KEYS:
+                raise ValueError(f"{where}: state[{i}] has an unknown key {k!r} (a "
+                                 f"{type(self).__name__} keeps {', '.join(self.STATE_KEYS)})")
+        if saved and set(saved) != set(self.STATE_KEYS):
+            missing = sorted(set(self.STATE_KEYS) - set(saved))
+            raise ValueError(f"{where}: state[{i}] lacks {', '.join(map(repr, missing))}")
         out = {}
         for k, v in saved.items():
-            if isinstance(v, np.ndarray):
-                if tuple(v.shape) != tuple(p.data.shape):
-                    raise ValueError(f"{type(self).__name__}.load_state_dict: {k} of parameter "
-                                     f"{i} has shape {v.shape}, the parameter {p.data.shape}")
-                v = cuda.to_device(arrays.host_contiguous(v.astype(acc, copy=False)).reshape(-1))
-            out[k] = v
-        return out
+            if self.STATE_KEYS[k] == "count":
+                if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)) \
+                        or v < 0:
+                    raise ValueError(f"{where}: state[{i}][{k!r}] must be a count >= 0; got "
+                                     f"{v!r}")
+                out[k] = int(v)
+                continue
+            try:            # a ragged list: NumPy's own ValueError names nothing
+                h = np.asarray(v) if not _is_device(v) else arrays.to_host(v)
+            except (ValueError, TypeError) as e:
+                raise ValueError(f"{where}: state[{i}][{k!r}] is not an array: {e}") from None
+            if h.dtype.kind not in "fiu":
+                raise ValueError(f"{where}: state[{i}][{k!r}] must be a real array; got dtype "
+                                 f"{h.dtype}")
+            if tuple(h.shape) != tuple(p.data.shape):
+                raise ValueError(f"{where}: state[{i}][{k!r}] has shape {h.shape}, the "
+                                 f"parameter {tuple(p.data.shape)}")
+            out[k] = h
+        return {k: (cuda.to_device(arrays.host_contiguous(v.astype(acc, copy=False))
+                                   .reshape(-1)) if isinstance(v, np.ndarray) else v)
+                for k, v in out.items()}
 
 
 class SGD(Optimizer):
     """Stochastic gradient descent with optional momentum, dampening, Nesterov momentum and L2
     weight decay, exactly as torch.optim.SGD (see kernels/optim.py: sgd_fwd_kernel)."""
+    STATE_KEYS = {"momentum_buffer": "buffer"}
 
     def __init__(self, params, lr, momentum=0.0, weight_decay=0.0, nesterov=False,
                  dampening=0.0):
@@ -198,6 +271,7 @@ class SGD(Optimizer):
 class Adam(Optimizer):
     """Adam (Kingma and Ba 2015) with L2 weight decay added to the gradient, exactly as
     torch.optim.Adam with amsgrad off (see kernels/optim.py: adam_fwd_kernel)."""
+    STATE_KEYS = {"step": "count", "exp_avg": "buffer", "exp_avg_sq": "buffer"}
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0):
         super().__init__(params, self._validate(lr=lr, betas=betas, eps=eps,

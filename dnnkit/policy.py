@@ -15,7 +15,7 @@ import logging
 from . import config
 from .cudnn import loader
 from .errors import CudnnUnavailableError
-from .registry import OPS, PREPARE, REGISTRY
+from .registry import OPS, PREPARE, REGISTRY, NoCudnnCall
 
 log = logging.getLogger("dnnkit")
 
@@ -67,6 +67,8 @@ def choose(op, args, kw, backend):
     reason, from_library = cudnn_reason(op, args, kw)
     if reason is None:
         return "cudnn", "cuDNN available and supports the arguments", mode, False
+    if isinstance(reason, NoCudnnCall):
+        return "numba", f"cuDNN has no call for it ({reason})", mode, False
     if mode == "forced":
         what = "dnn.enabled=forced" if origin == "dnn.enabled" else origin
         raise CudnnUnavailableError(
@@ -74,7 +76,8 @@ def choose(op, args, kw, backend):
     return "numba", reason, mode, from_library
 
 
-def select_backend(op, *args, backend=None, explain=False, **kw):
+def select_backend(op: str, *args: object, backend: "str | None" = None, explain: bool = False,
+                   **kw: object) -> "str | tuple[str, str]":
     """Which backend ``op`` would run on for these arguments (as the public function takes
     them: ``select_backend("softmax", x, algo="log")``), without running it. Host inputs are
     copied to the device to validate them. With ``explain=True`` returns ``(backend, reason)``.

@@ -2,19 +2,29 @@
 buffer that both backends read (docs/rnn.md). The ops under it: dnnkit.rnn_forward/backward.
 
     rnn = dnnkit.RNN("lstm", input_size, hidden_size, num_layers=2, bidirectional=True)
-    w = rnn.init_params(seed=0)
-    out = rnn.forward(w, x, training=True)          # y, hy, cy = out; out.state
-    dx, dhx, dcx, dw = rnn.backward(w, x, out.y, dy, state=out.state)
+    w = dnnkit.tensor(rnn.init_params(seed=0), requires_grad=True)
+    y, hy, cy = rnn.forward(w, x, training=True)     # Tensors in, Tensors out
+    loss = ...; loss.backward()                      # w.grad (rnn_forward's gradient rule)
+
+On arrays (no Tensor among the inputs) ``forward`` returns arrays and ``out.state``, and
+``backward`` is the explicit call of ``rnn_backward`` -- the same op the gradient rule runs.
+
+``batch_first`` swaps the first two axes of x on the way in and of y on the way out. On
+arrays it is one transpose kernel; on a Tensor that requires grad it is the time steps cut
+apart (``split``) and joined along the first axis (``concatenate``), ops with gradient rules,
+so the swap is differentiated too.
 """
 
 import collections
 
 import numpy as np
 
-from . import arrays
-from .ops import rnn as rnn_ops
+from . import arrays, ops
+from .autograd import is_grad_enabled
+from .ops import rnn as rnn_ops, shape as shape_ops
 from .ops.rnn_numba import transpose01
 from .rnn_layout import param_layout, param_size
+from .tensors import Tensor
 
 
 class RNNResult(collections.namedtuple("RNNResult", "y hy cy")):
@@ -28,12 +38,12 @@ class RNN:
     (y likewise); hx/hy/cx/cy are (num_layers*directions, N, H)."""
 
     def __init__(self, mode, input_size, hidden_size, num_layers=1, *, bidirectional=False,
-                 input_mode="linear", batch_first=False, dtype="float32"):
+                 input_mode="linear", batch_first=False, dtype="float32", name="RNN"):
         self.cfg = rnn_ops.make_config(mode, input_size, hidden_size, num_layers,
                                        bidirectional=bidirectional, input_mode=input_mode,
-                                       dtype=dtype)
+                                       dtype=dtype, op=name)
         if not isinstance(batch_first, (bool, np.bool_)):
-            raise TypeError(f"RNN: batch_first must be a bool; got {batch_first!r}")
+            raise TypeError(f"{name}: batch_first must be a bool; got {batch_first!r}")
         self.batch_first = bool(batch_first)
 
     def __repr__(self):
@@ -86,6 +96,8 @@ class RNN:
     def _time_major(self, a, stream):
         if a is None or not self.batch_first:
             return a
+        if isinstance(a, Tensor):
+            return _swap01(a, stream)
         # a device array is tested as in every other check (is_device_array first): the
         # simulator's arrays have no __cuda_array_interface__, and a non-contiguous device
         # view must be refused, not copied through the host (tests/fuzz/test_fuzz.py)
@@ -98,13 +110,17 @@ class RNN:
     def _batch_major(self, a, stream):
         if a is None or not self.batch_first:
             return a
+        if isinstance(a, Tensor):
+            return _swap01(a, stream)
         return transpose01(a, stream)
 
     def forward(self, w, x, hx=None, cx=None, *, training=False, lengths=None, backend=None,
                 stream=None):
         """Returns ``RNNResult(y, hy, cy)`` (unpacks as ``y, hy, cy``; cy None unless lstm)
         with ``.state`` set when ``training`` (for :meth:`backward`). ``lengths``: host ints,
-        one per sequence, in [1, T], any order."""
+        one per sequence, in [1, T], any order. With Tensors (``w``, ``x``, ``hx``, ``cx``)
+        the outputs are Tensors and, with ``training=True``, the call is recorded for
+        ``backward()`` (rnn_forward's gradient rule)."""
         s = arrays.as_stream(stream)
         y, hy, cy, state = rnn_ops.rnn_forward(self.cfg, w, self._time_major(x, s), hx, cx,
                                                lengths=lengths, training=training,
@@ -127,3 +143,13 @@ class RNN:
             self._time_major(dy, s), dhy, dcy, hx, cx, state=state, lengths=lengths,
             backend=backend, stream=s)
         return self._batch_major(dx, s), dhx, dcx, dw
+
+
+def _swap01(t, stream):
+    """A Tensor (3-D) with its first two axes swapped, differentiable (module docstring)."""
+    if not (t.requires_grad and is_grad_enabled()):
+        return Tensor(transpose01(t.data, stream))
+    a, b, f = t.shape
+    steps = shape_ops.split(t, b, axis=1, stream=stream) if b > 1 else (t,)
+    rows = [ops.reshape(p, (1, a, f), stream=stream) for p in steps]
+    return ops.concatenate(rows, axis=0, stream=stream) if b > 1 else rows[0]

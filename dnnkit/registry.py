@@ -33,6 +33,13 @@ class OpInfo:
     numba_only: str = ""
 
 
+class NoCudnnCall(str):
+    """A ``supports()`` reason saying that cuDNN has no call at all for these arguments (not
+    that it refuses these options): the call runs on Numba under every policy, ``forced``
+    included, and the trace shows the reason. (cuDNN 9's matmul has no float64 engine, and
+    its float32 one computes in TF32.)"""
+
+
 REGISTRY = {}   # op -> {backend: Impl}
 OPS = {}        # op -> OpInfo
 PREPARE = {}    # op -> fn(public args) -> the implementation's arguments (validated)

@@ -28,7 +28,8 @@ import importlib
 # One module per op family; adding a family = adding its module here. (Helpers shared between
 # families live in common.py, bounds.py and tensorcore.py: no kernels of their own.)
 MODULES = ("activation", "softmax", "conv", "gemm", "pool", "batchnorm", "dropout", "rnn",
-           "spatial", "optim", "loss", "winograd")
+           "spatial", "optim", "loss", "winograd", "arith", "reduce", "shape",
+           "embedding")
 
 FAMILY_MODULES = tuple(importlib.import_module(f".{m}", __name__) for m in MODULES)
 

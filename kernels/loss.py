@@ -25,6 +25,14 @@ with scale = 1/count (mean) or 1 (sum) for nll and 2/n or 2 for mse. exp(logp) i
 Memory traffic: nll forward reads N*S targets and N*S log-probabilities (a gather), backward
 reads logp and the targets and writes dx once; mse reads x and t once in each direction.
 
+Device-side scales (dnnkit/ops/loss.py: a loss and its gradient with no read back to the
+host): ``loss_finish_kernel`` turns the sum and count into the 0-d loss (mean: divided on the
+device; NaN for a count of 0); ``nll_bwd_scaled_kernel`` and ``mse_bwd_scaled_kernel`` read
+the upstream gradient and the count from device memory (reduction none, sum or mean), the
+former for cross-entropy (softmax - onehot, from logp) or for nll (-onehot); a target outside
+[0, C) gives a NaN row. ``nll_none_fwd_kernel`` and ``mse_none_fwd_kernel`` give the
+per-position losses (reduction "none").
+
 ``acc`` is the one-element accumulation-type array (see kernels/__init__.py); the block scratch
 is dynamic shared memory of blockDim.x acc elements (sized by the launcher: Numba's simulator
 allocates static shared arrays racily). blockDim.x must be a power of two.

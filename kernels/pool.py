@@ -164,7 +164,11 @@ def pool_kernels(mode, window, stride):
                 take = ins[i] & ((best < 0) | (v > m) | ((v != v) & (m == m)))
                 m = v if take else m
                 best = k0 + i if take else best
-                total += v if ins[i] else zero
+                if mode != MAX:
+                    # MAX never reads the sum. On the GPU it compiles away; the simulator
+                    # runs it, and a window holding both +inf and -inf made NumPy warn
+                    # "invalid value encountered in scalar add" for a sum nobody reads
+                    total += v if ins[i] else zero
         return m, best, total
 
     @cuda.jit(device=True, inline=True)

@@ -1,5 +1,6 @@
 """Test set-up: the CUDA simulator when there is no GPU, markers, and clean flags per test."""
 
+import collections
 import os
 import zlib
 import sys
@@ -79,6 +80,26 @@ def pytest_collection_modifyitems(config, items):  # noqa: F811 - pytest hook na
                     reason=f"cuDNN unavailable: {st.reason}")
             if skip_cudnn:
                 item.add_marker(skip_cudnn)
+
+
+def pytest_terminal_summary(terminalreporter, config):  # noqa: F811 - pytest hook name
+    """Skips in brief: one line per reason with its count. (pyproject's addopts reports
+    failures and errors in full, ``-rfE``; ``-ra`` would print a line per skipped test, some
+    800 on the simulator, burying the summary. ``-rs`` still lists them.)"""
+    skipped = terminalreporter.stats.get("skipped", [])
+    if not skipped or "s" in config.option.reportchars.replace("A", "s").replace("a", "s"):
+        return
+    reasons = collections.Counter(skip_reason(r) for r in skipped)
+    terminalreporter.section(f"{len(skipped)} skipped, by reason (-rs lists them)", sep="-")
+    for reason, n in reasons.most_common():
+        terminalreporter.write_line(f"{n:>5}  {reason}")
+
+
+def skip_reason(report):
+    """A skip report's reason, without pytest's "Skipped: " prefix."""
+    longrepr = report.longrepr
+    text = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
+    return text[len("Skipped: "):] if text.startswith("Skipped: ") else text
 
 
 @pytest.fixture(autouse=True)

@@ -130,3 +130,95 @@ def test_allocator_flag_is_known_right_after_import():
     env = dict(os.environ, DNNKIT_FLAGS="dnn.allocator=numba")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     assert r.returncode == 0 and r.stdout.split() == ["numba", "1"], r.stdout + r.stderr
+
+
+# ------------------------------------------------------------- a damaged rc file
+
+def _rc_bytes(tmp_path, monkeypatch, data):
+    p = tmp_path / "dnnkitrc"
+    p.write_bytes(data)
+    monkeypatch.setenv("DNNKIT_RC", str(p))
+    return str(p)
+
+
+def test_rc_values_are_literal(tmp_path, monkeypatch):
+    _rc(tmp_path, monkeypatch, "[dnn]\nlibrary_path = /opt/100%/lib %(x)s\n")
+    assert config.dnn.library_path == "/opt/100%/lib %(x)s"
+    assert config.source("dnn.library_path") == "rc"
+
+
+@pytest.mark.parametrize("data,words", [
+    ("[dnn]\nenabled = forced\n".encode("utf-16"), ["UTF-16"]),
+    (bytes(range(256)), ["line 1, column 1", "binary"]),
+    (b"[dnn]\nverbose = 1\nenabled = d\xe9sactiv\xe9\n", ["line 3, column 12", "0xe9"]),
+    (b"enabled = forced\n", ["line 1", "before any [section]"]),
+    (b"[dnn]\nverbose = 1\nenabled forced\n", ["line 3", "'enabled forced'"]),
+    (b"[dnn]\nenabled = auto\nenabled = forced\n", ["line 3", "'enabled' appears twice"]),
+    (b"[dnn]\nverbose = 1\n[dnn]\n", ["line 3", "[dnn] appears twice"]),
+    (b"[dnn]\nverbose = 1\n\n[dnn.conv]\nalgo_fwd = quickest\n",
+     ["line 5", "dnn.conv.algo_fwd", "'quickest'"]),
+    (b"[dnn]\nverbose = 1\nnope = 2\n", ["line 3", "unknown flag 'dnn.nope'"]),
+])
+def test_a_bad_rc_file_gives_one_message_naming_the_file_and_line(tmp_path, monkeypatch, data,
+                                                                  words):
+    path = _rc_bytes(tmp_path, monkeypatch, data)
+    for _ in range(2):          # every read raises until the file is fixed: nothing half-read
+        with pytest.raises(config.ConfigError) as ei:
+            config.reload()
+        msg = str(ei.value)
+        assert msg.startswith(f"rc file {path}") and "\n" not in msg, msg
+        for w in words:
+            assert w in msg, msg
+    assert isinstance(ei.value, ValueError)
+    assert config.dnn.enabled == "auto"        # a failed reload keeps what was read before
+    # read lazily (a fresh process): every flag read raises until the file is fixed
+    config.state.loaded, config.state.merged = False, None
+    for _ in range(2):
+        with pytest.raises(config.ConfigError, match="rc file"):
+            config.get("dnn.enabled")
+    # the next good file works, and nothing of the bad one was applied
+    _rc(tmp_path, monkeypatch, "[dnn]\nverbose = yes\n")
+    assert config.dnn.verbose is True and config.dnn.enabled == "auto"
+
+
+def test_a_bad_rc_file_in_python_m_dnnkit_info(tmp_path):
+    import os
+    import subprocess
+    import sys
+    rc = tmp_path / "dnnkitrc"
+    rc.write_bytes("[dnn]\nlibrary_path = /opt/100%/lib\n".encode("utf-16"))
+    env = {k: v for k, v in os.environ.items() if k != "DNNKIT_FLAGS"}
+    env.update(DNNKIT_RC=str(rc), NUMBA_ENABLE_CUDASIM="1")
+    r = subprocess.run([sys.executable, "-m", "dnnkit", "info"], capture_output=True,
+                       text=True, env=env, timeout=300)
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    assert f"rc file {rc}: is UTF-16 text" in r.stderr
+    rc.write_text("[dnn]\nlibrary_path = /opt/100%/lib\n")      # literal: it runs
+    r = subprocess.run([sys.executable, "-m", "dnnkit", "info"], capture_output=True,
+                       text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "/opt/100%/lib" in r.stdout
+
+
+def test_bad_dnnkit_flags_is_a_config_error(monkeypatch):
+    monkeypatch.setenv("DNNKIT_FLAGS", "dnn.memo=perhaps")
+    with pytest.raises(config.ConfigError, match="DNNKIT_FLAGS: flag dnn.memo: bad value"):
+        config.reload()
+
+
+@pytest.mark.parametrize("value,expect", [
+    (0, 0), (1 << 40, 1 << 40), ("1048576", 1 << 20), (1e9, 10**9), ("1e9", 10**9),
+    (" auto ", "auto"),
+])
+def test_workspace_limit_takes_whole_numbers_of_bytes(value, expect):
+    config.set("dnn.conv.workspace_limit", value)
+    assert config.get("dnn.conv.workspace_limit") == expect
+
+
+@pytest.mark.parametrize("value", [float("inf"), float("-inf"), float("nan"), "inf", 1.5, -1,
+                                   "-5", True, None, [1], "lots", "1.5e3.2"])
+def test_workspace_limit_refuses_the_rest_clearly(value):
+    with pytest.raises(ValueError, match=r"flag dnn.conv.workspace_limit: bad value .*"
+                                         r"allowed: 'auto' or a whole number of bytes >= 0"):
+        config.set("dnn.conv.workspace_limit", value)
+    assert config.get("dnn.conv.workspace_limit") == "auto"        # unchanged

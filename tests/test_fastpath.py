@@ -187,11 +187,11 @@ def test_a_call_with_one_array_in_two_places_is_not_memoised():
     """Stored from (a, a), a later (b, c) could not tell which array goes where."""
     a, b = _dev([1.0, 2.0]), _dev([3.0, 4.0])
     before = fastpath.stats["stores"]
-    fastpath.store(("sig",), (a, a), {}, (a, a), lambda *p: None)
-    fastpath.store(("sig2",), (a,), {"y": a}, (a, a), lambda *p: None)
+    fastpath.store(("sig",), (a, a), {}, (a, a), lambda *p: None, "numba")
+    fastpath.store(("sig2",), (a,), {"y": a}, (a, a), lambda *p: None, "numba")
     assert fastpath.stats["stores"] == before
     assert fastpath._memo().get(("sig",)) is None and fastpath._memo().get(("sig2",)) is None
-    fastpath.store(("sig3",), (a, b), {}, (b, a), lambda *p: None)      # distinct: stored
+    fastpath.store(("sig3",), (a, b), {}, (b, a), lambda *p: None, "numba")   # distinct: stored
     assert fastpath._memo()[("sig3",)][2] == ((0, 1, None), (1, 0, None))
 
 

@@ -195,3 +195,50 @@ def test_reshaped_views_share_memory_and_match_numba():
     strided = cuda.to_device(host.reshape(6, 4))[:, ::2]
     with pytest.raises(NotImplementedError):                     # Numba's own answer
         memory.reshaped(strided, (12,))
+
+
+# ------------------------------------------- dnn.debug.fill_uninitialized
+
+def test_fill_flag_values():
+    assert config.get("dnn.debug.fill_uninitialized") == "off"
+    config.set("dnn.debug.fill_uninitialized", " NaN ")
+    assert config.get("dnn.debug.fill_uninitialized") == "nan"
+    for bad in ("zero", True, ["nan"], None):
+        with pytest.raises(ValueError, match="fill_uninitialized.*allowed: off, nan"):
+            config.set("dnn.debug.fill_uninitialized", bad)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64", "uint8", "int32"])
+def test_fill_nan_fills_every_new_array_of_both_allocation_paths(dtype):
+    """Every byte 0xFF: NaN in each float dtype, -1 / the largest value in the integer ones;
+    device_array (a call's allocations) and allocator() (the memo's) alike, on an array
+    whose block held finite data before (the pool hands it out again on a GPU)."""
+    from numba import cuda
+    shape, stream = (3, 5), cuda.default_stream()
+    old = memory.device_array(shape, dtype, stream)
+    old.copy_to_device(np.ones(shape, dtype), stream=stream)
+    del old
+    with config.change_flags({"dnn.debug.fill_uninitialized": "nan"}):
+        arrays = [memory.device_array(shape, dtype, stream),
+                  memory.allocator(shape, dtype, stream)(),
+                  memory.device_array(shape, dtype, 0)]     # a raw cudaStream_t
+    for a in arrays:
+        got = a.copy_to_host()
+        assert got.shape == shape and got.dtype == np.dtype(dtype)
+        assert (got.view(np.uint8) == memory.FILL_BYTE).all()
+        if got.dtype.kind == "f":
+            assert np.isnan(got).all()
+    empty = memory.device_array((0, 4), dtype, stream)
+    assert empty.shape == (0, 4)
+
+
+def test_fill_off_is_the_default_and_writes_nothing(monkeypatch):
+    calls = []
+    monkeypatch.setattr(memory, "_fill", lambda a, s: calls.append(a) or a)
+    memory.device_array((4,), np.float32, 0)
+    memory.allocator((4,), np.float32, 0)()
+    assert calls == []
+    with config.change_flags({"dnn.debug.fill_uninitialized": "nan"}):
+        memory.device_array((4,), np.float32, 0)
+        memory.allocator((4,), np.float32, 0)()
+    assert len(calls) == 2

@@ -1,10 +1,13 @@
 """dnnkit.optim (SGD, Adam) and ops.elementwise.axpy against float64 NumPy references written
-from PyTorch's update equations (tiny arrays: the simulator runs a thread per CUDA thread)."""
+from PyTorch's update equations (tiny arrays: the simulator runs a thread per CUDA thread);
+gradients as Tensors (from backward) or device arrays; the version bump; malformed state
+dicts; a step that reads nothing back from the device."""
 
 import numpy as np
 import pytest
 from numba import cuda
 
+import dnnkit
 from dnnkit.nn.parameter import Parameter
 from dnnkit.ops.elementwise import axpy
 from dnnkit.optim import SGD, Adam
@@ -27,8 +30,9 @@ def grads(rng, shapes, steps, dtype):
 
 
 def set_grads(params, gs):
-    for p, g in zip(params, gs):
-        p.grad = cuda.to_device(g)
+    # half as Tensors (what backward leaves), half as device arrays: both are read
+    for i, (p, g) in enumerate(zip(params, gs)):
+        p.grad = dnnkit.tensor(g) if i % 2 == 0 else cuda.to_device(g)
 
 
 class SGDRef:
@@ -254,7 +258,7 @@ def test_axpy(rng, dtype):
     assert rel_err(got, ref) <= TOL[dtype]
 
 
-def test_axpy_errors_and_accumulate(rng):
+def test_axpy_errors(rng):
     y = cuda.to_device(np.zeros(5, np.float32))
     with pytest.raises(TypeError, match="in place"):
         axpy(1.0, cuda.to_device(np.ones(5, np.float32)), np.zeros(5, np.float32))
@@ -262,9 +266,89 @@ def test_axpy_errors_and_accumulate(rng):
         axpy(1.0, cuda.to_device(np.ones(4, np.float32)), y)
     with pytest.raises(TypeError, match="dtype"):
         axpy(1.0, cuda.to_device(np.ones(5, np.float64)), y)
-    # Parameter.accumulate sums gradients through axpy
-    p = Parameter(np.zeros(5, np.float32))
-    g1, g2 = rng.standard_normal(5).astype(np.float32), rng.standard_normal(5).astype(np.float32)
-    p.accumulate(cuda.to_device(g1))
-    p.accumulate(cuda.to_device(g2))
-    np.testing.assert_allclose(p.grad.copy_to_host(), g1 + g2, rtol=1e-6)
+
+
+def test_step_from_backward_bumps_versions(rng):
+    """The gradients backward leaves are Tensors; the step changes the parameters in place and
+    bumps their versions, so a graph recorded before the step cannot differentiate the old
+    value silently."""
+    w = Parameter(rng.standard_normal((2, 3)))
+    x = dnnkit.tensor(rng.standard_normal((4, 3)))
+    y = dnnkit.linear(x, w)
+    y.sum().backward()
+    np.testing.assert_allclose(w.grad.numpy(), np.ones((4, 2)).T @ x.numpy(), rtol=1e-13)
+    before, v0 = w.numpy(), w.version
+    stale = dnnkit.linear(x, w)
+    SGD([w], lr=0.5).step()
+    assert w.version == v0 + 1
+    np.testing.assert_allclose(w.numpy(), before - 0.5 * w.grad.numpy(), rtol=1e-13)
+    with pytest.raises(RuntimeError, match="changed in place"):
+        stale.sum().backward()
+
+
+def test_frozen_and_non_leaf_parameters(rng):
+    w = Parameter(np.ones(3)).requires_grad_(False)
+    opt = SGD([w], lr=1.0)
+    opt.step()                                        # no grad: nothing happens
+    np.testing.assert_array_equal(w.numpy(), np.ones(3))
+    made = dnnkit.tensor(np.ones(3), requires_grad=True) * 2.0
+    with pytest.raises(ValueError, match="made by an op.*leaf"):
+        SGD([made], lr=0.1)
+
+
+@pytest.mark.parametrize("opt_cls", [SGD, Adam])
+def test_step_reads_nothing_back(rng, monkeypatch, opt_cls):
+    """A step queues its kernels: no copy to the host, no synchronisation (once the state
+    buffers exist: the first step makes them)."""
+    _, params = make(rng, "float32")
+    opt = opt_cls(params, lr=0.1, **({"momentum": 0.9} if opt_cls is SGD else {}))
+    set_grads(params, grads(rng, SHAPES, 1, "float32")[0])
+    opt.step()
+
+    def refuse(*a, **k):
+        raise AssertionError("the optimizer step read from the device")
+    arr = type(params[0].data)
+    monkeypatch.setattr(arr, "copy_to_host", refuse)
+    monkeypatch.setattr(cuda, "synchronize", refuse)
+    opt.step()
+
+
+MALFORMED = [
+    ("not a dict", [], "expected a dict"),
+    ("no state", {"param_groups": [{}]}, "no 'state' key"),
+    ("groups", {"state": {}, "param_groups": {"lr": 1}}, "'param_groups' must be a list"),
+    ("hyper", {"state": {}, "param_groups": [{"lr": 0.1, "params": [0, 1]}]}, "no 'betas' key"),
+    ("state type", {"state": [1], "param_groups": None}, "'param_groups' must be a list"),
+    ("index", {"state": {5: {}}, "param_groups": "G"}, "state key 5"),
+    ("entry", {"state": {0: 3}, "param_groups": "G"}, r"state\[0\] must be a dict"),
+    ("unknown", {"state": {0: {"momentum": 1}}, "param_groups": "G"}, "unknown key 'momentum'"),
+    ("partial", {"state": {0: {"step": 1}}, "param_groups": "G"}, "lacks 'exp_avg'"),
+    ("step", {"state": {0: {"step": -1, "exp_avg": "B", "exp_avg_sq": "B"}},
+     "param_groups": "G"}, r"state\[0\]\['step'\] must be a count"),
+    ("buffer", {"state": {0: {"step": 1, "exp_avg": "B", "exp_avg_sq": np.array(["x"] * 15)
+                              .reshape(3, 5)}}, "param_groups": "G"},
+     r"state\[0\]\['exp_avg_sq'\] must be a real array"),
+]
+
+
+@pytest.mark.parametrize("name, bad, match", MALFORMED, ids=[m[0] for m in MALFORMED])
+def test_adam_load_state_dict_malformed(rng, name, bad, match):
+    _, params = make(rng, "float32")
+    opt = Adam(params, lr=0.01)
+    set_grads(params, grads(rng, SHAPES, 1, "float32")[0])
+    opt.step()
+    good = opt.state_dict()
+    if isinstance(bad, dict):
+        if bad.get("param_groups") == "G":
+            bad["param_groups"] = good["param_groups"]
+        for st in bad.get("state", {}).values() if isinstance(bad.get("state"), dict) else ():
+            if isinstance(st, dict):
+                for k, v in st.items():
+                    if isinstance(v, str) and v == "B":
+                        st[k] = good["state"][0][k]
+    saved = [dict(st) for st in opt.state]
+    with pytest.raises(ValueError, match=match):
+        opt.load_state_dict(bad)
+    assert opt.defaults["lr"] == 0.01 and len(opt.state) == len(saved)
+    for st, was in zip(opt.state, saved):
+        assert st.keys() == was.keys() and all(st[k] is was[k] for k in st)

@@ -25,7 +25,7 @@ import threading
 
 import numpy as np
 
-from .. import fastpath
+from .. import fastpath, files
 from .enums import CONV_BWD_DATA_ALGO, CONV_BWD_FILTER_ALGO, CONV_FWD_ALGO, MATH_NAMES
 
 FORMAT = "dnnkit-cudnn-algo-cache"
@@ -171,18 +171,16 @@ def stats():
 
 def save(path):
     """Write the ``*_once`` entries to ``path`` as JSON (sorted, so equal caches give equal
-    files); the file is replaced atomically."""
+    files). The file is replaced whole or not at all (``dnnkit.files.atomic_open``): when the
+    write fails (a full disk, ``path`` a folder) an OSError naming ``path`` is raised, the old
+    file is kept and no temporary file is left."""
     with _lock:
         items = sorted(_once.items())
     # One entry a line: readable, and diffs between two saved caches stay small.
     rows = ",\n".join(json.dumps({"algo": v, "key": json.loads(k)}, sort_keys=True)
                       for k, v in items)
     head = json.dumps({"format": FORMAT, "version": FORMAT_VERSION})[:-1]
-    path = os.fspath(path)
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
-        f.write(f'{head}, "entries": [\n{rows}\n]}}\n')
-    os.replace(tmp, path)
+    files.write_text(path, f'{head}, "entries": [\n{rows}\n]}}\n')
 
 
 def _parse(path, text):
@@ -190,6 +188,9 @@ def _parse(path, text):
         doc = json.loads(text)
     except ValueError as e:
         raise ValueError(f"{path}: not a dnnkit algorithm cache (invalid JSON: {e})") from None
+    except RecursionError:
+        raise ValueError(f"{path}: not a dnnkit algorithm cache (JSON nested too deeply to "
+                         "read)") from None
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         raise ValueError(f"{path}: not a dnnkit algorithm cache (no \"format\": \"{FORMAT}\")")
     if doc.get("version") != FORMAT_VERSION:
@@ -204,19 +205,21 @@ def _parse(path, text):
             if sorted(key) != sorted(KEY_FIELDS):
                 raise ValueError(f"key fields {sorted(key)} differ from {sorted(KEY_FIELDS)}")
             _check_name(key["direction"], name)
-        except (TypeError, KeyError, ValueError) as err:
-            raise ValueError(f"{path}: entry {i} is malformed ({err})") from None
-        out[_canonical(key)] = name
+            out[_canonical(key)] = name
+        except (TypeError, KeyError, ValueError, RecursionError) as err:
+            why = "nested too deeply" if isinstance(err, RecursionError) else err
+            raise ValueError(f"{path}: entry {i} is malformed ({why})") from None
     return out
 
 
 def load(path):
     """Merge the entries of a file written by ``save``; entries already in memory are kept.
-    Raises ValueError naming ``path`` when it is corrupt or of another format version.
-    Returns the number of entries read."""
+    Raises ValueError naming ``path`` when it is not a cache of this format version (binary,
+    not UTF-8, not JSON, nested too deeply, another format or version, a malformed entry),
+    OSError when it cannot be read; either way before anything is merged. Returns the number
+    of entries read."""
     path = os.fspath(path)
-    with open(path) as f:
-        entries = _parse(path, f.read())
+    entries = _parse(path, files.read_text(path, "algorithm cache"))
     with _lock:
         for k, v in entries.items():
             _once.setdefault(k, v)

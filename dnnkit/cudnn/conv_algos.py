@@ -17,6 +17,7 @@ import dataclasses
 import logging
 from ctypes import POINTER, c_int, c_size_t, c_void_p
 
+from .. import device
 from ..errors import CudnnError, DnnkitError
 from . import algo_cache, api, loader
 from .enums import (CONV_BWD_DATA_ALGO, CONV_BWD_FILTER_ALGO, CONV_FWD_ALGO, DETERMINISTIC,
@@ -219,6 +220,9 @@ def timings(c, limit):
     It writes the timing runs' results into the output array o, which is safe: the chosen
     algorithm then overwrites all of o (beta = 0), and a, b (inputs) are only read.
     """
+    device.refuse_in_capture(f"cuDNN algorithm timing ({c.ctx})",
+                             "it runs every candidate and waits for the timings; the warm-up "
+                             "calls time the shapes they see", c.stream)
     nbytes = _timing_bytes(c, limit)
     ws = alloc(nbytes, c.stream)
     if nbytes and ws is None:

@@ -18,7 +18,7 @@ Numba is imported inside ``_time``: ``import dnnkit`` must not load it.
 import logging
 import threading
 
-from .. import fastpath, memory
+from .. import device, fastpath, memory
 from ..errors import CudnnError
 from . import algo_cache, graph, handle, workspace
 from .enums import CONVOLUTION, CROSS_CORRELATION, DATA_TYPES
@@ -163,6 +163,9 @@ def _time(g, h, pointers, limit, stream):
     """The fastest of the first TIME_MAX plans that fit (each run once, then TIME_REPS times
     between CUDA events). Writes into the output, which the chosen plan then overwrites."""
     from numba import cuda
+    device.refuse_in_capture("cuDNN graph engine timing", "it runs every candidate plan and "
+                             "waits for the timings; the warm-up calls time the shapes they "
+                             "see", stream)
     plans = []
     for c in g.configs:
         p = g.plan(h, c)

@@ -15,11 +15,13 @@ dnnkit`` loads neither (tests/cudnn/test_loader.py checks).
 """
 
 import ctypes
+import ctypes.util
 import dataclasses
 import glob
 import os
 import re
 import struct
+import sys
 import threading
 
 from .. import config
@@ -155,10 +157,38 @@ def _locate(library_path):
         # Loading (dlopen) without calling anything is safe even when sub-libraries are missing.
         loaded = load_nvidia_dynamic_lib("cudnn")
     except Exception as e:  # DynamicLibNotFoundError and friends
-        raise LookupError("library not found: no cuDNN 9 in pip wheels (nvidia-cudnn-cu12/cu13), "
-                          f"conda or system paths ({type(e).__name__}: {e}); install "
-                          "dnnkit[cu12] or set dnn.library_path") from None
+        raise LookupError(not_found_reason(e)) from None
     return loaded.abs_path, getattr(loaded, "found_via", None) or "cuda.pathfinder"
+
+
+def not_found_reason(error):
+    """The one-line reason for a failed ``load_nvidia_dynamic_lib("cudnn")``. cuda.pathfinder
+    loads cuDNN's dependencies (cuBLASLt, ...) before cuDNN itself, so its error may name a
+    dependency even where cuDNN is absent too: say which file is missing, and what for."""
+    fix = "install dnnkit[cu12] (or [cu13]) or set dnn.library_path"
+    m = re.search(r'Failure finding "([^"]+)"', str(error))
+    missing = m.group(1) if m else None
+    main = main_file()
+    if main is None or missing is None or "cudnn" in missing.lower():
+        return (f"library not found: no cuDNN 9 in pip wheels (nvidia-cudnn-cu12/cu13), conda "
+                f"or system paths: {MAIN_NAME}, the library of dnnkit's cuDNN backend, is "
+                f"missing; {fix}")
+    return (f"library not loadable: {main} was found, but {missing}, a library cuDNN needs, "
+            f"is missing from the wheels, conda and system paths; {fix}")
+
+
+def main_file():
+    """Where ``libcudnn.so.9`` is (a wheel's nvidia/cudnn/lib on sys.path, conda, the CUDA
+    toolkit, LD_LIBRARY_PATH, or the system's linker cache), without loading it; None."""
+    dirs = [os.path.join(p, "nvidia", "cudnn", "lib") for p in sys.path if p]
+    dirs += [os.path.join(os.environ[v], sub) for v in ("CONDA_PREFIX", "CUDA_HOME", "CUDA_PATH")
+             if os.environ.get(v) for sub in ("lib", "lib64")]
+    dirs += os.environ.get("LD_LIBRARY_PATH", "").split(os.pathsep)
+    for d in filter(None, dirs):
+        if os.path.isfile(os.path.join(d, MAIN_NAME)):
+            return os.path.join(d, MAIN_NAME)
+    found = ctypes.util.find_library("cudnn")      # the linker cache: a name, not a path
+    return found if found == MAIN_NAME else None
 
 
 def status_name(lib, status):

@@ -1,14 +1,19 @@
-"""Layers over dnnkit's ops. Each keeps in ``forward`` what its ``backward`` needs (inputs,
-outputs, saved statistics) and runs every op through :meth:`Module.run`, gradients through
-:meth:`Module.run_as` (the forward's backend). Weights are initialised from a seeded NumPy
-generator as PyTorch does by default (Kaiming-uniform with a = sqrt(5): U(-1/sqrt(fan_in),
-1/sqrt(fan_in)) for weights and biases)."""
+"""Layers over dnnkit's ops, called on Tensors: each ``forward`` runs ops with the module's
+``backend`` and the graph records itself (no layer keeps anything for a backward of its own).
+
+Weights are initialised from a seeded NumPy generator as PyTorch does by default
+(Kaiming-uniform with a = sqrt(5): U(-1/sqrt(fan_in), 1/sqrt(fan_in)) for weights and biases;
+N(0, 1) for an embedding), and laid out as PyTorch's: a convolution's weight is
+(out, in/groups, *kernel), a linear layer's (out, in).
+"""
 
 import math
 
 import numpy as np
 
-from .. import ops, recurrent
+from .. import ops
+from . import checks
+from .checks import as_input
 from .module import Module
 from .parameter import Parameter
 
@@ -22,45 +27,49 @@ class _ConvNd(Module):
     def __init__(self, nd, in_channels, out_channels, kernel_size, stride, padding, dilation,
                  groups, bias, dtype, seed):
         super().__init__()
-        k = tuple(kernel_size) if isinstance(kernel_size, (tuple, list)) else (kernel_size,) * nd
-        if len(k) != nd or in_channels % groups or out_channels % groups:
-            raise ValueError(f"Conv{nd}d: kernel_size {kernel_size} must have {nd} entries and "
-                             f"groups={groups} must divide in_channels={in_channels} and "
-                             f"out_channels={out_channels}")
-        rng = np.random.default_rng(seed)
-        fan_in = in_channels // groups * math.prod(k)
+        cls = f"Conv{nd}d"
+        cin = checks.integer(cls, "in_channels", in_channels, 1)
+        cout = checks.integer(cls, "out_channels", out_channels, 1)
+        k = checks.sizes(cls, "kernel_size", kernel_size, nd, 1)
+        g = checks.integer(cls, "groups", groups, 1)
+        if cin % g or cout % g:
+            raise ValueError(f"{cls}: groups={g} must divide in_channels={cin} and "
+                             f"out_channels={cout}")
+        self.conv = dict(stride=checks.sizes(cls, "stride", stride, nd, 1),
+                         padding=padding if isinstance(padding, str) else
+                         checks.sizes(cls, "padding", padding, nd, 0),
+                         dilation=checks.sizes(cls, "dilation", dilation, nd, 1), groups=g)
+        if isinstance(padding, str) and padding not in ("valid", "full", "half"):
+            raise ValueError(f"{cls}: padding must be an int, a tuple or one of 'valid', "
+                             f"'full', 'half'; got {padding!r}")
+        dtype = checks.float_dtype(cls, dtype)
+        rng = np.random.default_rng(checks.seed(cls, seed))
+        fan_in = cin // g * math.prod(k)
         self.nd, self.kernel_size = nd, k
-        self.conv = dict(stride=stride, padding=padding, dilation=dilation, groups=groups)
-        self.weight = Parameter(_uniform(rng, (out_channels, in_channels // groups) + k, fan_in,
-                                         dtype))
-        self.bias = Parameter(_uniform(rng, (out_channels,), fan_in, dtype)) if bias else None
-        self._fns = (ops.conv2d, ops.conv2d_backward_data, ops.conv2d_backward_filter) \
-            if nd == 2 else (ops.conv3d, ops.conv3d_backward_data, ops.conv3d_backward_filter)
+        self.in_channels, self.out_channels = cin, cout
+        self.weight = Parameter(_uniform(rng, (cout, cin // g) + k, fan_in, dtype))
+        self.bias = Parameter(_uniform(rng, (cout,), fan_in, dtype)) \
+            if checks.flag(cls, "bias", bias) else None
+        self._op = ops.conv2d if nd == 2 else ops.conv3d
 
     def extra_repr(self):
-        k, c = self.weight.shape, self.conv
-        return (f"{k[1] * c['groups']}, {k[0]}, kernel_size={self.kernel_size}, "
-                f"stride={c['stride']}, padding={c['padding']}")
+        c = self.conv
+        s = (f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, "
+             f"stride={c['stride']}, padding={c['padding']}")
+        if c["dilation"] != (1,) * self.nd:
+            s += f", dilation={c['dilation']}"
+        if c["groups"] != 1:
+            s += f", groups={c['groups']}"
+        return s + ("" if self.bias is not None else ", bias=False")
 
     def forward(self, x):
-        fwd = self._fns[0]
-        self._x = x
-        b = self.bias.data if self.bias is not None else None
-        return self.run(fwd, x, self.weight.data, b, **self.conv)
-
-    def backward(self, dy):
-        fwd, bwd_data, bwd_filter = self._fns
-        x = self._x
-        dx = self.run_as(fwd.op_name, bwd_data, dy, self.weight.data, tuple(x.shape),
-                         **self.conv)
-        self.weight.accumulate(self.run_as(fwd.op_name, bwd_filter, x, dy, self.weight.shape,
-                                           **self.conv))
-        if self.bias is not None:
-            self.bias.accumulate(self.run_as(fwd.op_name, ops.conv_backward_bias, dy))
-        return dx
+        x = as_input(type(self).__name__, x, self.weight.dtype)
+        return self._op(x, self.weight, self.bias, **self.conv, backend=self.backend)
 
 
 class Conv2d(_ConvNd):
+    """2-D convolution of (N, C, H, W); weight (out, in/groups, kh, kw), bias (out,)."""
+
     def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1,
                  groups=1, bias=True, *, dtype="float32", seed=None):
         super().__init__(2, in_channels, out_channels, kernel_size, stride, padding, dilation,
@@ -68,6 +77,8 @@ class Conv2d(_ConvNd):
 
 
 class Conv3d(_ConvNd):
+    """3-D convolution of (N, C, D, H, W); weight (out, in/groups, kd, kh, kw)."""
+
     def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1,
                  groups=1, bias=True, *, dtype="float32", seed=None):
         super().__init__(3, in_channels, out_channels, kernel_size, stride, padding, dilation,
@@ -75,93 +86,123 @@ class Conv3d(_ConvNd):
 
 
 class Linear(Module):
-    """y = x W^T + b for x (N, in): a 1x1 convolution of (N, in, 1, 1), so it runs on cuDNN
-    or on the Numba GEMM under the same policy as every conv (cuBLAS is not a dependency)."""
+    """y = x W^T + b for x (..., in_features): ``dnnkit.linear``, weight (out_features,
+    in_features) as PyTorch's, bias (out_features,)."""
 
     def __init__(self, in_features, out_features, bias=True, *, dtype="float32", seed=None):
         super().__init__()
-        self.conv = Conv2d(in_features, out_features, 1, bias=bias, dtype=dtype, seed=seed)
-        self.in_features, self.out_features = in_features, out_features
+        cls = "Linear"
+        self.in_features = checks.integer(cls, "in_features", in_features, 1)
+        self.out_features = checks.integer(cls, "out_features", out_features, 1)
+        dtype = checks.float_dtype(cls, dtype)
+        rng = np.random.default_rng(checks.seed(cls, seed))
+        self.weight = Parameter(_uniform(rng, (self.out_features, self.in_features),
+                                         self.in_features, dtype))
+        self.bias = Parameter(_uniform(rng, (self.out_features,), self.in_features, dtype)) \
+            if checks.flag(cls, "bias", bias) else None
 
     def extra_repr(self):
-        return f"in_features={self.in_features}, out_features={self.out_features}"
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"bias={self.bias is not None}")
 
     def forward(self, x):
-        if x.ndim != 2 or x.shape[1] != self.in_features:
-            raise ValueError(f"Linear: input must be (N, {self.in_features}); got "
-                             f"{tuple(x.shape)}")
-        n = x.shape[0]
-        return self.conv.forward(x.reshape(n, self.in_features, 1, 1)).reshape(
-            n, self.out_features)
-
-    def backward(self, dy):
-        n = dy.shape[0]
-        return self.conv.backward(dy.reshape(n, self.out_features, 1, 1)).reshape(
-            n, self.in_features)
+        x = as_input("Linear", x, self.weight.dtype)
+        return ops.linear(x, self.weight, self.bias, backend=self.backend)
 
 
 class Flatten(Module):
-    """(N, ...) -> (N, prod(...)): a view."""
+    """(N, ...) -> (N, prod(...)): a view (``dnnkit.reshape``)."""
 
     def forward(self, x):
-        self._shape = tuple(x.shape)
-        return x.reshape(x.shape[0], math.prod(x.shape[1:]))
+        x = as_input("Flatten", x)
+        if x.ndim < 1:
+            raise ValueError("Flatten: the input needs a batch dimension; got a 0-d tensor")
+        return ops.reshape(x, (x.shape[0], math.prod(x.shape[1:])), backend=self.backend)
 
-    def backward(self, dy):
-        return dy.reshape(*self._shape)
+
+class Identity(Module):
+    """Returns its input (a placeholder, e.g. a residual block's shortcut)."""
+
+    def forward(self, x):
+        return x
 
 
 class _Pool(Module):
     def __init__(self, nd, mode, kernel_size, stride=None, padding=0):
         super().__init__()
-        self.nd, self.mode = nd, mode
-        self.args = (kernel_size, stride, padding)
-        self._fns = (ops.pool2d, ops.pool2d_backward) if nd == 2 else \
-            (ops.pool3d, ops.pool3d_backward)
+        cls = type(self).__name__
+        k = checks.sizes(cls, "kernel_size", kernel_size, nd, 1)
+        s = k if stride is None else checks.sizes(cls, "stride", stride, nd, 1)
+        p = checks.sizes(cls, "padding", padding, nd, 0)
+        if any(pi >= ki for pi, ki in zip(p, k)):
+            raise ValueError(f"{cls}: padding {p} must be smaller than kernel_size {k}")
+        self.nd, self.mode, self.args = nd, mode, (k, s, p)
+        self._op = ops.pool2d if nd == 2 else ops.pool3d
 
     def extra_repr(self):
         k, s, p = self.args
-        return f"kernel_size={k}, stride={s if s is not None else k}, padding={p}"
+        return f"kernel_size={k}, stride={s}, padding={p}"
 
     def forward(self, x):
-        self._x = x
-        self._y = self.run(self._fns[0], x, *self.args, mode=self.mode)
-        return self._y
-
-    def backward(self, dy):
-        return self.run_as(self._fns[0].op_name, self._fns[1], self._x, self._y, dy, *self.args,
-                           mode=self.mode)
+        x = as_input(type(self).__name__, x)
+        return self._op(x, *self.args, self.mode, backend=self.backend)
 
 
 class MaxPool2d(_Pool):
     def __init__(self, kernel_size, stride=None, padding=0, *, deterministic=False):
-        super().__init__(2, "max_deterministic" if deterministic else "max", kernel_size,
-                         stride, padding)
+        det = checks.flag("MaxPool2d", "deterministic", deterministic)
+        super().__init__(2, "max_deterministic" if det else "max", kernel_size, stride, padding)
 
 
 class MaxPool3d(_Pool):
     def __init__(self, kernel_size, stride=None, padding=0, *, deterministic=False):
-        super().__init__(3, "max_deterministic" if deterministic else "max", kernel_size,
-                         stride, padding)
+        det = checks.flag("MaxPool3d", "deterministic", deterministic)
+        super().__init__(3, "max_deterministic" if det else "max", kernel_size, stride, padding)
 
 
 class AvgPool2d(_Pool):
     def __init__(self, kernel_size, stride=None, padding=0, *, count_include_pad=True):
-        super().__init__(2, "average_inc_pad" if count_include_pad else "average_exc_pad",
-                         kernel_size, stride, padding)
+        inc = checks.flag("AvgPool2d", "count_include_pad", count_include_pad)
+        super().__init__(2, "average_inc_pad" if inc else "average_exc_pad", kernel_size,
+                         stride, padding)
+
+
+class GlobalAvgPool2d(Module):
+    """The mean over every spatial position: (N, C, H, W) -> (N, C) (``dnnkit.global_avg_pool``;
+    (N, C, D, H, W) too)."""
+
+    def forward(self, x):
+        x = as_input(type(self).__name__, x)
+        return ops.global_avg_pool(x, backend=self.backend)
+
+
+class AdaptiveAvgPool2d(GlobalAvgPool2d):
+    """PyTorch's ``AdaptiveAvgPool2d`` for an output of 1 x 1, the form classifiers use:
+    (N, C, H, W) -> (N, C, 1, 1). Other output sizes are refused by the constructor."""
+
+    def __init__(self, output_size=1):
+        super().__init__()
+        one = (lambda v: isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
+               and v == 1)      # (no `in` test: an array compares elementwise)
+        if not (one(output_size) or isinstance(output_size, (tuple, list))
+                and len(output_size) == 2 and all(map(one, output_size))):
+            raise ValueError(f"AdaptiveAvgPool2d: only output_size 1 (a global average) is "
+                             f"supported; got {output_size!r}")
+
+    def extra_repr(self):
+        return "output_size=1"
+
+    def forward(self, x):
+        y = super().forward(x)
+        return ops.reshape(y, tuple(y.shape) + (1, 1), backend=self.backend)
 
 
 class _Activation(Module):
     mode, coef = "relu", 0.0
 
     def forward(self, x):
-        self._x = x
-        self._y = self.run(ops.activation, x, self.mode, self.coef)
-        return self._y
-
-    def backward(self, dy):
-        return self.run_as("activation", ops.activation_backward, self._x, self._y, dy,
-                           self.mode, self.coef)
+        x = as_input(type(self).__name__, x)
+        return ops.activation(x, self.mode, self.coef, backend=self.backend)
 
 
 class ReLU(_Activation):
@@ -177,11 +218,12 @@ class Sigmoid(_Activation):
 
 
 class ClippedReLU(_Activation):
+    """min(max(x, 0), ceiling)."""
     mode = "clipped_relu"
 
     def __init__(self, ceiling):
         super().__init__()
-        self.coef = float(ceiling)
+        self.coef = checks.real("ClippedReLU", "ceiling", ceiling, low=0.0, low_open=True)
 
     def extra_repr(self):
         return f"ceiling={self.coef}"
@@ -192,7 +234,7 @@ class ELU(_Activation):
 
     def __init__(self, alpha=1.0):
         super().__init__()
-        self.coef = float(alpha)
+        self.coef = checks.real("ELU", "alpha", alpha)
 
     def extra_repr(self):
         return f"alpha={self.coef}"
@@ -200,22 +242,22 @@ class ELU(_Activation):
 
 class Softmax(Module):
     """Softmax over the channels ("channel": dim 1 at every position) or over everything but
-    the batch ("instance")."""
+    the batch ("instance"), of (N, C) or (N, C, H, W)."""
     algo = "accurate"
 
     def __init__(self, mode="channel"):
         super().__init__()
+        if mode not in ("channel", "instance") or not isinstance(mode, str):
+            raise ValueError(f"{type(self).__name__}: mode must be 'channel' or 'instance'; "
+                             f"got {mode!r}")
         self.mode = mode
 
     def extra_repr(self):
         return f"mode={self.mode!r}"
 
     def forward(self, x):
-        self._y = self.run(ops.softmax, x, self.algo, self.mode)
-        return self._y
-
-    def backward(self, dy):
-        return self.run_as("softmax", ops.softmax_backward, self._y, dy, self.algo, self.mode)
+        x = as_input(type(self).__name__, x)
+        return ops.softmax(x, self.algo, self.mode, backend=self.backend)
 
 
 class LogSoftmax(Softmax):
@@ -223,162 +265,83 @@ class LogSoftmax(Softmax):
 
 
 class Dropout(Module):
-    """Drops with probability p in training (scaling the rest by 1/(1-p)); identity in eval."""
+    """Drops with probability p in training (scaling the rest by 1/(1-p)); identity in eval.
+    ``seed``: the k-th training call uses seed + k (reproducible masks); None draws a fresh
+    seed on every call."""
 
     def __init__(self, p=0.5, *, seed=None):
         super().__init__()
-        if not 0.0 <= p < 1.0:
-            raise ValueError(f"Dropout: p must be in [0, 1); got {p}")
-        self.p, self.seed, self._calls = float(p), seed, 0
+        self.p = checks.real("Dropout", "p", p, low=0.0, high=1.0, high_open=True)
+        self.seed, self._calls = checks.seed("Dropout", seed), 0
 
     def extra_repr(self):
         return f"p={self.p}"
 
     def forward(self, x):
+        x = as_input("Dropout", x)
         if not self.training or self.p == 0.0:
-            self._state = None
             return x
-        seed = None if self.seed is None else self.seed + self._calls
+        seed = None if self.seed is None else (self.seed + self._calls) % 2**64
         self._calls += 1
-        y, self._state = self.run(ops.dropout, x, self.p, seed=seed)
+        y, _state = ops.dropout(x, self.p, seed=seed, backend=self.backend)
         return y
 
-    def backward(self, dy):
-        if self._state is None:
-            return dy
-        # the backend that made the mask (recorded by the forward) is the only one that can
-        return self.run_as("dropout", ops.dropout_backward, dy, self._state)
 
+class Embedding(Module):
+    """Rows of ``weight`` (num_embeddings, embedding_dim) at integer ids (any shape): y =
+    ids.shape + (embedding_dim,) (``dnnkit.embedding``, Numba only: cuDNN has none).
+    ``padding_idx``: a row initialised to zeros that gets no gradient. weight ~ N(0, 1)."""
 
-class _BatchNorm(Module):
-    def __init__(self, nd, num_features, eps=1e-5, momentum=0.1, dtype="float32"):
+    def __init__(self, num_embeddings, embedding_dim, padding_idx=None, *, dtype="float32",
+                 seed=None):
         super().__init__()
-        self.nd, self.eps, self.momentum = nd, float(eps), float(momentum)
-        pdt = "float32" if np.dtype(dtype) != np.float64 else "float64"
-        self.weight = Parameter(np.ones(num_features, pdt))
-        self.bias = Parameter(np.zeros(num_features, pdt))
-        from numba import cuda      # on first use: ``import dnnkit`` does not load numba
-        self.register_buffer("running_mean", cuda.to_device(np.zeros(num_features, pdt)))
-        self.register_buffer("running_var", cuda.to_device(np.ones(num_features, pdt)))
+        cls = "Embedding"
+        self.num_embeddings = checks.integer(cls, "num_embeddings", num_embeddings, 1)
+        self.embedding_dim = checks.integer(cls, "embedding_dim", embedding_dim, 1)
+        if padding_idx is not None:
+            padding_idx = checks.integer(cls, "padding_idx", padding_idx, -self.num_embeddings)
+            if padding_idx >= self.num_embeddings:
+                raise ValueError(f"{cls}: padding_idx must be in [-{self.num_embeddings}, "
+                                 f"{self.num_embeddings}); got {padding_idx}")
+        self.padding_idx = padding_idx
+        dtype = checks.float_dtype(cls, dtype)
+        w = np.random.default_rng(checks.seed(cls, seed)).standard_normal(
+            (self.num_embeddings, self.embedding_dim))
+        if padding_idx is not None:
+            w[padding_idx] = 0
+        self.weight = Parameter(w.astype(dtype))
 
     def extra_repr(self):
-        return f"{self.weight.shape[0]}, eps={self.eps}, momentum={self.momentum}"
+        pad = f", padding_idx={self.padding_idx}" if self.padding_idx is not None else ""
+        return f"{self.num_embeddings}, {self.embedding_dim}{pad}"
 
-    def forward(self, x):
-        if x.ndim != self.nd:
-            raise ValueError(f"{type(self).__name__}: input must be {self.nd}-D; got "
-                             f"{tuple(x.shape)}")
-        if not self.training:
-            self._saved = None
-            return self.run(ops.batch_norm_inference, x, self.weight.data, self.bias.data,
-                            self.running_mean, self.running_var, epsilon=self.eps)
-        self._x = x
-        y, mean, invstd = self.run(ops.batch_norm_train, x, self.weight.data, self.bias.data,
-                                   epsilon=self.eps, momentum=self.momentum,
-                                   running_mean=self.running_mean,
-                                   running_var=self.running_var)
-        self._saved = (mean, invstd)
-        return y
-
-    def backward(self, dy):
-        if self._saved is None:
-            raise ValueError(f"{type(self).__name__}.backward: the forward ran in eval mode "
-                             "(backward through running statistics is not supported)")
-        dx, dgamma, dbeta = self.run_as("batch_norm_train", ops.batch_norm_backward, self._x,
-                                        dy, self.weight.data, *self._saved, epsilon=self.eps)
-        self.weight.accumulate(dgamma)
-        self.bias.accumulate(dbeta)
-        return dx
-
-
-class BatchNorm1d(_BatchNorm):
-    """Over (N, C): one statistic per feature."""
-
-    def __init__(self, num_features, eps=1e-5, momentum=0.1, *, dtype="float32"):
-        super().__init__(2, num_features, eps, momentum, dtype)
-
-
-class BatchNorm2d(_BatchNorm):
-    def __init__(self, num_features, eps=1e-5, momentum=0.1, *, dtype="float32"):
-        super().__init__(4, num_features, eps, momentum, dtype)
-
-
-class BatchNorm3d(_BatchNorm):
-    def __init__(self, num_features, eps=1e-5, momentum=0.1, *, dtype="float32"):
-        super().__init__(5, num_features, eps, momentum, dtype)
+    def forward(self, ids):
+        return ops.embedding(ids, self.weight, self.padding_idx, backend=self.backend)
 
 
 class SpatialTransformer(Module):
-    """img (N, C, H, W) and theta (N, 2, 3) -> the sampled image (Theano's dnn_spatialtf).
-    ``forward((img, theta))``; ``backward(dy)`` returns ``(dimg, dtheta)``."""
+    """``forward(img, theta)``: img (N, C, H, W) sampled at the affine grid of theta (N, 2, 3)
+    (Theano's dnn_spatialtf; ``dnnkit.spatial_transformer``), out (N, C, ceil(H*sh),
+    ceil(W*sw))."""
 
     def __init__(self, scale_height=1.0, scale_width=1.0):
         super().__init__()
-        self.scale = (float(scale_height), float(scale_width))
-
-    def forward(self, inputs):
-        img, theta = inputs
-        n, c, h, w = img.shape
-        shape = (n, c, math.ceil(h * self.scale[0]), math.ceil(w * self.scale[1]))
-        self._img = img
-        self._grid = self.run(ops.affine_grid, theta, shape)
-        return self.run(ops.grid_sample, img, self._grid)
-
-    def backward(self, dy):
-        dimg, dgrid = self.run_as("grid_sample", ops.grid_sample_backward, self._img,
-                                  self._grid, dy)
-        return dimg, self.run_as("affine_grid", ops.affine_grid_backward, dgrid)
-
-
-class _Recurrent(Module):
-    """dnnkit.RNN as a layer: one flat Parameter in cuDNN's layout (docs/rnn.md).
-    ``forward(x)`` returns y ((T, N, H*dirs), or (N, T, ...) with ``batch_first``) and keeps
-    hy/cy in ``self.hy``/``self.cy``; ``backward(dy)`` returns dx."""
-    mode = "lstm"
-
-    def __init__(self, input_size, hidden_size, num_layers=1, *, bidirectional=False,
-                 batch_first=False, input_mode="linear", dtype="float32", seed=0):
-        super().__init__()
-        self.rnn = recurrent.RNN(self.mode, input_size, hidden_size, num_layers,
-                                 bidirectional=bidirectional, input_mode=input_mode,
-                                 batch_first=batch_first, dtype=dtype)
-        self.weight = Parameter(self.rnn.init_params(seed=seed))
+        cls = "SpatialTransformer"
+        self.scale = (checks.real(cls, "scale_height", scale_height, low=0.0, low_open=True),
+                      checks.real(cls, "scale_width", scale_width, low=0.0, low_open=True))
 
     def extra_repr(self):
-        c = self.rnn.cfg
-        return (f"{c.input_size}, {c.hidden_size}, num_layers={c.num_layers}, "
-                f"bidirectional={c.bidirectional}")
+        return f"scale_height={self.scale[0]}, scale_width={self.scale[1]}"
 
-    def forward(self, x, hx=None, cx=None, *, lengths=None):
-        self._x, self._hx, self._cx, self._lengths = x, hx, cx, lengths
-        out = self.run(self.rnn.forward, self.weight.data, x, hx, cx, training=self.training,
-                       lengths=lengths)
-        self._y, self.hy, self.cy, self._state = out[0], out[1], out[2], out.state
-        return self._y
-
-    def backward(self, dy, dhy=None, dcy=None):
-        if self._state is None:
-            raise ValueError(f"{type(self).__name__}.backward: the forward ran in eval mode")
-        dx, self.dhx, self.dcx, dw = self.run_as(
-            "rnn_forward", self.rnn.backward, self.weight.data, self._x, self._y, dy, dhy, dcy,
-            self._hx, self._cx, state=self._state, lengths=self._lengths)
-        self.weight.accumulate(dw)
-        return dx
-
-
-class RNN(_Recurrent):
-    """Elman RNN; ``nonlinearity`` "tanh" or "relu"."""
-
-    def __init__(self, input_size, hidden_size, num_layers=1, *, nonlinearity="tanh", **kw):
-        if nonlinearity not in ("tanh", "relu"):
-            raise ValueError(f"RNN: nonlinearity must be 'tanh' or 'relu'; got {nonlinearity!r}")
-        self.mode = f"rnn_{nonlinearity}"
-        super().__init__(input_size, hidden_size, num_layers, **kw)
-
-
-class LSTM(_Recurrent):
-    mode = "lstm"
-
-
-class GRU(_Recurrent):
-    mode = "gru"
+    def forward(self, img, theta=None):
+        if theta is None:
+            if isinstance(img, (tuple, list)) and len(img) == 2:
+                img, theta = img
+            else:
+                raise TypeError("SpatialTransformer.forward takes two inputs, (img, theta): "
+                                "the image (N, C, H, W) and the affine matrices (N, 2, 3); got "
+                                f"one {type(img).__name__}")
+        img = as_input("SpatialTransformer", img)
+        theta = as_input("SpatialTransformer", theta, img.dtype)
+        return ops.spatial_transformer(img, theta, scale_height=self.scale[0],
+                                       scale_width=self.scale[1], backend=self.backend)

@@ -1,21 +1,60 @@
-"""The layer base class: parameters, buffers, children, modes, state, and the backend record.
+"""The layer base class: parameters, buffers, children, modes, state, hooks and the backend pin.
 
-A module's ``forward(x)`` runs ops and keeps what its ``backward(grad_out)`` needs;
-``backward`` returns the gradient wrt the input and accumulates parameter gradients into
-``Parameter.grad``. Every op a module runs goes through :meth:`Module.run`, which passes the
-module's pinned backend (``module.backend``: None follows ``dnn.enabled``; "auto", "cudnn" or
-"numba" pin it, as :func:`dnnkit.nn.convert` sets) and records in ``module.used`` the backend
-each op actually ran on; backward passes the forward's backend to the gradient ops, so a
-forward that fell back to Numba is differentiated on Numba too.
+A module is called on Tensors, ``y = model(x)``: :meth:`Module.__call__` runs ``forward``
+inside ``autograd.module_scope(self)`` (every node recorded there knows its module, so a
+comparison of backends can name the layer), then the forward hooks. ``forward`` runs dnnkit
+ops on Tensors and the graph records itself; there is no module-level backward: training is
+``loss.backward()``, which adds each parameter's gradient into ``Parameter.grad``.
+
+Backends: a module passes ``backend=self.backend`` to every op it runs (None follows
+``dnn.enabled``; "auto", "cudnn" or "numba" pin it, as :func:`convert` sets). The gradient of
+an op runs on the backend its forward ran on (the rules do that), so a forward that fell back
+to Numba is differentiated on Numba.
+
+State: every parameter and buffer (and a few host values such as BatchNorm's batch count) is
+a *slot* (module ``_state_slots``) with a name, shape, dtype, a reader and a writer; the
+recurrent layers map PyTorch's per-matrix names onto their flat buffer this way. ``state_dict``
+reads the slots; ``load_state_dict`` checks every key, shape and dtype before it writes any.
 """
+
+import collections
+import itertools
 
 import numpy as np
 
 from .. import arrays
-from ..tracing import trace
+from ..autograd import module_scope
+from ..tensors import Tensor, tensor
+from . import state as state_io
 from .parameter import Parameter
 
 BACKENDS = (None, "auto", "cudnn", "numba")
+
+
+class Slot(collections.namedtuple("Slot", "shape dtype read write")):
+    """One entry of a state dict: its shape, dtype (NumPy), ``read()`` -> host array and
+    ``write(host array of that shape and dtype)``."""
+
+
+def tensor_slot(t):
+    """The slot of a parameter or buffer Tensor: a host copy in, a device copy out (the
+    version bumped, so a graph that saved the old value refuses to differentiate it)."""
+    def write(h):
+        t.data.copy_to_device(arrays.host_contiguous(h))
+        t.bump_version()
+    return Slot(t.shape, t.dtype, t.data.copy_to_host, write)
+
+
+class RemovableHandle:
+    """``handle.remove()`` unregisters the hook it was returned for."""
+
+    _ids = itertools.count()
+
+    def __init__(self, hooks):
+        self.hooks, self.id = hooks, next(self._ids)
+
+    def remove(self):
+        self.hooks.pop(self.id, None)
 
 
 class Module:
@@ -23,81 +62,99 @@ class Module:
         object.__setattr__(self, "_parameters", {})
         object.__setattr__(self, "_modules", {})
         object.__setattr__(self, "_buffers", {})
+        object.__setattr__(self, "_forward_hooks", {})
         self.training = True
         self.backend = None
-        self.used = {}
 
     def __setattr__(self, name, value):
+        d = self.__dict__
+        if "_parameters" not in d:
+            raise AttributeError(f"{type(self).__name__}: assign attributes after "
+                                 f"Module.__init__() (call super().__init__() first)")
+        params, mods, bufs = d["_parameters"], d["_modules"], d["_buffers"]
         if isinstance(value, Parameter):
-            self._parameters[name] = value
+            mods.pop(name, None)
+            bufs.pop(name, None)
+            params[name] = value
         elif isinstance(value, Module):
-            self._modules[name] = value
-        elif value is None and name in self.__dict__.get("_parameters", ()):
-            del self._parameters[name]
-        elif name in self.__dict__.get("_buffers", ()):
-            self._buffers[name] = value
+            params.pop(name, None)
+            bufs.pop(name, None)
+            mods[name] = value
+        elif name in params or name in mods:
+            if value is not None:
+                kind = "parameter" if name in params else "submodule"
+                raise TypeError(f"{type(self).__name__}: {name} is a {kind}; assign a "
+                                f"{'Parameter' if kind == 'parameter' else 'Module'} or None, "
+                                f"not a {type(value).__name__}")
+            params.pop(name, None)
+            mods.pop(name, None)
+        elif name in bufs:
+            value = _as_buffer(type(self).__name__, name, value)
+            bufs[name] = value
         object.__setattr__(self, name, value)
 
-    def register_buffer(self, name, array):
-        """A device array saved in the state (e.g. running statistics), not trained."""
-        self._buffers[name] = array
-        object.__setattr__(self, name, array)
+    def register_buffer(self, name, value):
+        """A Tensor saved in the state and not trained (running statistics): ``value`` a
+        Tensor, a device array or a NumPy array (copied to the device)."""
+        value = _as_buffer(type(self).__name__, name, value)
+        self._buffers[name] = value
+        object.__setattr__(self, name, value)
 
-    # ---------------------------------------------------------------- running ops
+    # ---------------------------------------------------------------- calling
 
-    def run(self, fn, *args, **kw):
-        """``fn(*args, **kw)`` on this module's backend; records which backend ran."""
-        if self.backend is not None:
-            kw["backend"] = self.backend
-        return self._traced(fn, args, kw)
-
-    def run_as(self, forward_op, fn, *args, **kw):
-        """A gradient op ``fn`` on the backend that ran ``forward_op`` in the last forward
-        (the module's own backend when that op has not run)."""
-        be = self.used.get(forward_op, self.backend)
-        if be is not None:
-            kw["backend"] = be
-        return self._traced(fn, args, kw)
-
-    def _traced(self, fn, args, kw):
-        with trace() as t:
-            out = fn(*args, **kw)
-        if len(t):
-            self.used[t[-1].op] = t[-1].backend
-        return out
-
-    # ---------------------------------------------------------------- interface
-
-    def forward(self, x):
-        raise NotImplementedError(f"{type(self).__name__}.forward")
-
-    def backward(self, grad_out):
-        raise NotImplementedError(f"{type(self).__name__}.backward")
+    def forward(self, *args, **kw):
+        raise NotImplementedError(f"{type(self).__name__} defines no forward()")
 
     def __call__(self, *args, **kw):
-        return self.forward(*args, **kw)
+        with module_scope(self):
+            out = self.forward(*args, **kw)
+            for hook in list(self._forward_hooks.values()):
+                res = hook(self, args, out)
+                if res is not None:
+                    out = res
+        return out
+
+    def register_forward_hook(self, hook):
+        """``hook(module, inputs, output)`` after every call (a non-None return replaces the
+        output); returns a handle whose ``remove()`` unregisters it."""
+        if not callable(hook):
+            raise TypeError(f"register_forward_hook: hook must be callable; got {hook!r}")
+        handle = RemovableHandle(self._forward_hooks)
+        self._forward_hooks[handle.id] = hook
+        return handle
 
     # ---------------------------------------------------------------- structure
+
+    def named_children(self):
+        return iter(self._modules.items())
 
     def children(self):
         return list(self._modules.values())
 
-    def named_modules(self, prefix=""):
+    def named_modules(self, prefix="", memo=None):
+        """(dotted name, module) of this module and every descendant, each once (a module
+        used at two places is named by its first)."""
+        memo = set() if memo is None else memo
+        if id(self) in memo:
+            return
+        memo.add(id(self))
         yield prefix, self
         for name, m in self._modules.items():
-            yield from m.named_modules(f"{prefix}.{name}" if prefix else name)
+            yield from m.named_modules(f"{prefix}.{name}" if prefix else name, memo)
 
     def modules(self):
         return [m for _, m in self.named_modules()]
 
     def _named(self, attr, prefix):
-        """(dotted name, item) of this module's ``attr`` dict, then its children's."""
-        for name, item in getattr(self, attr).items():
-            yield (f"{prefix}.{name}" if prefix else name), item
-        for name, m in self._modules.items():
-            yield from m._named(attr, f"{prefix}.{name}" if prefix else name)
+        seen = set()
+        for mp, m in self.named_modules(prefix):
+            for name, item in getattr(m, attr).items():
+                if item is not None and id(item) not in seen:
+                    seen.add(id(item))
+                    yield (f"{mp}.{name}" if mp else name), item
 
     def named_parameters(self, prefix=""):
+        """(dotted name, Parameter), each parameter once (a shared one by its first name)."""
         return self._named("_parameters", prefix)
 
     def parameters(self):
@@ -106,9 +163,27 @@ class Module:
     def named_buffers(self, prefix=""):
         return self._named("_buffers", prefix)
 
+    def buffers(self):
+        return [b for _, b in self.named_buffers()]
+
+    def apply(self, fn):
+        """``fn(module)`` on every descendant, children before parents, then on this module;
+        returns self (e.g. a custom initialisation)."""
+        for m in self._modules.values():
+            m.apply(fn)
+        fn(self)
+        return self
+
+    def requires_grad_(self, flag=True):
+        """Set ``requires_grad`` of every parameter (False freezes them: no gradient is
+        computed for them, and optimizers skip them)."""
+        for p in self.parameters():
+            p.requires_grad_(bool(flag))
+        return self
+
     def zero_grad(self):
         for p in self.parameters():
-            p.zero_grad()
+            p.grad = None
 
     def train(self, mode=True):
         for m in self.modules():
@@ -120,90 +195,88 @@ class Module:
 
     # ---------------------------------------------------------------- state
 
-    def state_dict(self):
-        """{name: host NumPy copy} of every parameter and buffer."""
-        out = {n: p.data.copy_to_host() for n, p in self.named_parameters()}
-        out.update({n: b.copy_to_host() for n, b in self.named_buffers()})
+    def _state_slots(self):
+        """{local name: Slot} of this module (not its children): its parameters and buffers.
+        Layers override it to add host values or to rename (the recurrent layers)."""
+        out = {n: tensor_slot(p) for n, p in self._parameters.items() if p is not None}
+        out.update((n, tensor_slot(b)) for n, b in self._buffers.items() if b is not None)
         return out
 
+    def state_slots(self):
+        """{dotted name: Slot} of the whole model."""
+        out = {}
+        for prefix, m in self.named_modules():
+            for name, slot in m._state_slots().items():
+                out[f"{prefix}.{name}" if prefix else name] = slot
+        return out
+
+    def state_dict(self):
+        """{dotted name: host NumPy copy} of every parameter and buffer, with PyTorch's names
+        and layouts (a Conv2d's ``weight`` (out, in/groups, kh, kw), a Linear's (out, in), a
+        BatchNorm's ``running_mean``, ``running_var``, ``num_batches_tracked``, an LSTM's
+        ``weight_ih_l0``, ...)."""
+        return {name: slot.read() for name, slot in self.state_slots().items()}
+
     def load_state_dict(self, state, strict=True):
-        """Copy arrays into the existing parameters and buffers (shapes must match)."""
-        targets = {n: p.data for n, p in self.named_parameters()}
-        targets.update(dict(self.named_buffers()))
-        missing = sorted(set(targets) - set(state))
-        extra = sorted(set(state) - set(targets))
-        if strict and (missing or extra):
-            raise ValueError(f"{type(self).__name__}.load_state_dict: missing {missing}, "
-                             f"unexpected {extra}")
-        for name, dst in targets.items():
-            if name not in state:
-                continue
-            src = np.asarray(state[name])
-            if src.shape != tuple(dst.shape):
-                raise ValueError(f"{type(self).__name__}.load_state_dict: {name} has shape "
-                                 f"{src.shape}, the module's is {tuple(dst.shape)}")
-            dst.copy_to_device(arrays.host_contiguous(src.astype(dst.dtype, copy=False)))
+        """Copy ``state`` ({name: array}; NumPy, device arrays or Tensors) into the parameters
+        and buffers. Every key, shape and dtype is checked before anything is written, so a
+        ValueError leaves the module as it was. ``strict``: missing and unexpected keys are
+        errors (else they are ignored)."""
+        writes = state_io.check_state(type(self).__name__, self.state_slots(), state, strict)
+        for slot, h in writes:
+            slot.write(h)
+        return self
 
     def save(self, path):
-        """The state as an .npz file."""
-        np.savez(path, **self.state_dict())
+        """The state as an .npz file (``.npz`` added when ``path`` lacks it, as NumPy does).
+        Written whole or not at all: a failed save leaves the previous file as it was."""
+        return state_io.save(self.state_dict(), path)
 
     def load(self, path, strict=True):
-        with np.load(path) as f:
-            self.load_state_dict({k: f[k] for k in f.files}, strict=strict)
-        return self
+        """Load a file written by :meth:`save` (``path`` with or without ``.npz``). A damaged
+        file or a wrong key, shape or dtype raises ValueError naming the file and the key,
+        and leaves the module as it was. Returns self."""
+        path, state = state_io.load(type(self).__name__, path)
+        try:
+            return self.load_state_dict(state, strict)
+        except ValueError as e:
+            raise ValueError(f"{path}: {e}") from None
 
     # ---------------------------------------------------------------- printing
 
     def extra_repr(self):
         return ""
 
-    def _head(self):
+    def __repr__(self):
         extra = self.extra_repr()
         pin = f"backend={self.backend}" if self.backend is not None else ""
-        return f"{type(self).__name__}({', '.join(v for v in (extra, pin) if v)}"
-
-    def __repr__(self):
+        head = ", ".join(v for v in (extra, pin) if v)
         if not self._modules:
-            return self._head() + ")"
-        lines = [self._head()]
+            return f"{type(self).__name__}({head})"
+        lines = [f"{type(self).__name__}("] + ([f"  {head}"] if head else [])
         for name, m in self._modules.items():
             lines.append(f"  ({name}): " + repr(m).replace("\n", "\n  "))
         return "\n".join(lines) + "\n)"
 
 
-class Sequential(Module):
-    """Modules applied in order; backward in reverse."""
-
-    def __init__(self, *modules):
-        super().__init__()
-        for i, m in enumerate(modules):
-            if not isinstance(m, Module):
-                raise TypeError(f"Sequential: item {i} is a {type(m).__name__}, not a Module")
-            setattr(self, str(i), m)
-
-    def __len__(self):
-        return len(self._modules)
-
-    def __getitem__(self, i):
-        return list(self._modules.values())[i]
-
-    def forward(self, x):
-        for m in self._modules.values():
-            x = m.forward(x)
-        return x
-
-    def backward(self, grad_out):
-        for m in reversed(list(self._modules.values())):
-            grad_out = m.backward(grad_out)
-        return grad_out
+def _as_buffer(cls, name, value):
+    if value is None or isinstance(value, Tensor):
+        return value
+    if arrays.is_device_array(value) or hasattr(value, "__cuda_array_interface__"):
+        return tensor(value)
+    h = np.asarray(value)
+    if h.dtype.kind not in "biuf":
+        raise TypeError(f"{cls}: buffer {name} must be a numeric array; got dtype {h.dtype}")
+    return tensor(h)
 
 
 def convert(model, backend, exclude=None):
     """Pin every module of ``model`` (or those for which ``exclude(module)`` is false) to
     ``backend``: "cudnn", "numba", or "auto"/None to follow ``dnn.enabled`` again. In place;
     returns the model (cudnn.torch's ``cudnn.convert``)."""
-    if backend not in BACKENDS:
+    if not isinstance(model, Module):
+        raise TypeError(f"convert: model must be a dnnkit.nn.Module; got {type(model).__name__}")
+    if not (backend is None or isinstance(backend, str)) or backend not in BACKENDS:
         raise ValueError(f"convert: backend must be one of 'auto', 'cudnn', 'numba' or None; "
                          f"got {backend!r}")
     for m in model.modules():

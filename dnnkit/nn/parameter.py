@@ -1,46 +1,32 @@
-"""A trainable tensor: the device array and its gradient, shared by layers and optimizers."""
+"""A trainable tensor: a leaf :class:`dnnkit.Tensor` that requires grad.
+
+Layers keep their weights as Parameters; ``loss.backward()`` adds each one's gradient into its
+``grad`` (a Tensor of the same shape and dtype), and the optimizers (dnnkit.optim) update
+``data`` in place from it.
+"""
 
 import numpy as np
 
 from .. import arrays
-from ..ops.elementwise import axpy
+from ..tensors import Tensor
 
 
-class Parameter:
-    """``data``: a C-contiguous Numba device array (float16/32/64). ``grad``: None until a
-    backward pass accumulates into it, then a device array of the same shape and dtype.
-    Optimizers (dnnkit.optim) update ``data`` in place from ``grad``."""
+class Parameter(Tensor):
+    """``Parameter(array)``: a NumPy array (copied to the device), a Numba device array or any
+    array with ``__cuda_array_interface__`` (used in place, C-contiguous), or a Tensor (its
+    array, shared); float16, float32 or float64. ``requires_grad`` is True unless given."""
 
-    __slots__ = ("data", "grad")
+    __slots__ = ()
 
-    def __init__(self, data, *, stream=None):
+    def __init__(self, data, requires_grad=True, *, stream=None):
+        if isinstance(data, Tensor):
+            data = data.data
         s = arrays.as_stream(stream)
-        self.data = arrays.device_input("Parameter", "data", data, s)
-        self.grad = None
-
-    @property
-    def shape(self):
-        return tuple(self.data.shape)
-
-    @property
-    def dtype(self):
-        return self.data.dtype
-
-    def numpy(self):
-        return self.data.copy_to_host()
+        super().__init__(arrays.device_input("Parameter", "data", data, s), requires_grad)
 
     def zero_grad(self):
         self.grad = None
 
-    def accumulate(self, g, stream=None):
-        """grad += g (g: a device array of the parameter's shape; the first call takes it)."""
-        if tuple(g.shape) != self.shape:
-            raise ValueError(f"Parameter.accumulate: gradient of shape {tuple(g.shape)} for a "
-                             f"parameter of shape {self.shape}")
-        if self.grad is None:
-            self.grad = g
-            return
-        axpy(1.0, g, self.grad, stream=stream)
-
     def __repr__(self):
-        return f"Parameter(shape={self.shape}, dtype={np.dtype(self.dtype).name})"
+        return (f"Parameter(shape={self.shape}, dtype={np.dtype(self.dtype).name}"
+                f"{'' if self.requires_grad else ', requires_grad=False'})")

@@ -23,11 +23,13 @@ from typing import NamedTuple
 import numpy as np
 
 from .. import arrays, device
+from ..autograd import gradient
 from ..cudnn import activation as cudnn_activation
 from ..dispatch import public_op
 from ..launch import launch
 from ..registry import binder, register
 from . import split
+from .args import choice
 
 MODES = ("relu", "clipped_relu", "tanh", "sigmoid", "elu", "swish", "identity")
 _MODE_ID = {m: i for i, m in enumerate(MODES)}   # matches kernels/activation.py
@@ -53,8 +55,7 @@ class ActivationBackwardArgs(NamedTuple):
 
 
 def _check(op, mode, coef):
-    if mode not in _MODE_ID:
-        raise ValueError(f"{op}: mode must be one of {', '.join(MODES)}; got {mode!r}")
+    choice(op, "mode", mode, MODES)      # before any lookup: a list mode is not hashable
     try:
         coef = float(coef)
     except (TypeError, ValueError):
@@ -68,12 +69,19 @@ def _check(op, mode, coef):
 
 @public_op("activation")
 def activation(x, mode="relu", coef=0.0, *, stream=None):
-    """Apply an activation elementwise; returns a new device array shaped like ``x``.
+    """Apply an activation elementwise: y = f(x), a new array shaped like ``x``.
 
-    ``coef`` is the ceiling of clipped_relu, the alpha of elu and the beta of swish (ignored
-    otherwise). ``x`` is float16, float32 or float64, any shape, C-contiguous.
-    ``backend=None|"auto"|"cudnn"|"numba"`` overrides ``dnn.enabled`` for this call.
-    """
+    ``mode`` (default "relu") and ``coef`` (its parameter; ignored by the other modes):
+        relu          y = max(x, 0)
+        clipped_relu  y = min(max(x, 0), coef)                  coef: the ceiling, > 0
+        tanh          y = tanh(x)
+        sigmoid       y = 1 / (1 + exp(-x))
+        elu           y = x if x > 0 else coef * (exp(x) - 1)   coef: alpha
+        swish         y = x * sigmoid(coef * x)                 coef: beta
+        identity      y = x                   (Numba: cuDNN has no stand-alone identity)
+    x: float16, float32 or float64, any shape; computed in float32 for float16; NaN propagates.
+    Raises ValueError for a mode not listed, a coef that is not finite, or clipped_relu with
+    coef <= 0; TypeError for a coef that is not a number."""
     coef = _check("activation", mode, coef)
     s = arrays.as_stream(stream)
     x = arrays.device_input("activation", "x", x, s)
@@ -82,7 +90,15 @@ def activation(x, mode="relu", coef=0.0, *, stream=None):
 
 @public_op("activation_backward")
 def activation_backward(x, y, dy, mode="relu", coef=0.0, *, stream=None):
-    """Gradient of :func:`activation`: ``dx = dy * f'(x)``, given ``y = activation(x)``."""
+    """Gradient of :func:`activation`: dx = dy * f'(x), given x, y = activation(x) and dy.
+
+    x, y, dy: one shape and one dtype (float16, float32 or float64); returns dx shaped like x.
+    ``mode``: "relu" (default), "clipped_relu", "tanh", "sigmoid", "elu", "swish" or "identity";
+    ``coef`` as in the forward call. Where the slope is a choice, both backends take cuDNN's:
+    relu 0 at x == 0; clipped_relu 0 at x == 0 and 1 at x == coef; elu 1 at x == 0. A NaN dy
+    propagates; a NaN x gives slope 0 for relu and clipped_relu, NaN otherwise.
+    Raises ValueError for a mode not listed, a bad coef or arrays of different shapes;
+    TypeError for different dtypes."""
     op = "activation_backward"
     coef = _check(op, mode, coef)
     s = arrays.as_stream(stream)
@@ -99,7 +115,14 @@ def _shortcut(mode):
             return activation(x, mode, backend=backend)
         return activation(x, mode, backend=backend, stream=stream)
     fn.__name__ = fn.__qualname__ = mode
-    fn.__doc__ = f"``activation(x, {mode!r})``."
+    formula = {"relu": "max(x, 0)", "tanh": "tanh(x)", "sigmoid": "1 / (1 + exp(-x))"}[mode]
+    fn.__doc__ = f"""Elementwise {mode}, y = {formula}: ``activation(x, {mode!r})``.
+
+    x: float16, float32 or float64, any shape; returns a new array shaped like x (computed in
+    float32 for float16; NaN propagates). The gradient: activation_backward(x, y, dy, {mode!r}).
+    Raises TypeError for an x that is not a float array.
+
+    {{OP_FOOTER}}"""
     fn.op_name = "activation"
     return fn
 
@@ -201,3 +224,13 @@ def _bind_activation_backward_cudnn(x, y, dy, mode, coef, stream):
         run(x, y, dy, dx)
         return dx
     return activation_backward
+
+
+# ---------------------------------------------------------------- autograd
+
+@gradient("activation")
+def _activation_grad(g, dy):
+    if not g.needs("x"):
+        return {}
+    return {"x": activation_backward(g.x, g.out, dy, g.mode, g.coef, backend=g.backend,
+                                     stream=g.stream)}

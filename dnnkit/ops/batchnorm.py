@@ -30,8 +30,11 @@ import numpy as np
 
 from .. import arrays, device, reference
 from ..cudnn import batchnorm as cudnn_bn
+from ..autograd import gradient
+from ..tensors import unwrap
 from ..dispatch import public_op
 from ..registry import register
+from .args import choice
 from .batchnorm_numba import flat_copy, ncs
 
 MODES = ("spatial", "per-activation")
@@ -79,8 +82,7 @@ class BatchNormBackwardArgs(NamedTuple):
 # ---------------------------------------------------------------- arguments
 
 def _check(op, mode, epsilon):
-    if mode not in MODES:
-        raise ValueError(f"{op}: mode must be one of {', '.join(MODES)}; got {mode!r}")
+    choice(op, "mode", mode, MODES)
     try:
         eps = float(epsilon)
     except (TypeError, ValueError):
@@ -168,20 +170,28 @@ _train = public_op("batch_norm_train")(_train_args)
 
 def batch_norm_train(x, gamma, beta, *, mode="spatial", epsilon=1e-5, momentum=0.1,
                      running_mean=None, running_var=None, backend=None, stream=None):
-    """Normalize x with its batch statistics; returns ``(y, saved_mean, saved_invstd)``
-    (statistics shaped like gamma; pass them to :func:`batch_norm_backward`).
+    """Normalize x (N, C, *spatial; 2-D to 5-D) with its batch statistics:
+    ``y = (x - mean) / sqrt(var + epsilon) * gamma + beta``; returns ``(y, saved_mean,
+    saved_invstd)``, the batch mean and 1/sqrt(var + epsilon) (var biased), shaped like gamma:
+    pass them to :func:`batch_norm_backward`.
 
-    ``running_mean``/``running_var`` (both or neither; NumPy or device arrays of the parameter
-    dtype and shape) are updated in place with factor ``momentum`` (cuDNN's
-    exponentialAverageFactor), the variance unbiased by m/(m-1).
-    ``backend=None|"auto"|"cudnn"|"numba"`` overrides ``dnn.enabled`` for this call."""
+    {BN_OPTIONS}
+    ``momentum``: in [0, 1] (default 0.1, cuDNN's exponentialAverageFactor, PyTorch's momentum).
+    ``running_mean``, ``running_var``: both or neither (default); NumPy or device arrays of the
+    parameters' dtype and shape, updated in place: r = (1 - momentum) r + momentum * batch
+    statistic, the variance unbiased by m / (m - 1).
+    Raises ValueError for a mode not listed, a bad epsilon or momentum, parameters of the wrong
+    shape, one running array without the other, a read-only running array or statistics over
+    a single value; TypeError for parameters of the wrong dtype.
+
+    {OP_FOOTER}"""
     y, mean, invstd, rm, rv = _train(x, gamma, beta, mode=mode, epsilon=epsilon,
                                      momentum=momentum, running_mean=running_mean,
                                      running_var=running_var, backend=backend, stream=stream)
     if rm is not None:
         s = arrays.as_stream(stream)
-        _write_back(running_mean, rm, s)
-        _write_back(running_var, rv, s)
+        _write_back(unwrap(running_mean), unwrap(rm), s)
+        _write_back(unwrap(running_var), unwrap(rv), s)
     return y, mean, invstd
 
 
@@ -190,6 +200,8 @@ batch_norm_train.op_name = "batch_norm_train"
 
 def _write_back(dst, src, stream):
     if isinstance(dst, np.ndarray):
+        device.refuse_in_capture("batch_norm_train with NumPy running statistics", "they are "
+                                 "copied back to the host", device.stream_pointer(stream))
         h = src.copy_to_host(stream=stream)
         stream.synchronize()
         dst[...] = h.reshape(dst.shape)
@@ -203,7 +215,14 @@ def _write_back(dst, src, stream):
 @public_op("batch_norm_inference")
 def batch_norm_inference(x, gamma, beta, mean, var, *, mode="spatial", epsilon=1e-5,
                          stream=None):
-    """Normalize x with given statistics (e.g. the running ones): returns y."""
+    """Normalize x with given statistics (e.g. the running ones): returns
+    ``y = (x - mean) / sqrt(var + epsilon) * gamma + beta``, shaped like x (N, C, *spatial;
+    2-D to 5-D).
+
+    ``gamma``, ``beta``, ``mean``, ``var``: the parameters and statistics, shaped by ``mode``.
+    {BN_OPTIONS}
+    Raises ValueError for a mode not listed, a bad epsilon or parameters of the wrong shape;
+    TypeError for parameters of the wrong dtype."""
     op = "batch_norm_inference"
     eps = _check(op, mode, epsilon)
     s = arrays.as_stream(stream)
@@ -216,9 +235,17 @@ def batch_norm_inference(x, gamma, beta, mean, var, *, mode="spatial", epsilon=1
 @public_op("batch_norm_backward")
 def batch_norm_backward(x, dy, gamma, saved_mean, saved_invstd, *, mode="spatial",
                         epsilon=1e-5, stream=None):
-    """Gradients of :func:`batch_norm_train` (batch statistics as functions of x): returns
-    ``(dx, dgamma, dbeta)``. ``epsilon`` must be the forward's (cuDNN checks it; the saved
-    invstd already contains it)."""
+    """Gradients of :func:`batch_norm_train` (the batch statistics as functions of x): returns
+    ``(dx, dgamma, dbeta)``, with xhat = (x - saved_mean) * saved_invstd over m values each:
+
+        dbeta = sum dy;  dgamma = sum dy * xhat;
+        dx = gamma * saved_invstd / m * (m * dy - dbeta - xhat * dgamma)
+
+    x, dy: one shape (N, C, *spatial); ``saved_mean``, ``saved_invstd``: the training forward's.
+    {BN_OPTIONS}
+    ``epsilon`` must be the forward's (cuDNN checks it).
+    Raises ValueError for a mode not listed, a bad epsilon, arrays of the wrong shape or an empty
+    batch; TypeError for arrays of the wrong dtype."""
     op = "batch_norm_backward"
     eps = _check(op, mode, epsilon)
     s = arrays.as_stream(stream)
@@ -361,3 +388,14 @@ def selfcheck_cases(Case):
                                 i[0], i[3], i[1], i[4], i[5], m)]),
                         _inputs(mode, small, big, "backward")))
     return out
+
+
+# ---------------------------------------------------------------- autograd
+
+@gradient("batch_norm_train", outputs=(0,), inputs=("x", "gamma", "beta"))
+def _batch_norm_grad(g, dy):
+    _, mean, invstd = g.out[:3]
+    dx, dgamma, dbeta = batch_norm_backward(g.x, dy, g.gamma, mean, invstd, mode=g.mode,
+                                            epsilon=g.epsilon, backend=g.backend,
+                                            stream=g.stream)
+    return {"x": dx, "gamma": dgamma, "beta": dbeta}

@@ -9,6 +9,11 @@ tuple, or Theano's border modes ``"valid"`` (0), ``"full"`` ((k-1)*d) and ``"hal
 (((k-1)*d + 1) // 2: "same" for odd kernels). Output size per spatial dim:
 ``(I + 2p - d(k-1) - 1) // s + 1``.
 
+Empty dimensions (both backends, PyTorch's rules): N = 0 or K = 0 gives empty outputs; C = 0
+gives y = bias (or 0), a sum over nothing, and empty dx, dw; an empty input padded out to a
+window gives y = bias; a gradient that sums nothing (dw of an empty batch, dx without filters,
+db of an empty dy) is 0; a filter window of 0 taps (w (K, C, 0, 0)) is a ValueError.
+
 Backends: Numba (im2col + tiled GEMM, col2im gather for the data gradient; ops/conv_numba.py)
 and cuDNN (cudnnConvolutionForward/BackwardData/BackwardFilter/BackwardBias; cudnn/conv.py;
 batches over its 32-bit tensor limit run as pieces of the batch, ops/split.py).
@@ -22,6 +27,7 @@ import math
 
 from .. import arrays, device
 from ..cudnn import conv as cconv
+from ..autograd import gradient
 from ..dispatch import public_op
 from ..registry import binder, register
 from ..tracing import note_algo
@@ -31,8 +37,16 @@ from . import conv_args, conv_numba, split
 @public_op("conv2d")
 def conv2d(x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1, mode="cross",
            algo=None, precision=None, stream=None):
-    """2-D convolution of x (N, C, H, W) with w (K, C/groups, R, S); returns y (N, K, OH, OW).
-    ``backend=None|"auto"|"cudnn"|"numba"`` overrides ``dnn.enabled`` for this call."""
+    """2-D convolution of x (N, C, H, W) with w (K, C/groups, R, S), plus bias (K,) or None;
+    returns y (N, K, OH, OW), O = (I + 2p - d(k - 1) - 1) // s + 1 per spatial dim.
+
+        y[n, k, o] = sum_(c, t) x_pad[n, g*C/G + c, o*stride + t*dilation] * w[k, c, t'] + bias[k]
+
+    with t' = t for mode "cross" and the reversed tap for "conv". float16, float32 or float64.
+    {CONV_OPTIONS}
+    {CONV_ALGO_FWD}
+    {CONV_PRECISION}
+    {CONV_RAISES}"""
     return conv_args.forward_args("conv2d", 2, x, w, bias, stride, padding, dilation, groups,
                                   mode, algo, precision, stream)
 
@@ -40,7 +54,13 @@ def conv2d(x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1, mode="
 @public_op("conv3d")
 def conv3d(x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1, mode="cross",
            algo=None, precision=None, stream=None):
-    """3-D convolution of x (N, C, D, H, W) with w (K, C/groups, T, R, S)."""
+    """3-D convolution of x (N, C, D, H, W) with w (K, C/groups, T, R, S), plus bias (K,) or
+    None; returns y (N, K, OD, OH, OW), O = (I + 2p - d(k - 1) - 1) // s + 1 per spatial dim:
+    :func:`conv2d`'s sum over three spatial dims. float16, float32 or float64.
+    {CONV_OPTIONS}
+    {CONV_ALGO_FWD}
+    {CONV_PRECISION}
+    {CONV_RAISES}"""
     return conv_args.forward_args("conv3d", 3, x, w, bias, stride, padding, dilation, groups,
                                   mode, algo, precision, stream)
 
@@ -48,7 +68,16 @@ def conv3d(x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1, mode="
 @public_op("conv2d_backward_data")
 def conv2d_backward_data(dy, w, x_shape, *, stride=1, padding=0, dilation=1, groups=1,
                          mode="cross", algo=None, precision=None, stream=None):
-    """Gradient wrt x of :func:`conv2d` (same keyword arguments), shaped ``x_shape``."""
+    """Gradient wrt x of :func:`conv2d`: dx shaped ``x_shape`` (N, C, H, W), from dy
+    (N, K, OH, OW) and w (K, C/groups, R, S), with the forward's keyword arguments.
+
+    dx[n, c, i] = sum of dy[n, k, o] * w[k, c, t'] over the k of c's group and the (o, t) with
+    o*stride + t*dilation - padding = i.
+    {CONV_OPTIONS}
+    {CONV_ALGO_BWD_DATA}
+    {CONV_PRECISION}
+    {CONV_RAISES}
+    Also ValueError when dy is not the forward's output shape for ``x_shape``."""
     return conv_args.backward_data_args("conv2d_backward_data", 2, dy, w, x_shape, stride,
                                         padding, dilation, groups, mode, algo, precision,
                                         stream)
@@ -57,7 +86,14 @@ def conv2d_backward_data(dy, w, x_shape, *, stride=1, padding=0, dilation=1, gro
 @public_op("conv3d_backward_data")
 def conv3d_backward_data(dy, w, x_shape, *, stride=1, padding=0, dilation=1, groups=1,
                          mode="cross", algo=None, precision=None, stream=None):
-    """Gradient wrt x of :func:`conv3d`."""
+    """Gradient wrt x of :func:`conv3d`: dx shaped ``x_shape`` (N, C, D, H, W), from dy
+    (N, K, OD, OH, OW) and w (K, C/groups, T, R, S), with the forward's keyword arguments
+    (:func:`conv2d_backward_data` over three spatial dims).
+    {CONV_OPTIONS}
+    {CONV_ALGO_BWD_DATA}
+    {CONV_PRECISION}
+    {CONV_RAISES}
+    Also ValueError when dy is not the forward's output shape for ``x_shape``."""
     return conv_args.backward_data_args("conv3d_backward_data", 3, dy, w, x_shape, stride,
                                         padding, dilation, groups, mode, algo, precision,
                                         stream)
@@ -66,7 +102,16 @@ def conv3d_backward_data(dy, w, x_shape, *, stride=1, padding=0, dilation=1, gro
 @public_op("conv2d_backward_filter")
 def conv2d_backward_filter(x, dy, w_shape, *, stride=1, padding=0, dilation=1, groups=1,
                            mode="cross", algo=None, precision=None, stream=None):
-    """Gradient wrt w of :func:`conv2d`, shaped ``w_shape``."""
+    """Gradient wrt w of :func:`conv2d`: dw shaped ``w_shape`` (K, C/groups, R, S), from x
+    (N, C, H, W) and dy (N, K, OH, OW), with the forward's keyword arguments.
+
+    dw[k, c, t'] = sum over n and the outputs o of x_pad[n, g*C/G + c, o*stride + t*dilation] *
+    dy[n, k, o]; an empty batch gives zeros.
+    {CONV_OPTIONS}
+    {CONV_ALGO_BWD_FILTER}
+    {CONV_PRECISION}
+    {CONV_RAISES}
+    Also ValueError when dy is not the forward's output shape for x and ``w_shape``."""
     return conv_args.backward_filter_args("conv2d_backward_filter", 2, x, dy, w_shape, stride,
                                           padding, dilation, groups, mode, algo, precision,
                                           stream)
@@ -75,7 +120,14 @@ def conv2d_backward_filter(x, dy, w_shape, *, stride=1, padding=0, dilation=1, g
 @public_op("conv3d_backward_filter")
 def conv3d_backward_filter(x, dy, w_shape, *, stride=1, padding=0, dilation=1, groups=1,
                            mode="cross", algo=None, precision=None, stream=None):
-    """Gradient wrt w of :func:`conv3d`."""
+    """Gradient wrt w of :func:`conv3d`: dw shaped ``w_shape`` (K, C/groups, T, R, S), from x
+    (N, C, D, H, W) and dy (N, K, OD, OH, OW), with the forward's keyword arguments
+    (:func:`conv2d_backward_filter` over three spatial dims).
+    {CONV_OPTIONS}
+    {CONV_ALGO_BWD_FILTER}
+    {CONV_PRECISION}
+    {CONV_RAISES}
+    Also ValueError when dy is not the forward's output shape for x and ``w_shape``."""
     return conv_args.backward_filter_args("conv3d_backward_filter", 3, x, dy, w_shape, stride,
                                           padding, dilation, groups, mode, algo, precision,
                                           stream)
@@ -83,7 +135,12 @@ def conv3d_backward_filter(x, dy, w_shape, *, stride=1, padding=0, dilation=1, g
 
 @public_op("conv_backward_bias")
 def conv_backward_bias(dy, *, stream=None):
-    """Gradient wrt the bias: ``db[k] = sum over n and space of dy[n, k, ...]`` (4-D or 5-D)."""
+    """Gradient wrt the bias of a convolution: db[k] = sum over n and space of dy[n, k, ...].
+
+    dy: (N, K, L), (N, K, H, W) or (N, K, D, H, W), float16, float32 or float64; returns db (K,)
+    in dy's dtype, summed in the accumulation type (float32 for float16); an empty dy gives
+    zeros. No options besides ``backend`` and ``stream``.
+    Raises ValueError for a dy that is not 3-, 4- or 5-D; TypeError for a non-float dy."""
     s = arrays.as_stream(stream)
     dy = arrays.device_input("conv_backward_bias", "dy", dy, s, ndim=(3, 4, 5))
     return conv_args.ConvBiasArgs(dy, s)
@@ -330,3 +387,26 @@ register("conv_backward_bias", "cudnn", supports=_cudnn_bias_supports,
 
 __all__ = ["conv2d", "conv3d", "conv2d_backward_data", "conv3d_backward_data",
            "conv2d_backward_filter", "conv3d_backward_filter", "conv_backward_bias"]
+
+
+# ---------------------------------------------------------------- autograd
+
+def _conv_grad(backward_data, backward_filter):
+    """The gradient rule of conv2d / conv3d: the data and filter gradients by the backward
+    convolutions with the forward's geometry, the bias gradient by conv_backward_bias."""
+    def rule(g, dy):
+        kw = dict(stride=g.stride, padding=g.padding, dilation=g.dilation, groups=g.groups,
+                  mode=g.mode, precision=g.precision, backend=g.backend, stream=g.stream)
+        grads = {}
+        if g.needs("x"):
+            grads["x"] = backward_data(dy, g.w, tuple(g.x.shape), **kw)
+        if g.needs("w"):
+            grads["w"] = backward_filter(g.x, dy, tuple(g.w.shape), **kw)
+        if g.needs("bias"):
+            grads["bias"] = conv_backward_bias(dy, backend=g.backend, stream=g.stream)
+        return grads
+    return rule
+
+
+gradient("conv2d")(_conv_grad(conv2d_backward_data, conv2d_backward_filter))
+gradient("conv3d")(_conv_grad(conv3d_backward_data, conv3d_backward_filter))

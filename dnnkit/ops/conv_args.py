@@ -13,7 +13,7 @@ import numpy as np
 
 from .. import arrays, config, device
 from ..geometry import ConvGeom
-from .args import int_tuple
+from .args import choice, int_tuple, shape_tuple
 
 
 class ConvForwardArgs(typing.NamedTuple):
@@ -74,16 +74,26 @@ def _enum_flag(name, allowed):
 
 
 def _workspace(flag, value):
+    """'auto', or a whole number of bytes >= 0: an int, an integral float (``1e9``) or a
+    string of either. There is no "unlimited" value (inf is refused: a limit the size of the
+    device's memory is the same thing, and it is explicit)."""
     if isinstance(value, str) and value.strip().lower() == "auto":
         return "auto"
-    try:
-        v = int(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"flag {flag}: bad value {value!r}; allowed: 'auto' or a number of "
-                         "bytes >= 0") from None
-    if v < 0:
-        raise ValueError(f"flag {flag}: bad value {value!r}; allowed: 'auto' or bytes >= 0")
-    return v
+    v = value
+    if isinstance(v, str):
+        try:
+            v = int(v.strip())
+        except ValueError:
+            try:
+                v = float(v.strip())
+            except ValueError:
+                v = None
+    if isinstance(v, (float, np.floating)) and np.isfinite(v) and float(v).is_integer():
+        v = int(v)
+    if not isinstance(v, (int, np.integer)) or isinstance(v, (bool, np.bool_)) or v < 0:
+        raise ValueError(f"flag {flag}: bad value {value!r}; allowed: 'auto' or a whole number "
+                         "of bytes >= 0 (no 'unlimited': give the device's memory size)")
+    return int(v)
 
 
 def _bool(flag, value):
@@ -122,9 +132,7 @@ def _padding(op, padding, kernel, dilation, nd):
 
 
 def _mode(op, mode):
-    if mode not in ("cross", "conv"):
-        raise ValueError(f"{op}: mode must be 'cross' or 'conv'; got {mode!r}")
-    return mode == "conv"
+    return choice(op, "mode", mode, ("cross", "conv")) == "conv"
 
 
 def resolve_opts(op, direction, dtype, algo, precision):
@@ -134,13 +142,12 @@ def resolve_opts(op, direction, dtype, algo, precision):
             "bwd_filter": "dnn.conv.algo_bwd_filter"}[direction]
     if algo is None:
         algo = config.get(flag)
-    elif algo not in ALGOS[direction]:
-        raise ValueError(f"{op}: algo must be one of {', '.join(ALGOS[direction])}; got {algo!r}")
+    else:
+        choice(op, "algo", algo, ALGOS[direction])
     if precision is None:
         precision = config.get("dnn.conv.precision")
-    elif precision not in PRECISIONS:
-        raise ValueError(f"{op}: precision must be one of {', '.join(PRECISIONS)}; "
-                         f"got {precision!r}")
+    else:
+        choice(op, "precision", precision, PRECISIONS)
     name = arrays.float_name(dtype)
     compute = {"as_input_f32": "float32" if name == "float16" else name,
                "as_input": name}.get(precision, precision)
@@ -166,16 +173,6 @@ def workspace_limit(opts):
         free, _total = device.numba_cuda().current_context().get_memory_info()
         hit = _auto[dev] = (now, int(min(WORKSPACE_CAP, free * WORKSPACE_SHARE)))
     return hit[1]
-
-
-def _shape(op, name, shape, rank):
-    try:
-        t = tuple(int(v) for v in shape)
-    except TypeError:
-        raise TypeError(f"{op}: {name} must be a shape tuple; got {shape!r}") from None
-    if len(t) != rank or any(v < 0 for v in t):
-        raise ValueError(f"{op}: {name} must be {rank} non-negative sizes; got {shape!r}")
-    return t
 
 
 _geoms = {}          # make_geom's arguments -> ConvGeom: a training loop repeats its shapes
@@ -206,8 +203,11 @@ def _make_geom(op, nd, x_shape, w_shape, stride, padding, dilation, groups, mode
         raise ValueError(f"{op}: groups must be a positive int; got {groups!r}")
     n, c = x_shape[:2]
     k, cg = w_shape[:2]
-    if c == 0:
-        raise ValueError(f"{op}: x has no input channels (C=0); x {x_shape}, w {w_shape}")
+    if 0 in tuple(w_shape[2:]):
+        # PyTorch's rule too: the output size (I + 2p - d(k-1) - 1) // s + 1 of a window of
+        # 0 taps would exceed the input's, a sum over no taps at positions it never reads
+        raise ValueError(f"{op}: the filter window must have >= 1 tap in every spatial dim; "
+                         f"w {tuple(w_shape)}")
     if c % groups or k % groups:
         raise ValueError(f"{op}: groups={groups} must divide the input channels C={c} and the "
                          f"filters K={k}")
@@ -255,7 +255,7 @@ def forward_args(op, nd, x, w, bias, stride, padding, dilation, groups, mode, al
 def backward_data_args(op, nd, dy, w, x_shape, stride, padding, dilation, groups, mode, algo,
                        precision, stream):
     (dy, w), s = _inputs(op, nd, stream, dy=dy, w=w)
-    x_shape = _shape(op, "x_shape", x_shape, nd + 2)
+    x_shape = shape_tuple(op, "x_shape", x_shape, nd + 2)
     geom = make_geom(op, nd, x_shape, w.shape, stride, padding, dilation, groups, mode)
     _expect(op, "dy", dy.shape, geom.user_shape(geom.y_shape))
     return ConvBackwardDataArgs(dy, w, geom,
@@ -265,7 +265,7 @@ def backward_data_args(op, nd, dy, w, x_shape, stride, padding, dilation, groups
 def backward_filter_args(op, nd, x, dy, w_shape, stride, padding, dilation, groups, mode, algo,
                          precision, stream):
     (x, dy), s = _inputs(op, nd, stream, x=x, dy=dy)
-    w_shape = _shape(op, "w_shape", w_shape, nd + 2)
+    w_shape = shape_tuple(op, "w_shape", w_shape, nd + 2)
     geom = make_geom(op, nd, x.shape, w_shape, stride, padding, dilation, groups, mode)
     _expect(op, "dy", dy.shape, geom.user_shape(geom.y_shape))
     return ConvBackwardFilterArgs(x, dy, geom,

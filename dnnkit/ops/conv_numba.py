@@ -177,6 +177,8 @@ def forward(x, w, bias, geom, stream):
     y = arrays.cuda_empty(geom.y_shape, x.dtype, stream)
     sz = ConvSizes(geom, x.dtype.itemsize)
     if sz.empty():
+        if y.size:       # a sum over no input channels: y = 0 (+ bias)
+            _fill_bias(y, bias, sz, stream)
         return y, "im2col+gemm"
     if conv_winograd.pays(geom, x.dtype):
         return conv_winograd.forward(x, w, bias, geom, y, stream), "winograd"
@@ -271,6 +273,16 @@ def _fill_parts_of(m, n, groups, total, top, _simulator, wave):
     if best <= fills[1] + 0.02:
         return 1
     return max(p for p, fill in fills.items() if fill >= best - 0.02)
+
+
+def _fill_bias(y, bias, sz, stream):
+    """y = bias broadcast over (n, spatial), or 0: the partial-sum kernel over 0 parts."""
+    if bias is None:
+        arrays.zero_fill(y, stream)
+        return
+    acc = arrays.acc_array(y.dtype)
+    _elementwise(_kernels().conv_partsum_fwd_kernel, y.size, stream,
+                 (acc, arrays.flat(y), 0, y.size, arrays.flat(bias), sz.out, sz.k, acc))
 
 
 def backward_data(dy, w, geom, stream):

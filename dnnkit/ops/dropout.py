@@ -31,8 +31,9 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .. import arrays
+from .. import arrays, device
 from ..cudnn import dropout as cudnn_dropout
+from ..autograd import gradient
 from ..dispatch import public_op
 from ..launch import launch
 from ..registry import register
@@ -96,19 +97,36 @@ def _check_seed(op, seed):
 
 @public_op("dropout", memo=False)      # seed=None draws a fresh seed on every call
 def dropout(x, p, *, seed=None, stream=None):
-    """Zero each element of x with probability p and scale the rest by 1/(1 - p); returns
-    ``(y, state)``. ``seed`` (an int in [0, 2**64), or None for a fresh one) fixes the mask.
-    ``backend=None|"auto"|"cudnn"|"numba"`` overrides ``dnn.enabled`` for this call."""
+    """Zero each element of x with probability p and scale the rest by 1 / (1 - p):
+    y = x * mask / (1 - p), shaped like x; returns ``(y, state)`` (a :class:`DropoutState`: pass it
+    to :func:`dropout_backward`).
+
+    ``p``: a number in [0, 1) (0 keeps everything; 1 is refused: the scale would be infinite).
+    ``seed``: an int in [0, 2**64) fixing the mask, or None (default) for a fresh one each call
+    (kept in ``state.seed``). The backends draw different masks for one seed, each reproducible.
+    x: float16, float32 or float64, any shape.
+    Raises ValueError for p or seed out of range; TypeError for a p or seed of the wrong type."""
     p = _check_p("dropout", p)
-    seed = _check_seed("dropout", seed)
     s = arrays.as_stream(stream)
+    if p:
+        device.refuse_in_capture("dropout", "its mask comes from a seed fixed on the host "
+                                 "(drawn, or given), so every replay of a CUDA graph would "
+                                 "repeat the recorded mask", device.stream_pointer(s))
+    seed = _check_seed("dropout", seed)
     x = arrays.device_input("dropout", "x", x, s)
     return DropoutArgs(x, p, seed, s)
 
 
 @public_op("dropout_backward")
 def dropout_backward(dy, state, *, stream=None):
-    """Gradient of :func:`dropout`: dy * mask / (1 - p) with the forward's mask (``state``)."""
+    """Gradient of :func:`dropout`: dx = dy * mask / (1 - p), with the forward's mask.
+
+    ``state``: the :class:`DropoutState` the forward returned; dy: the forward's x shape and
+    dtype. The backward runs where the state was made: a Numba state re-derives its mask from
+    the seed, a cuDNN state holds cuDNN's reserve space.
+    Raises TypeError for a state that is not a DropoutState or a dy of another dtype;
+    ValueError for a dy of another shape or ``backend="numba"`` with a cuDNN state
+    (CudnnUnavailableError for "cudnn" with a Numba state)."""
     op = "dropout_backward"
     if not isinstance(state, DropoutState):
         raise TypeError(f"{op}: state must be the DropoutState returned by dropout; got "
@@ -263,3 +281,12 @@ def selfcheck_cases(Case):
 
     return [Case("dropout", f"p={p}", run_fwd, ref(0), make),
             Case("dropout_backward", f"p={p}", run_bwd, ref(1), make)]
+
+
+# ---------------------------------------------------------------- autograd
+
+@gradient("dropout", outputs=(0,))
+def _dropout_grad(g, dy):
+    if not g.needs("x"):
+        return {}
+    return {"x": dropout_backward(dy, g.out[1], backend=g.backend, stream=g.stream)}

@@ -1,6 +1,6 @@
 """In-place elementwise updates on device arrays.
 
-    axpy   y += alpha * x        (gradient accumulation: Parameter.accumulate)
+    axpy   y += alpha * x        (summing the pieces of a split cuDNN call: ops/split.py)
 
 Arithmetic is in the accumulation type (float32 for float16 data), rounded once into y.
 """

@@ -25,13 +25,14 @@ from typing import NamedTuple
 import numpy as np
 
 from .. import arrays, config, device, reference
+from ..autograd import gradient
 from ..cudnn import pool as cudnn_pool
 from ..dispatch import public_op
 from ..launch import launch
 from ..registry import register
 from ..tracing import note_algo
 from . import split
-from .args import int_tuple
+from .args import choice, int_tuple
 
 MODES = ("max", "max_deterministic", "average_inc_pad", "average_exc_pad", "sum")
 ALIASES = {"average": "average_inc_pad"}
@@ -89,11 +90,8 @@ class PoolBackwardArgs(NamedTuple):
 
 
 def _mode(op, mode):
-    mode = ALIASES.get(mode, mode) if isinstance(mode, str) else mode
-    if mode not in MODES:
-        raise ValueError(f"{op}: mode must be one of {', '.join(MODES)} (or 'average'); "
-                         f"got {mode!r}")
-    return mode
+    mode = choice(op, "mode", mode, MODES, also=tuple(ALIASES))
+    return ALIASES.get(mode, mode)
 
 
 def make_geom(op, nd, x_shape, window, stride, padding):
@@ -140,30 +138,47 @@ def _backward_args(op, nd, x, y, dy, window, stride, padding, mode, stream):
 
 @public_op("pool2d")
 def pool2d(x, window, stride=None, padding=0, mode="max", *, stream=None):
-    """Pool x (N, C, H, W) over windows of ``window`` (an int or (kh, kw)) moved by ``stride``
-    (default: the window) with ``padding`` (< window) on both sides; returns y (N, C, OH, OW),
-    ``O = (I + 2p - k) // s + 1``. ``mode``: max, max_deterministic, average_inc_pad (alias
-    average), average_exc_pad, sum. ``backend=None|"auto"|"cudnn"|"numba"`` overrides
-    ``dnn.enabled`` for this call."""
+    """Pool x (N, C, H, W) over windows; returns y (N, C, OH, OW), O = (I + 2p - k) // s + 1.
+
+    {POOL_WINDOW}
+    {POOL_MODES}
+    x: float16, float32 or float64. The gradient is :func:`pool2d_backward`.
+    {POOL_RAISES}"""
     return _forward_args("pool2d", 2, x, window, stride, padding, mode, stream)
 
 
 @public_op("pool3d")
 def pool3d(x, window, stride=None, padding=0, mode="max", *, stream=None):
-    """:func:`pool2d` for x (N, C, D, H, W) with 3-tuples (or ints)."""
+    """Pool x (N, C, D, H, W) over windows; returns y (N, C, OD, OH, OW), O = (I + 2p - k) // s + 1.
+
+    {POOL_WINDOW}
+    {POOL_MODES}
+    x: float16, float32 or float64. The gradient is :func:`pool3d_backward`.
+    {POOL_RAISES}"""
     return _forward_args("pool3d", 3, x, window, stride, padding, mode, stream)
 
 
 @public_op("pool2d_backward")
 def pool2d_backward(x, y, dy, window, stride=None, padding=0, mode="max", *, stream=None):
-    """Gradient wrt x of ``y = pool2d(x, window, stride, padding, mode)``, given y and dy.
-    Max routes each dy to its window's first maximum (first NaN) in scan order."""
+    """Gradient wrt x of ``y = pool2d(x, window, stride, padding, mode)``, given x, y and dy
+    (N, C, OH, OW); returns dx (N, C, H, W).
+
+    {POOL_BACKWARD}
+    {POOL_WINDOW}
+    {POOL_MODES}
+    {POOL_RAISES}"""
     return _backward_args("pool2d_backward", 2, x, y, dy, window, stride, padding, mode, stream)
 
 
 @public_op("pool3d_backward")
 def pool3d_backward(x, y, dy, window, stride=None, padding=0, mode="max", *, stream=None):
-    """Gradient wrt x of :func:`pool3d`."""
+    """Gradient wrt x of ``y = pool3d(x, window, stride, padding, mode)``, given x, y and dy
+    (N, C, OD, OH, OW); returns dx (N, C, D, H, W).
+
+    {POOL_BACKWARD}
+    {POOL_WINDOW}
+    {POOL_MODES}
+    {POOL_RAISES}"""
     return _backward_args("pool3d_backward", 3, x, y, dy, window, stride, padding, mode, stream)
 
 
@@ -356,3 +371,18 @@ def _check_inputs(small, big, k, st, p, mode):
         y = reference.pool_forward(x, k, st, p, mode).astype(dtype)
         return x, y, rng.standard_normal(y.shape).astype(dtype)
     return make
+
+
+# ---------------------------------------------------------------- autograd
+
+def _pool_grad(backward):
+    def rule(g, dy):
+        if not g.needs("x"):
+            return {}
+        return {"x": backward(g.x, g.out, dy, g.window, g.stride, g.padding, g.mode,
+                              backend=g.backend, stream=g.stream)}
+    return rule
+
+
+gradient("pool2d")(_pool_grad(pool2d_backward))
+gradient("pool3d")(_pool_grad(pool3d_backward))

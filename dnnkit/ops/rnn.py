@@ -16,6 +16,7 @@ A training forward returns a state that only the backend which made it can use.
 import numpy as np
 
 from .. import arrays, reference
+from ..autograd import gradient
 from ..dispatch import public_op
 from ..rnn_layout import INPUT_MODES, MODES, RNNConfig, param_size
 from . import rnn_numba  # noqa: F401 - registers the Numba implementations
@@ -27,6 +28,8 @@ def _positive_int(op, name, v):
         raise TypeError(f"{op}: {name} must be an integer; got {v!r}")
     if v < 1:
         raise ValueError(f"{op}: {name} must be >= 1; got {v}")
+    if v >= 2**31:      # cuDNN's RNN descriptor holds it as an int32 (both backends share it)
+        raise ValueError(f"{op}: {name} must be < 2**31; got {v}")
     return int(v)
 
 
@@ -120,12 +123,17 @@ def _inputs(op, cfg, w, x, hx, cx, s):
 
 @public_op("rnn_forward")
 def rnn_forward(cfg, w, x, hx=None, cx=None, *, lengths=None, training=False, stream=None):
-    """Run the RNN ``cfg`` (an RNNConfig) over x (T, N, input_size), time-major; returns
-    ``(y, hy, cy, state)``: y (T, N, D*H), hy and cy (layers*D, N, H) (cy None unless lstm),
-    state None unless ``training`` (then pass it to :func:`rnn_backward`). ``hx``/``cx``:
-    initial states (None: zeros). ``lengths``: per-sequence lengths in [1, T] (host ints, any
-    order); outputs past a sequence's end are zero and hy/cy are its state at its last step.
-    ``backend=None|"auto"|"cudnn"|"numba"`` overrides ``dnn.enabled`` for this call."""
+    """Run the RNN ``cfg`` over x (T, N, input_size), time-major; returns ``(y, hy, cy, state)``.
+
+    y (T, N, D*H), hy and cy (layers*D, N, H) with D = 2 when bidirectional, cy None unless
+    lstm; state None unless ``training`` (then pass it to :func:`rnn_backward`). ``cfg``: an
+    RNNConfig (``dnnkit.RNN`` makes one): mode "rnn_relu", "rnn_tanh", "lstm" or "gru"; input_mode
+    "linear" or "skip". ``w``: the flat parameter buffer (one layout for both backends). ``hx``,
+    ``cx``: initial states (layers*D, N, H) or None (zeros); cx only for lstm. ``lengths``: None
+    (every sequence T steps) or host ints in [1, T], any order: outputs past a sequence's end are
+    zero and hy/cy its state at its last step. ``training``: False (default) or True.
+    Raises TypeError for a cfg that is not an RNNConfig, a non-bool training, non-integer lengths
+    or mixed dtypes; ValueError for shapes that do not match cfg or lengths out of range."""
     op = "rnn_forward"
     cfg = _check_cfg(op, cfg)
     if not isinstance(training, (bool, np.bool_)):
@@ -139,11 +147,16 @@ def rnn_forward(cfg, w, x, hx=None, cx=None, *, lengths=None, training=False, st
 @public_op("rnn_backward")
 def rnn_backward(cfg, w, x, y, dy, dhy=None, dcy=None, hx=None, cx=None, *, state,
                  lengths=None, stream=None):
-    """Gradients of :func:`rnn_forward` (run with ``training=True``, same arguments): returns
-    ``(dx, dhx, dcx, dw)``, dw a fresh flat buffer in the parameter layout (nothing is
-    accumulated), dcx None unless lstm. ``dhy``/``dcy`` None mean zeros. ``state`` is the
-    forward's; only the backend that made it can use it (each backend checks that the
-    state matches the call)."""
+    """Gradients of :func:`rnn_forward` (run with ``training=True`` and the same arguments):
+    returns ``(dx, dhx, dcx, dw)``, dw a fresh flat buffer in the parameter layout (nothing is
+    accumulated), dcx None unless lstm.
+
+    y, dy: (T, N, D*H); ``dhy``, ``dcy``: gradients of hy and cy, (layers*D, N, H), or None
+    (zeros), dcy only for lstm. ``state``: the forward's; only the backend that made it can use
+    it. ``cfg`` (mode "rnn_relu", "rnn_tanh", "lstm" or "gru"), ``w``, ``x``, ``hx``, ``cx`` and
+    ``lengths`` as in the forward call.
+    Raises TypeError for a missing or foreign state, a cfg that is not an RNNConfig or mixed
+    dtypes; ValueError for shapes that do not match cfg or lengths out of range."""
     op = "rnn_backward"
     cfg = _check_cfg(op, cfg)
     if state is None or not hasattr(state, "backend"):
@@ -232,3 +245,19 @@ class _Outputs:
 
     def copy_to_host(self):
         return _concat(self.outs)
+
+
+# ---------------------------------------------------------------- autograd
+
+@gradient("rnn_forward", outputs=(0, 1, 2), inputs=("w", "x", "hx", "cx"))
+def _rnn_grad(g, dy, dhy, dcy):
+    y, _, _, state = g.out
+    if state is None:
+        raise RuntimeError("rnn_forward: to differentiate it, call it with training=True (the "
+                           "backward needs the forward's training state)")
+    if dy is None:           # only hy / cy reached the loss: y's gradient is zero
+        s = arrays.as_stream(g.stream)
+        dy = arrays.zero_fill(arrays.empty_like(y, s), s)
+    dx, dhx, dcx, dw = rnn_backward(g.cfg, g.w, g.x, y, dy, dhy, dcy, g.hx, g.cx, state=state,
+                                    lengths=g.lengths, backend=g.backend, stream=g.stream)
+    return {"x": dx, "hx": dhx, "cx": dcx, "w": dw}

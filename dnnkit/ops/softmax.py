@@ -15,12 +15,14 @@ batches over its 32-bit tensor limit run as pieces of the batch (ops/split.py).
 from typing import NamedTuple
 
 from .. import arrays, device
+from ..autograd import gradient
 from ..cudnn import softmax as cudnn_softmax
 from ..dispatch import public_op
 from ..launch import launch, pow2_at_most
 from ..registry import register
 from ..tracing import note_algo
 from . import split
+from .args import choice
 
 ALGOS = ("fast", "accurate", "log")
 _ALGO_ID = {"fast": 0, "accurate": 1, "log": 2}   # matches kernels/softmax.py
@@ -46,16 +48,20 @@ class SoftmaxBackwardArgs(NamedTuple):
 
 
 def _check(op, algo, mode):
-    if algo not in _ALGO_ID:
-        raise ValueError(f"{op}: algo must be one of {', '.join(ALGOS)}; got {algo!r}")
-    if mode not in MODES:
-        raise ValueError(f"{op}: mode must be one of {', '.join(MODES)}; got {mode!r}")
+    choice(op, "algo", algo, ALGOS)      # before any lookup: a list is not hashable
+    choice(op, "mode", mode, MODES)
 
 
 @public_op("softmax")
 def softmax(x, algo="accurate", mode="channel", *, stream=None):
-    """Softmax of ``x`` ((N, C) or (N, C, H, W)); returns a new device array.
-    ``backend=None|"auto"|"cudnn"|"numba"`` overrides ``dnn.enabled`` for this call."""
+    """Softmax, y = exp(x - m) / sum exp(x - m), over channels or instances; shaped like ``x``.
+
+    x: (N, C) or (N, C, H, W), float16, float32 or float64. ``mode``: "channel" (default) sums
+    over axis 1 at each spatial position; "instance" over all of C*H*W of each sample.
+    ``algo``: "accurate" (default) subtracts the maximum m first (never overflows); "fast" does
+    not (m = 0: overflows for inputs above ~88 in float32, as cuDNN's FAST); "log" gives the
+    log-softmax y = x - m - log(sum exp(x - m)) (:func:`log_softmax`).
+    Raises ValueError for an algo or mode not listed, or x not 2-D or 4-D."""
     _check("softmax", algo, mode)
     s = arrays.as_stream(stream)
     x = arrays.device_input("softmax", "x", x, s, ndim=(2, 4))
@@ -63,7 +69,15 @@ def softmax(x, algo="accurate", mode="channel", *, stream=None):
 
 
 def log_softmax(x, mode="channel", *, backend=None, stream=None):
-    """``softmax(x, algo="log", mode=mode)``."""
+    """Log-softmax, y = x - m - log(sum exp(x - m)) with m the maximum (never overflows):
+    ``softmax(x, algo="log", mode=mode)``; a new array shaped like ``x``.
+
+    x: (N, C) or (N, C, H, W), float16, float32 or float64. ``mode``: "channel" (default, over
+    axis 1 at each spatial position) or "instance" (over all of C*H*W of each sample). Its
+    gradient: ``softmax_backward(y, dy, "log", mode)``. Raises ValueError for a mode not listed
+    or x not 2-D or 4-D.
+
+    {OP_FOOTER}"""
     return softmax(x, "log", mode, backend=backend, stream=stream)
 
 
@@ -72,7 +86,14 @@ log_softmax.op_name = "softmax"
 
 @public_op("softmax_backward")
 def softmax_backward(y, dy, algo="accurate", mode="channel", *, stream=None):
-    """Gradient wrt x of ``y = softmax(x, algo, mode)``, from y and dy."""
+    """Gradient wrt x of y = softmax(x, algo, mode), from y and dy; dx shaped like y.
+
+    softmax ("accurate", "fast"): dx = y * (dy - sum(dy * y)); log-softmax ("log"): dx = dy -
+    exp(y) * sum(dy), the sums over the forward's ``mode``: "channel" (axis 1 at each spatial
+    position) or "instance" (all of C*H*W of each sample). y, dy: one shape, (N, C) or
+    (N, C, H, W), and one dtype (float16, float32 or float64).
+    Raises ValueError for an algo or mode not listed, or y and dy of different shapes or not
+    2-D or 4-D; TypeError for different dtypes."""
     op = "softmax_backward"
     _check(op, algo, mode)
     s = arrays.as_stream(stream)
@@ -206,3 +227,12 @@ def _softmax_backward_cudnn(y, dy, algo, mode, stream):
             cudnn_softmax.backward(yp, dyp, dxp, *_dims4(yp.shape, mode), algo=algo,
                                    stream=device.stream_pointer(stream))
     return dx
+
+
+# ---------------------------------------------------------------- autograd
+
+@gradient("softmax")
+def _softmax_grad(g, dy):
+    if not g.needs("x"):
+        return {}
+    return {"x": softmax_backward(g.out, dy, g.algo, g.mode, backend=g.backend, stream=g.stream)}

@@ -8,7 +8,9 @@
 
 Coordinates (kernels/spatial.py, the one place; docs/spatial.md): corner pixel centres at
 +-1 (PyTorch's align_corners=True), a 1-point output dimension at -1 (cuDNN's); bilinear,
-zero outside.
+zero outside. Empty dimensions: N = 0 gives empty outputs; C = 0 or a grid of no points gives
+an empty y and zero gradients (sums over nothing) for whichever of dimg, dgrid is not empty;
+an img of H or W = 0, an affine grid of H' or W' = 0: ValueError.
 
 Backends: Numba (kernels/spatial.py) and cuDNN (dnnkit/cudnn/spatial.py). Numba's dimg is
 scattered with atomic adds (float32 accumulator for float16 data), or, under
@@ -23,13 +25,12 @@ from typing import NamedTuple
 import numpy as np
 
 from .. import arrays, config, device, reference
+from ..autograd import gradient
 from ..cudnn import spatial as cudnn_spatial
 from ..dispatch import public_op
-from ..launch import launch, pow2_at_most
 from ..registry import register
-from ..tracing import note_algo
+from . import spatial_numba  # noqa: F401 - registers the Numba implementations
 
-_TOL = {"float16": (1e-2, 1e-2), "float32": (1e-5, 1e-5), "float64": (1e-12, 1e-12)}
 
 
 class AffineGridArgs(NamedTuple):
@@ -112,9 +113,11 @@ def _img_grid(op, img, grid, s):
 
 @public_op("affine_grid")
 def affine_grid(theta, out_shape, *, stream=None):
-    """The sampling grid (N, H', W', 2) of (x, y): ``grid[n, i, j] = theta[n] @ (x_j, y_i, 1)``
-    with x_j = -1 + 2j/(W'-1), y_i = -1 + 2i/(H'-1) (-1 for a 1-point dimension, as cuDNN).
-    ``backend=None|"auto"|"cudnn"|"numba"`` overrides ``dnn.enabled`` for this call."""
+    """The sampling grid (N, H', W', 2) of (x, y) for theta (N, 2, 3) and ``out_shape``
+    (N, C, H', W'): ``grid[n, i, j] = theta[n] @ (x_j, y_i, 1)``, x_j = -1 + 2j/(W'-1),
+    y_i = -1 + 2i/(H'-1) (-1 for a 1-point dimension, as cuDNN).
+    Raises ValueError for theta not (N, 2, 3) or an out_shape with another N or a size < 1;
+    TypeError for an out_shape that is not 4 ints."""
     s = arrays.as_stream(stream)
     theta = _theta("affine_grid", theta, s)
     return AffineGridArgs(theta, _out_shape("affine_grid", out_shape, theta.shape[0]), s)
@@ -122,7 +125,9 @@ def affine_grid(theta, out_shape, *, stream=None):
 
 @public_op("affine_grid_backward")
 def affine_grid_backward(dgrid, *, stream=None):
-    """dtheta (N, 2, 3) = sum over grid points of dgrid[n, i, j] (x) (x_j, y_i, 1)."""
+    """Gradient of :func:`affine_grid`: dtheta (N, 2, 3) = sum over the grid points of
+    dgrid[n, i, j] (x) (x_j, y_i, 1), from dgrid (N, H', W', 2).
+    Raises ValueError for a dgrid not (N, H', W', 2) with H', W' >= 1."""
     op = "affine_grid_backward"
     s = arrays.as_stream(stream)
     dgrid = arrays.device_input(op, "dgrid", dgrid, s, ndim=(4,))
@@ -134,15 +139,20 @@ def affine_grid_backward(dgrid, *, stream=None):
 
 @public_op("grid_sample")
 def grid_sample(img, grid, *, stream=None):
-    """Bilinear samples (N, C, H', W') of img (N, C, H, W) at the normalized (x, y) of grid
-    (N, H', W', 2): pixel u = (x + 1)(W - 1)/2, v = (y + 1)(H - 1)/2; zero outside."""
+    """Bilinear samples y (N, C, H', W') of img (N, C, H, W) at the normalized (x, y) of grid
+    (N, H', W', 2): pixel u = (x + 1)(W - 1)/2, v = (y + 1)(H - 1)/2; zero outside the image.
+    Raises ValueError for a grid not (N, H', W', 2) with img's N, or an empty img; TypeError for
+    mixed dtypes."""
     s = arrays.as_stream(stream)
     return GridSampleArgs(*_img_grid("grid_sample", img, grid, s), s)
 
 
 @public_op("grid_sample_backward")
 def grid_sample_backward(img, grid, dy, *, stream=None):
-    """(dimg, dgrid), gradients of :func:`grid_sample` given dy (N, C, H', W')."""
+    """Gradients of :func:`grid_sample` wrt img (N, C, H, W) and grid (N, H', W', 2), given dy
+    (N, C, H', W'): returns (dimg, dgrid). Numba adds dimg atomically, or in a fixed order under
+    dnn.deterministic (bitwise repeatable).
+    Raises ValueError for shapes that do not match; TypeError for mixed dtypes."""
     op = "grid_sample_backward"
     s = arrays.as_stream(stream)
     img, grid = _img_grid(op, img, grid, s)
@@ -166,8 +176,11 @@ def _scale(op, name, v):
 
 @public_op("spatial_transformer")
 def spatial_transformer(img, theta, *, scale_height=1.0, scale_width=1.0, stream=None):
-    """``grid_sample(img, affine_grid(theta, (N, C, ceil(H*sh), ceil(W*sw))))`` on one
-    backend (Theano's dnn_spatialtf)."""
+    """``grid_sample(img, affine_grid(theta, (N, C, ceil(H*sh), ceil(W*sw))))`` on one backend
+    (Theano's dnn_spatialtf): img (N, C, H, W), theta (N, 2, 3). ``scale_height`` (sh) and
+    ``scale_width`` (sw): numbers > 0, default 1.0, the output's size over the input's.
+    Raises ValueError for a scale <= 0 or not finite, another N in theta or an empty img;
+    TypeError for a scale that is not a number or mixed dtypes."""
     op = "spatial_transformer"
     sh, sw = _scale(op, "scale_height", scale_height), _scale(op, "scale_width", scale_width)
     s = arrays.as_stream(stream)
@@ -180,128 +193,6 @@ def spatial_transformer(img, theta, *, scale_height=1.0, scale_width=1.0, stream
     if min(h, w) < 1:
         raise ValueError(f"{op}: img has an empty spatial dimension; shape {tuple(img.shape)}")
     return SpatialTransformerArgs(img, theta, (n, c, math.ceil(h * sh), math.ceil(w * sw)), s)
-
-
-# ---------------------------------------------------------------- Numba
-# (The kernels are imported inside the functions: they import numba, which ``import dnnkit``
-# does not pay for.)
-
-def _launch(kernel, n, stream, args, threads=256):
-    if n:
-        blocks, threads = arrays.grid_1d(n, threads=32 if device.simulator() else threads)
-        launch(kernel, blocks, threads, stream, args)
-
-
-def _geo(op, img, oh, ow):
-    """The samplers' ``geo`` (N, C, H, W, H', W'). They index within an image plane in 32 bits
-    (kernels/spatial.py, ``_axis`` and ``_taps``): H*W under 2**32 and each side under 2**31
-    (cuDNN's own limit is 2**31 elements per tensor)."""
-    n, c, h, w = (int(v) for v in img.shape)
-    if h * w >= 2**32 or max(h, w) >= 2**31 - 1:
-        raise ValueError(f"{op}: the Numba sampler takes image planes of fewer than 2**32 "
-                         f"pixels, each side under 2**31 - 1; got H={h}, W={w}")
-    return n, c, h, w, int(oh), int(ow)
-
-
-@register("affine_grid", "numba", tolerance=_TOL)
-def _grid_numba(theta, out_shape, stream):
-    from ..kernels import spatial_grid_fwd_kernel
-    n, _, oh, ow = out_shape
-    grid = arrays.cuda_empty((n, oh, ow, 2), theta.dtype, stream)
-    _launch(spatial_grid_fwd_kernel, n * oh * ow, stream,
-            (arrays.flat(theta), arrays.flat(grid), n, oh, ow, arrays.acc_array(theta.dtype)))
-    return grid
-
-
-@register("affine_grid_backward", "numba", tolerance=_TOL)
-def _grid_backward_numba(dgrid, stream):
-    from ..kernels import conv_partsum_fwd_kernel, spatial_grid_bwd_kernel
-    n, oh, ow, _ = dgrid.shape
-    dtheta = arrays.cuda_empty((n, 2, 3), dgrid.dtype, stream)
-    if n:
-        acc = arrays.acc_array(dgrid.dtype)
-        sim = device.simulator()
-        t = max(pow2_at_most(oh * ow, 8 if sim else 256), 8)   # threads 0..5 write
-        # blocks per image: ~16 points per thread (4 on the simulator, so that its small
-        # tests split), at most 64. A function of the image's size only, not of N: an
-        # image's dtheta is the same sum, in the same order, in any batch.
-        parts = max(1, min(64, oh * ow // ((4 if sim else 16) * t)))
-        part = arrays.cuda_empty((n * parts * 6,), acc.dtype, stream)
-        launch(spatial_grid_bwd_kernel, n * parts, t, stream,
-               (arrays.flat(dgrid), part, n, oh, ow, parts, acc), 6 * t * acc.dtype.itemsize)
-        # dtheta = the parts added in order (the split GEMMs' partial-sum kernel; no bias)
-        out = arrays.flat(dtheta)
-        _launch(conv_partsum_fwd_kernel, n * 6, stream, (part, out, parts, n * 6, out, 0, 1, acc))
-    return dtheta
-
-
-def _samplers(c, dtype):
-    """(forward, backward) sampler kernels for c channels of ``dtype``: min(c, 4) channels per
-    trip, launch bounds for 8-byte data apart (kernels/spatial.py)."""
-    from ..kernels.spatial import MAX_CB, sampler_kernels
-    return sampler_kernels(max(1, min(c, MAX_CB)), np.dtype(dtype).itemsize > 4)
-
-
-def _sample(op, img, grid, theta, out_shape, stream):
-    """y (N, C, H', W') sampled from img at grid, or at theta's grid computed in place."""
-    from ..kernels.spatial import FWD_BLOCK
-    n, c, oh, ow = out_shape
-    y = arrays.cuda_empty(out_shape, img.dtype, stream)
-    if y.size:
-        from_theta = grid is None
-        src = arrays.flat(theta if from_theta else grid)
-        # (the simulator's grid is capped small so that tests walk the grid-stride loops)
-        sim = device.simulator()
-        bx, by = (8, 2) if sim else FWD_BLOCK
-        blocks = (-(-ow // bx), min(-(-oh // by), 2 if sim else 65535),
-                  min(n, 1 if sim else 65535))
-        launch(_samplers(c, img.dtype)[0], blocks, (bx, by), stream,
-               (arrays.flat(img), src, src, arrays.flat(y), _geo(op, img, oh, ow),
-                int(from_theta), arrays.acc_array(img.dtype)))
-    return y
-
-
-@register("grid_sample", "numba", tolerance=_TOL)
-def _sample_numba(img, grid, stream):
-    out_shape = tuple(img.shape[:2]) + tuple(grid.shape[1:3])
-    return _sample("grid_sample", img, grid, None, out_shape, stream)
-
-
-@register("grid_sample_backward", "numba", tolerance=_TOL)
-def _sample_backward_numba(img, grid, dy, stream):
-    from ..kernels import (spatial_cast_bwd_kernel, spatial_dimg_det_bwd_kernel,
-                           spatial_fill_bwd_kernel)
-    _, _, oh, ow = dy.shape
-    geo = _geo("grid_sample_backward", img, oh, ow)
-    acc = arrays.acc_array(img.dtype)
-    dimg = arrays.empty_like(img, stream)
-    dgrid = arrays.empty_like(grid, stream)
-    # dimg accumulates in acc's type: dimg itself, or a float32 buffer for float16 data
-    buf = dimg if acc.dtype == img.dtype else arrays.cuda_empty(img.shape, acc.dtype, stream)
-    det = config.get("dnn.deterministic")
-    note_algo("gather_rows" if det else "atomic")
-    if det:
-        _launch(spatial_dimg_det_bwd_kernel, img.shape[0] * img.shape[2], stream,
-                (arrays.flat(grid), arrays.flat(dy), arrays.flat(buf), geo, acc),
-                threads=64)   # few threads (N*H): small blocks spread them over every SM
-    else:
-        _launch(spatial_fill_bwd_kernel, buf.size, stream, (arrays.flat(buf), acc.dtype.type(0)))
-    from ..kernels.spatial import SAMPLER_THREADS      # (its launch bound)
-    _launch(_samplers(img.shape[1], img.dtype)[1], grid.size // 2, stream,
-            (arrays.flat(img), arrays.flat(grid), arrays.flat(dy),
-             acc if det else arrays.flat(buf), arrays.flat(dgrid), geo, 0 if det else 1, acc),
-            threads=SAMPLER_THREADS)
-    if buf is not dimg:
-        _launch(spatial_cast_bwd_kernel, dimg.size, stream, (arrays.flat(buf), arrays.flat(dimg)))
-    return dimg, dgrid
-
-
-@register("spatial_transformer", "numba", tolerance=_TOL)
-def _st_numba(img, theta, out_shape, stream):
-    # the grid computed inside the sampler: no grid written and read back (at 64x3x224x224
-    # float32: 77 MB moved, where affine_grid + grid_sample move 128)
-    out_shape = tuple(img.shape[:2]) + tuple(out_shape[2:])
-    return _sample("spatial_transformer", img, None, theta, out_shape, stream)
 
 
 # ---------------------------------------------------------------- cuDNN
@@ -378,6 +269,9 @@ def _sample_backward_cudnn(img, grid, dy, stream):
     dimg, dgrid = arrays.empty_like(img, stream), arrays.empty_like(grid, stream)
     if dy.size:
         cudnn_spatial.sampler_backward(img, grid, dy, dimg, dgrid, device.stream_pointer(stream))
+    else:     # no channels or no grid points: both gradients sum nothing (cuDNN rejects it)
+        arrays.zero_fill(dimg, stream)
+        arrays.zero_fill(dgrid, stream)
     return dimg, dgrid
 
 
@@ -443,3 +337,30 @@ def selfcheck_cases(Case):
              lambda b, s, i: affine_grid_backward(i[2], backend=b, stream=s),
              lambda i: reference.affine_grid_backward(i[2]), inputs),
     ]
+
+
+# ---------------------------------------------------------------- autograd
+
+@gradient("affine_grid")
+def _affine_grid_grad(g, dgrid):
+    if not g.needs("theta"):
+        return {}
+    # affine_grid_backward runs on Numba under every policy but forced (docs/determinism.md):
+    # the policy picks, not the forward's backend
+    return {"theta": affine_grid_backward(dgrid, stream=g.stream)}
+
+
+@gradient("grid_sample")
+def _grid_sample_grad(g, dy):
+    dimg, dgrid = grid_sample_backward(g.img, g.grid, dy, backend=g.backend, stream=g.stream)
+    return {"img": dimg, "grid": dgrid}
+
+
+@gradient("spatial_transformer")
+def _spatial_transformer_grad(g, dy):
+    grid = affine_grid(g.theta, tuple(g.out.shape), backend=g.backend, stream=g.stream)
+    dimg, dgrid = grid_sample_backward(g.img, grid, dy, backend=g.backend, stream=g.stream)
+    grads = {"img": dimg}
+    if g.needs("theta"):
+        grads["theta"] = affine_grid_backward(dgrid, stream=g.stream)
+    return grads

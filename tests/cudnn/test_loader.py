@@ -100,3 +100,31 @@ def test_import_does_not_load_cudnn_or_numba_cuda():
     r = _run("import sys, dnnkit\nprint('numba.cuda' in sys.modules, " + _MAPS + ")")
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["False", "0"]
+
+
+_PATHFINDER_ERROR = RuntimeError(         # cuda.pathfinder's, when cuBLASLt is absent too
+    'Failure finding "libcublasLt.so.13 or libcublasLt.so.12": No such file: libcublasLt.so.13 '
+    'or libcublasLt.so.12, No such file: libcublasLt.so.13 or libcublasLt.so.12\n')
+
+
+def test_not_found_reason_names_cudnn_when_it_is_absent(monkeypatch):
+    """cuda.pathfinder loads cuDNN's dependencies first, so without the CUDA wheels its error
+    names cuBLASLt; the reason names the file that is missing for dnnkit, in one line."""
+    monkeypatch.setattr(loader, "main_file", lambda: None)
+    reason = loader.not_found_reason(_PATHFINDER_ERROR)
+    assert "\n" not in reason and "libcublasLt" not in reason
+    assert reason.startswith("library not found: no cuDNN 9 in pip wheels")
+    assert "libcudnn.so.9, the library of dnnkit's cuDNN backend, is missing" in reason
+
+
+def test_not_found_reason_names_the_dependency_when_cudnn_is_there(monkeypatch):
+    monkeypatch.setattr(loader, "main_file", lambda: "/opt/cudnn/lib/libcudnn.so.9")
+    reason = loader.not_found_reason(_PATHFINDER_ERROR)
+    assert "\n" not in reason
+    assert reason.startswith("library not loadable: /opt/cudnn/lib/libcudnn.so.9 was found, but "
+                             "libcublasLt.so.13 or libcublasLt.so.12, a library cuDNN needs, is "
+                             "missing")
+
+
+def test_main_file_finds_the_wheel_without_loading_it(real):
+    assert os.path.realpath(loader.main_file()) == os.path.realpath(real.path)

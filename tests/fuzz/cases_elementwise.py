@@ -46,7 +46,7 @@ def activation_case(data, backend, op):
     if mistake == "unknown mode":
         mode = pick(data, ["RELU", "leaky_relu", "", "softplus"])
     elif mistake == "mode not a str":
-        mode = pick(data, [0, None, 3.5])
+        mode = pick(data, [0, None, 3.5, ["relu"], {"tanh": 1}, ("relu",)])
     elif mistake == "coef not a number":
         coef = pick(data, ["1.0x", None, [1.0]])
     elif mistake == "coef inf":
@@ -126,9 +126,9 @@ def softmax_case(data, backend, op):
     if mistake and mistake.startswith("rank"):
         x = normal(rng, draw_dims(data, int(mistake[-1]), 1, 3), dtype)
     if mistake == "unknown algo":
-        algo = pick(data, ["precise", "LOG", None])
+        algo = pick(data, ["precise", "LOG", None, ["log"], {"fast": 1}])
     elif mistake == "unknown mode":
-        mode = pick(data, ["spatial", "CHANNEL", None, 1])
+        mode = pick(data, ["spatial", "CHANNEL", None, 1, ["channel"]])
     present = Presenter(data)
     tol = _sm_tol(dtype, algo)
     name = "softmax" if op == "log_softmax" else op

@@ -69,7 +69,7 @@ def batchnorm_case(data, backend, op):
     kw = dict(mode=mode, epsilon=eps)
     g_call, x_call = gamma, x
     if mistake == "unknown mode":
-        kw["mode"] = pick(data, ["per_activation", "SPATIAL", None])
+        kw["mode"] = pick(data, ["per_activation", "SPATIAL", None, ["spatial"]])
     elif mistake == "epsilon <= 0":
         kw["epsilon"] = pick(data, [0.0, -1e-5])
     elif mistake == "epsilon nan":

@@ -1,11 +1,11 @@
-"""Fuzz cases: rnn_forward/rnn_backward through dnnkit.RNN, CrossEntropyLoss, MSELoss."""
+"""Fuzz cases: rnn_forward/rnn_backward through dnnkit.RNN; the losses (cross_entropy, nll_loss,
+mse_loss and their gradients)."""
 
 import numpy as np
 from hypothesis import strategies as st
 
 import dnnkit
 from dnnkit import reference
-from dnnkit.nn.loss import CrossEntropyLoss, MSELoss
 from dnnkit.rnn_layout import MODES
 
 from .common import (COMMON, Presenter, common_mistake, compare, draw_dims, draw_dtype,
@@ -148,67 +148,101 @@ def rnn_case(data, backend, op):
 
 # ---------------------------------------------------------------- losses
 
-LOSS_TOL = {"float16": 1e-2, "float32": 1e-6, "float64": 1e-12}   # tests/nn/test_loss.py
-CE_MISTAKES = ("unknown reduction", "ignore_index float", "logits 1-D", "target shape",
-               "target float", "target out of range", "logits int", "logits not an array",
-               "device target out of range")
-MSE_MISTAKES = ("unknown reduction", "target shape", "target str", "x int", "dtype mismatch")
+LOSS_TOL = {"float16": 1e-2, "float32": 1e-6, "float64": 1e-12}   # tests/ops/test_loss.py
+LOSS_OPS = ("cross_entropy", "cross_entropy_backward", "nll_loss", "nll_loss_backward",
+            "mse_loss", "mse_loss_backward")
+NLL_MISTAKES = COMMON + ("unknown reduction", "ignore_index not an int", "input 1-D",
+                         "target shape", "target float", "target out of range")
+MSE_MISTAKES = COMMON + ("unknown reduction", "target shape", "target str", "dtype mismatch")
+DY_MISTAKES = ("dy shape", "dy dtype")
 
 
-def ce_ref(x, target, reduction, ignore):
-    x = np.asarray(x, np.float64)
-    m = x.max(axis=1, keepdims=True)
-    logp = x - m - np.log(np.exp(x - m).sum(axis=1, keepdims=True))
-    keep = target != ignore
-    t = np.where(keep, target, 0)
-    picked = np.take_along_axis(logp, t[:, None], axis=1)[:, 0]
-    k = keep.sum() if reduction == "mean" else 1
+def _reduce(per, counted, reduction, count):
+    """The loss from per-position values (float64) under ``reduction``."""
+    if reduction == "none":
+        return per
+    total = per[counted].sum() if per.size else 0.0
+    if reduction == "sum":
+        return np.float64(total)
     with np.errstate(invalid="ignore", divide="ignore"):
-        loss = -(picked * keep).sum() / k
+        return np.float64(total) / count          # NaN when nothing counts: 0/0, as PyTorch
+
+
+def _nll_ref(x, target, reduction, ignore, log_softmax, dy):
+    """(loss, gradient wrt x) in float64; x (N, C, *s), target (N, *s); device-invalid
+    targets (outside [0, C), not ``ignore``) give NaN at their position."""
+    x = np.moveaxis(np.asarray(x, np.float64), 1, -1)           # (N, *s, C)
+    c = x.shape[-1]
+    if log_softmax and x.size:
+        m = x.max(axis=-1, keepdims=True)
+        x = x - m - np.log(np.exp(x - m).sum(axis=-1, keepdims=True))
+    keep = target != ignore
+    valid = (target >= 0) & (target < c)
+    t = np.where(keep & valid, target, 0)
+    picked = np.take_along_axis(x, t[..., None], axis=-1)[..., 0] if x.size else \
+        np.zeros(target.shape)
+    per = np.where(keep, np.where(valid, -picked, np.nan), 0.0)
+    count = int(keep.sum())
+    loss = _reduce(per, keep, reduction, count)
+    if dy is None:
+        return loss, per
+    g = np.asarray(dy, np.float64)
+    g = g / count if reduction == "mean" and count else g * (reduction != "mean" or count)
+    g = np.broadcast_to(g, target.shape) * keep
     onehot = np.zeros_like(x)
-    np.put_along_axis(onehot, t[:, None], 1.0, axis=1)
-    grad = (np.exp(logp) - onehot) * keep[:, None] / (k if k else 1)
-    return loss, grad
+    if x.size:
+        np.put_along_axis(onehot, t[..., None], 1.0, axis=-1)
+    grad = (np.exp(x) - onehot) if log_softmax else -onehot
+    grad = grad * g[..., None]
+    return loss, np.moveaxis(grad, -1, 1)
+
 
 
 def loss_case(data, backend, op):
-    from numba import cuda
     rng = seed_rng(data)
-    which = op
     dtype = draw_dtype(data)
-    reduction = data.draw(st.sampled_from(["mean", "sum"]), label="reduction")
+    reduction = data.draw(st.sampled_from(["mean", "sum", "none"]), label="reduction")
     n = draw_size(data, 0, 3, "N")
-    mistake = draw_mistake(data, CE_MISTAKES if which == "CrossEntropyLoss" else MSE_MISTAKES)
-    red = pick(data, ["avg", "none", None]) if mistake == "unknown reduction" else reduction
+    backward = op.endswith("_backward")
+    base = op[:-len("_backward")] if backward else op
+    mistake = draw_mistake(data, (MSE_MISTAKES if base == "mse_loss" else NLL_MISTAKES)
+                           + (DY_MISTAKES if backward else ()))
+    red = pick(data, ["avg", "MEAN", None, ["sum"], {"sum": 1}]) \
+        if mistake == "unknown reduction" else reduction
     present = Presenter(data)
     tol = LOSS_TOL[dtype]
-    if which == "MSELoss":
+    fn = getattr(dnnkit, op)
+    if base == "mse_loss":
         shape = (n,) + draw_dims(data, data.draw(st.integers(0, 3), label="rank"), 0, 3)
         x, tgt = normal(rng, shape, dtype), normal(rng, shape, dtype)
+        bad, be = common_mistake(data, mistake, rng, shape, backend)
         xc, tc = x, tgt
         if mistake == "target shape":
             tc = normal(rng, shape + (2,), dtype)
         elif mistake == "target str":
             tc = np.full(shape, "a")
-        elif mistake == "x int":
-            xc = rng.integers(0, 3, shape)
         elif mistake == "dtype mismatch":
-            tc = cuda.to_device(tgt.astype("float64" if dtype != "float64" else "float32"))
-        xi, ti = present(xc, "x"), present(tc, "target")
-
-        def call_mse():
-            loss = MSELoss(red)
-            return loss.forward(xi, ti), loss.backward()
+            tc = tgt.astype("float64" if dtype != "float64" else "float32")
+        dy = normal(rng, shape if reduction == "none" else (), dtype)
+        dyc = dy
+        if mistake == "dy shape":
+            dyc = normal(rng, shape + (2,) if reduction == "none" else (2,), dtype)
+        elif mistake == "dy dtype":
+            dyc = dy.astype("float64" if dtype != "float64" else "float32")
+        xi = bad[0] if bad else present(xc, "x")
+        ti = present(tc, "target")
+        args = (xi, ti, present(dyc, "dy")) if backward else (xi, ti)
 
         def check_mse(out):
-            val, dx = out
             d = x.astype(np.float64) - tgt.astype(np.float64)
-            k = d.size if reduction == "mean" else 1
-            want = (d * d).sum() / k if k else np.nan
-            assert (np.isnan(val) and np.isnan(want)) or \
-                abs(val - want) <= tol * max(abs(want), 1e-30), (val, want)
-            compare("MSELoss backward", dx, 2 * d / (k if k else 1), tol, dtype=dtype)
-        return expect(which, call_mse, check_mse, mistake, present.bad)
+            if not backward:
+                want = _reduce(d * d, np.ones(d.shape, bool), reduction, d.size)
+                compare(op, out, want, tol, dtype=dtype)
+                return
+            g = dy.astype(np.float64)
+            g = g / d.size if reduction == "mean" and d.size else g
+            compare(op, out, 2 * d * g, tol, dtype=dtype)
+        return expect(op, lambda: fn(*args, red, backend=be), check_mse, mistake, present.bad)
     c = data.draw(st.integers(1, 4), label="C")
     spatial = draw_dims(data, data.draw(st.integers(0, 2), label="rank"), 0, 3)
     ignore = data.draw(st.sampled_from([-100, 0, 2]), label="ignore_index")
@@ -216,38 +250,47 @@ def loss_case(data, backend, op):
     tgt = rng.integers(0, c, (n,) + spatial)
     if data.draw(st.booleans(), label="some ignored"):
         tgt[rng.random(tgt.shape) < 0.3] = ignore
+    # a target out of range given on the device: no read back, so no error -- its loss and
+    # gradient row are NaN (ops/loss.py)
+    device_bad = not backward and tgt.size and data.draw(st.integers(0, 5),
+                                                         label="device bad target?") == 0
+    if device_bad:
+        tgt.flat[0] = c + 1 if ignore != c + 1 else c + 2
+    device_bad = device_bad and mistake is None
+    bad, be = common_mistake(data, mistake, rng, x.shape, backend)
     xc, tc, ig = x, tgt, ignore
-    if mistake == "ignore_index float":
-        ig = pick(data, [1.5, "0", None, True])
-    elif mistake == "logits 1-D":
+    if mistake == "ignore_index not an int":
+        ig = pick(data, [1.5, "0", None, True, [0]])
+    elif mistake == "input 1-D":
         xc = normal(rng, (c,), dtype)
     elif mistake == "target shape":
         tc = rng.integers(0, c, (n + 1,) + spatial)
     elif mistake == "target float":
         tc = tgt.astype(np.float32)
-    elif mistake in ("target out of range", "device target out of range"):
-        tc = np.full((max(n, 1),) + spatial, pick(data, [c, c + 3, -1, -7]))
-        xc = normal(rng, (max(n, 1), c) + spatial, dtype)
-        if tc.size == 0 or ig == tc.flat[0]:   # ignore_index is allowed; an empty target too
-            tc = np.full((max(n, 1),) + tuple(max(s, 1) for s in spatial), c + 3)
-            xc = normal(rng, (max(n, 1), c) + tuple(max(s, 1) for s in spatial), dtype)
-        if mistake.startswith("device"):
-            tc = cuda.to_device(tc)
-    elif mistake == "logits int":
-        xc = rng.integers(0, 3, x.shape)
-    elif mistake == "logits not an array":
-        xc = pick(data, ["logits", None])
-    xi = present(xc, "logits") if isinstance(xc, np.ndarray) else xc
-    ti = present(tc, "target") if isinstance(tc, np.ndarray) else tc
+    elif mistake == "target out of range":
+        tc = np.full((max(n, 1),) + tuple(max(s, 1) for s in spatial),
+                     pick(data, [c, c + 3, -1, -7]))
+        if ig in np.unique(tc):
+            tc[...] = c + 5
+        xc = normal(rng, (max(n, 1), c) + tuple(max(s, 1) for s in spatial), dtype)
+    dy = normal(rng, tgt.shape if reduction == "none" else (), dtype)
+    dyc = dy
+    if mistake == "dy shape":
+        dyc = normal(rng, tgt.shape + (2,) if reduction == "none" else (2,), dtype)
+    elif mistake == "dy dtype":
+        dyc = dy.astype("float64" if dtype != "float64" else "float32")
+    from numba import cuda
+    xi = bad[0] if bad else present(xc, "input")
+    # (an out-of-range target is refused only on the host: on the device it gives NaN)
+    ti = cuda.to_device(tc) if device_bad else tc if mistake == "target out of range" else \
+        present(tc, "target")
+    args = (xi, ti, present(dyc, "dy")) if backward else (xi, ti)
 
-    def call_ce():
-        loss = CrossEntropyLoss(red, ig)
-        return loss.forward(xi, ti), loss.backward()
-
-    def check_ce(out):
-        val, dx = out
-        want, grad = ce_ref(x, tgt, reduction, ignore)
-        assert (np.isnan(val) and np.isnan(want)) or \
-            abs(val - want) <= tol * max(abs(want), 1.0), (val, want)
-        compare("CrossEntropyLoss backward", dx, grad, tol, floor=1e-30, dtype=dtype)
-    return expect(which, call_ce, check_ce, mistake, present.bad)
+    def check_nll(out):
+        loss, more = _nll_ref(x, tgt, reduction, ignore, base == "cross_entropy",
+                              dy if backward else None)
+        if backward:
+            compare(op, out, more, tol, floor=1.0, dtype=dtype)
+        else:       # a sum's error scales with its terms' magnitudes (they may cancel)
+            compare(op, out, loss, tol, floor=float(np.nansum(np.abs(more))), dtype=dtype)
+    return expect(op, lambda: fn(*args, red, ig, backend=be), check_nll, mistake, present.bad)

@@ -19,15 +19,15 @@ file named by DNNKIT_FUZZ_REPORT, if set.
 
 import os
 
-import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 import dnnkit
-from dnnkit import memory
+from dnnkit import config
 from tests.conftest import backend_params
-from tests.fuzz import cases_conv, cases_elementwise, cases_norm, cases_seq, common
+from tests.fuzz import (cases_conv, cases_elementwise, cases_norm, cases_seq, cases_tensor,
+                        common)
 
 # family -> (case builder, examples per op and backend here, the ops it covers)
 FAMILIES = {
@@ -47,7 +47,13 @@ FAMILIES = {
                 ("affine_grid", "affine_grid_backward", "grid_sample", "grid_sample_backward",
                  "spatial_transformer")),
     "rnn": (cases_seq.rnn_case, 25, ("rnn_forward", "rnn_backward")),
-    "loss": (cases_seq.loss_case, 50, ("CrossEntropyLoss", "MSELoss")),
+    "loss": (cases_seq.loss_case, 40, cases_seq.LOSS_OPS),
+    "arith": (cases_tensor.arith_case, 40, tuple(cases_tensor.ARITH)),
+    "reduce": (cases_tensor.reduce_case, 40, tuple(cases_tensor.REDUCE_MISTAKES)),
+    "shape": (cases_tensor.shape_case, 40, tuple(cases_tensor.SHAPE_MISTAKES)),
+    "matmul": (cases_tensor.matmul_case, 40, ("matmul", "linear")),
+    "embedding": (cases_tensor.embedding_case, 40, ("embedding", "embedding_backward")),
+    "global_pool": (cases_tensor.global_pool_case, 30, ("global_avg_pool",)),
 }
 
 
@@ -74,23 +80,13 @@ def _fuzz_report(request):
             f.write("\n".join([head] + rows) + "\n")
 
 
-@pytest.fixture(scope="module", autouse=True)
+@pytest.fixture(autouse=True)
 def _poisoned_outputs():
-    """Fill every array from dnnkit's allocator with NaN (integers: their maximum), so that an
-    output element the op does not write cannot pass for a right answer."""
-    real = memory.device_array
-
-    def poisoned(shape, dtype, stream):
-        a = real(shape, dtype, stream)
-        if a.size:
-            dt = np.dtype(dtype)
-            fill = np.nan if dt.kind == "f" else np.iinfo(dt).max
-            a.copy_to_device(np.full(a.shape, fill, dt), stream=stream if not isinstance(
-                stream, int) else 0)
-        return a
-    memory.device_array = poisoned
+    """Every array from dnnkit's allocator starts as NaN (integers: all bits set;
+    ``dnn.debug.fill_uninitialized``), so that an output element the op does not write cannot
+    pass for a right answer. (Set per test: tests/conftest.py resets the flags around each.)"""
+    config.set("dnn.debug.fill_uninitialized", "nan")
     yield
-    memory.device_array = real
 
 
 def test_every_public_op_is_fuzzed():

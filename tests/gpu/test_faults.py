@@ -12,6 +12,10 @@
   succeeds with the same handle, the same cached plan (no new descriptor) and an algorithm
   cache hit.
 
+Each test sets up the state it depends on (the out-of-memory test: memory reclaimed, cuDNN's
+plan and choice caches emptied, its flags set; ``own_memory_state``), so the file passes in any
+order and after any other tests in one process (``pytest -m "gpu or cudnn"``).
+
 Run on a GPU: python -m pytest -q tests/gpu/test_faults.py  (each test takes seconds)
 """
 
@@ -22,7 +26,7 @@ import numpy as np
 import pytest
 
 import dnnkit
-from dnnkit import arrays, config, device, dispatch, memory, reference, registry
+from dnnkit import arrays, config, device, dispatch, fastpath, memory, reference, registry
 from dnnkit.cudnn import algo_cache, conv, conv_algos, conv_graph, conv_plans, descriptors, handle
 from dnnkit.tracing import note_algo
 from dnnkit.errors import CudnnError
@@ -187,33 +191,59 @@ def _memory_log(cuda):
         del pending.clear
 
 
-def test_workspace_that_cannot_be_allocated_falls_back(rng):
+@pytest.fixture
+def own_memory_state():
+    """The out-of-memory test's starting point, whatever ran before it in the process (the
+    whole GPU suite, in any order): no memory held by garbage from earlier tests (reference
+    cycles, dnnkit's cached blocks, Numba's deferred frees, the stream-ordered pool's
+    reserve), and no cuDNN plan, graph plan, algorithm choice or memoised call of theirs;
+    the flags it depends on set explicitly. Afterwards the memory it held is given back at
+    once, so the next test does not start short of it either."""
+    from numba import cuda
+    for drop in (algo_cache.clear, conv_graph.clear, conv_plans.clear_plans,
+                 fastpath.invalidate):
+        drop()
+    _reclaim(cuda)
+    with config.change_flags({"dnn.allocator": "caching", "dnn.deterministic": False,
+                              "dnn.conv.allow_tf32": False, "dnn.memo": True,
+                              "dnn.conv.workspace_limit": 1 << 40}):   # the limit allows all
+        yield cuda
+    _reclaim(cuda)
+
+
+def test_workspace_that_cannot_be_allocated_falls_back(rng, own_memory_state):
     """A real out-of-memory: nearly all free device memory is held, an FFT-family algorithm's
     workspace (hundreds of MB at this size; GEMM needs none on cuDNN 9.19 / H100) cannot be
     allocated, and the zero-workspace default runs."""
-    from numba import cuda
-    x, w = _data(rng, (16, 64, 64, 64), (64, 64, 3, 3))
+    cuda = own_memory_state
+    xh, wh = _data(rng, (16, 64, 64, 64), (64, 64, 3, 3))
+    # on the device before memory is exhausted: the call under test allocates only y and the
+    # workspace it asks for
+    x, w = cuda.to_device(xh), cuda.to_device(wh)
     margin = 48 << 20          # room for y (16 MiB) and cuDNN's small needs
-    with config.change_flags({"dnn.conv.workspace_limit": 1 << 40}):   # the limit allows all
-        with dnnkit.trace() as t:   # the default first: its kernels load now, not under OOM
-            want = dnnkit.conv2d(x, w, padding=1, algo="none").copy_to_host()
-        assert t[0].algo == "implicit_gemm"
-        sizes = _workspace_sizes(conv.FWD, "conv2d", x, w, padding=1)
-        big = [(a, n) for a, n in (("fft", "fft"), ("fft_tiling", "fft_tiling"),
-                                   ("winograd_non_fused", "winograd_nonfused"))
-               if isinstance(sizes[n], int) and sizes[n] > 2 * margin]
-        if not big:
-            pytest.skip(f"no algorithm needs more than {2 * margin} bytes here: {sizes}")
-        algo, name = big[0]
-        with dnnkit.trace() as t:
-            dnnkit.conv2d(x, w, padding=1, algo=algo)
-        assert t[0].algo == name, f"{algo} did not run as itself with memory to spare"
-        hogs, free = _exhaust(cuda, margin)
-        try:
-            with dnnkit.trace() as t, _memory_log(cuda) as events:
-                got = dnnkit.conv2d(x, w, padding=1, algo=algo).copy_to_host()
-        finally:
-            del hogs
+    with dnnkit.trace() as t:   # the default first: its kernels load now, not under OOM
+        want = dnnkit.conv2d(x, w, padding=1, algo="none").copy_to_host()
+    assert t[0].algo == "implicit_gemm"
+    sizes = _workspace_sizes(conv.FWD, "conv2d", x, w, padding=1)
+    big = [(a, n) for a, n in (("fft", "fft"), ("fft_tiling", "fft_tiling"),
+                               ("winograd_non_fused", "winograd_nonfused"))
+           if isinstance(sizes[n], int) and sizes[n] > 2 * margin]
+    if not big:
+        pytest.skip(f"no algorithm needs more than {2 * margin} bytes here: {sizes}")
+    algo, name = big[0]
+    free = _reclaim(cuda)
+    if free < sizes[name] + 4 * margin:
+        pytest.skip(f"{free} bytes free after reclaiming: {algo}'s {sizes[name]}-byte "
+                    "workspace does not fit with memory to spare")
+    with dnnkit.trace() as t:
+        dnnkit.conv2d(x, w, padding=1, algo=algo)
+    assert t[0].algo == name, f"{algo} did not run as itself with {free} bytes free"
+    hogs, free = _exhaust(cuda, margin)
+    try:
+        with dnnkit.trace() as t, _memory_log(cuda) as events:
+            got = dnnkit.conv2d(x, w, padding=1, algo=algo).copy_to_host()
+    finally:
+        del hogs
     assert t[0].backend == "cudnn" and t[0].algo == "implicit_gemm", \
         f"{t[0].algo} ran with {free} bytes free before the call (margin {margin}): {events}"
     assert np.array_equal(got, want)   # the same algorithm as the reference run

@@ -44,6 +44,14 @@ FAMILIES = {
     "rnn": ("rnn_forward", "rnn_backward"),
     "spatial": ("affine_grid", "affine_grid_backward", "grid_sample", "grid_sample_backward",
                 "spatial_transformer"),
+    "matmul": ("linear", "matmul"),
+    "embedding": ("embedding", "embedding_backward"),
+    "loss": ("cross_entropy", "cross_entropy_backward", "mse_loss", "mse_loss_backward",
+             "nll_loss", "nll_loss_backward"),
+    "global_pool": ("global_avg_pool",),
+    "arith": ("add", "divide", "multiply", "subtract"),
+    "reduce": ("broadcast_to", "mean", "mean_backward", "sum", "sum_to"),
+    "shape": ("concatenate", "reshape", "split", "take_batch", "take_batch_backward"),
 }
 # Cheap enough on the simulator for 20 calls each (about 1 s in all).
 SIM_OPS = ("activation", "activation_backward", "pool2d", "batch_norm_inference", "dropout",

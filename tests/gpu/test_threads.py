@@ -15,6 +15,10 @@ from dnnkit import config, crosscheck
 from dnnkit.errors import CudnnUnavailableError
 from tests.gpu.test_leaks import FAMILIES, _cases, _device_inputs
 
+# ops whose sums are atomic adds in arrival order: not bitwise reproducible when several
+# elements land in one place (docs/determinism.md)
+ATOMIC_SUMS = {"embedding_backward"}
+
 THREADS, REPEAT = 8, 3
 BACKENDS = ["numba", pytest.param("cudnn", marks=pytest.mark.cudnn)]
 
@@ -75,6 +79,10 @@ def test_threads_on_their_own_streams_match_the_serial_run(backend):
     for i in range(THREADS):
         for op in ops:
             for k, (a, b) in enumerate(zip(results[i][op], serial[i][op])):
-                assert np.array_equal(a, b, equal_nan=True), f"thread {i}, {op} output {k}"
+                if op in ATOMIC_SUMS:    # summed in any order: equal to rounding
+                    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6,
+                                               err_msg=f"thread {i}, {op} output {k}")
+                else:
+                    assert np.array_equal(a, b, equal_nan=True), f"thread {i}, {op} output {k}"
     if backend == "cudnn":
         assert len(set(handles)) == THREADS      # a handle per (device, thread)

@@ -1,0 +1,290 @@
+"""Tensors and define-by-run automatic differentiation.
+
+A :class:`Tensor` is a device array with a gradient record. A public op called with Tensors
+(dnnkit/dispatch.py ``public_op``) runs on its plain arrays as any call does, then — when
+gradients are on and an input requires one — records a :class:`Node`: the op, the backend its
+forward ran on, the call's arguments and outputs, and the op's gradient rule. Rules live
+beside each op in its family file, registered with :func:`gradient`; a rule calls the op's
+backward ops on the backend the forward ran on.
+
+``Tensor.backward()`` walks the nodes that lead to the tensor, newest first (a node is always
+made after the nodes of its inputs, so creation order is a topological order), calls each
+rule once with the sum of the gradients that reached each of its outputs, and adds the
+gradients of leaf tensors (those made by the user, such as parameters) into ``grad``. A node
+releases what it saved as soon as its rule has run, unless ``retain_graph=True``.
+
+Nothing here reads the device: gradients are summed by the ``add`` op on the device, and the
+implicit gradient of a scalar is a cached device constant. Only ``item()`` and ``numpy()``
+copy to the host.
+"""
+
+import contextlib
+import itertools
+import threading
+from collections.abc import Iterator
+
+GRADIENTS = {}     # op -> Rule
+PUBLIC = {}        # op -> its public function (filled by dispatch.public_op)
+
+_seq = itertools.count()
+_mode = threading.local()     # per thread: gradients off (depth of no_grad), module scope
+
+
+def is_grad_enabled() -> bool:
+    """Whether ops called with Tensors record a graph on this thread."""
+    return not _mode.__dict__.get("off")
+
+
+@contextlib.contextmanager
+def no_grad() -> Iterator[None]:
+    """Ops inside record nothing (inference, optimizer updates): their Tensor outputs do not
+    require grad."""
+    d = _mode.__dict__
+    d["off"] = d.get("off", 0) + 1
+    try:
+        yield
+    finally:
+        d["off"] -= 1
+
+
+@contextlib.contextmanager
+def enable_grad() -> Iterator[None]:
+    """Record again inside a ``no_grad`` block."""
+    d = _mode.__dict__
+    saved, d["off"] = d.get("off", 0), 0
+    try:
+        yield
+    finally:
+        d["off"] = saved
+
+
+class module_scope:
+    """``with module_scope(module):`` — nodes made inside are attributed to ``module``
+    (nn.Module.__call__ enters it), so that a comparison of backends can name the layer an op
+    belongs to. A plain class, not a generator: it runs once per module call."""
+
+    __slots__ = ("module", "stack")
+
+    def __init__(self, module):
+        self.module = module
+
+    def __enter__(self):
+        stack = self.stack = _mode.__dict__.get("scope")
+        if stack is None:
+            stack = self.stack = _mode.scope = []
+        stack.append(self.module)
+        return self.module
+
+    def __exit__(self, *exc):
+        self.stack.pop()
+        return False
+
+
+def current_module():
+    stack = _mode.__dict__.get("scope")
+    return stack[-1] if stack else None
+
+
+@contextlib.contextmanager
+def recording(callback):
+    """Call ``callback(phase, op, backend, module, args, results)`` for every op called with
+    Tensors on this thread (phase "forward"; ``args``: the call's arguments by name) and every
+    gradient rule run by backward (phase "backward"; ``results``: {input name: gradient}).
+    dnnkit.testing.compare_backends records two runs this way."""
+    d = _mode.__dict__
+    saved, d["recorder"] = d.get("recorder"), callback
+    try:
+        yield
+    finally:
+        d["recorder"] = saved
+
+
+def recorder():
+    return _mode.__dict__.get("recorder")
+
+
+def set_location(phase, op, module):
+    """Where the thread is (compare_backends reads it when an op's cross-check fails)."""
+    _mode.location = (phase, op, module)
+
+
+def location():
+    return _mode.__dict__.get("location")
+
+
+# ---------------------------------------------------------------- rules
+
+class Rule:
+    __slots__ = ("fn", "outputs", "inputs")
+
+    def __init__(self, fn, outputs, inputs):
+        self.fn = fn
+        self.outputs = outputs                 # differentiable output indices (None: all)
+        self.inputs = inputs                   # names that may get a gradient (None: any)
+
+
+def gradient(op, *, outputs=None, inputs=None):
+    """Decorator: the gradient rule of public op ``op``, written beside the op in its family
+    file. ``outputs``: which outputs are differentiable when the op returns several (default:
+    every array output); ``inputs``: the parameter names a gradient can flow to (default:
+    every Tensor argument). The rule is called as ``fn(g, *grads)`` with one gradient array
+    per differentiable output (None where no gradient reached it) and returns
+    ``{parameter name: gradient array}`` for the inputs that need one (``g.needs(name)``);
+    ``g`` reads the forward call (:class:`GradContext`)."""
+    def deco(fn):
+        GRADIENTS[op] = Rule(fn, outputs, inputs)
+        return fn
+    return deco
+
+
+class GradContext:
+    """What a rule sees of the forward call: its arguments by name (``g.x``, Tensors as their
+    arrays), ``g.out`` (the op's return value, arrays), ``g.backend`` (where the forward ran:
+    pass it to the backward ops) and ``g.needs(name)``."""
+
+    __slots__ = ("_node",)
+
+    def __init__(self, node):
+        self._node = node
+
+    def __getattr__(self, name):
+        node = self._node
+        try:
+            return node.args[name]
+        except KeyError:
+            raise AttributeError(f"{node.op}: the gradient rule reads {name!r}, which is not a "
+                                 f"parameter of {node.op} ({', '.join(node.args)})") from None
+
+    @property
+    def out(self):
+        return self._node.out
+
+    @property
+    def backend(self):
+        return self._node.backend
+
+    @property
+    def op(self):
+        return self._node.op
+
+    def needs(self, name):
+        t = self._node.tensors.get(name)
+        return t is not None and t.requires_grad
+
+
+# ---------------------------------------------------------------- nodes
+
+class Node:
+    """One recorded op call. ``args``: the call's arguments by parameter name (Tensors as
+    their arrays, defaults filled in); ``tensors``: {parameter name: the Tensor passed};
+    ``versions``: their version counters when the call was made (an in-place change before
+    backward is an error, not a silently wrong gradient)."""
+
+    __slots__ = ("op", "backend", "rule", "args", "out", "tensors", "versions", "n_out", "seq",
+                 "module", "released")
+
+    def __init__(self, op, backend, rule, args, out, tensors, n_out):
+        self.op, self.backend, self.rule = op, backend, rule
+        self.args, self.out = args, out          # args: {parameter name: value}
+        self.tensors = tensors
+        self.versions = {n: t.version for n, t in tensors.items()}
+        self.n_out = n_out
+        self.seq = next(_seq)
+        self.module = current_module()
+        self.released = False
+
+    @property
+    def name(self):
+        return self.op
+
+    def inputs(self):
+        """The Tensors that require a gradient, by parameter name."""
+        allowed = self.rule.inputs
+        return {n: t for n, t in self.tensors.items()
+                if t.requires_grad and (allowed is None or n in allowed)}
+
+    def apply(self, grads):
+        if self.released:
+            raise RuntimeError(
+                f"backward through {self.op} a second time: its saved arrays were freed by the "
+                f"first backward(); call backward(retain_graph=True) the first time to keep them")
+        for n, t in self.tensors.items():
+            if t.version != self.versions[n]:
+                raise RuntimeError(
+                    f"{self.op}: its input {n!r} (shape {t.shape}) was changed in place after "
+                    f"the forward call (version {self.versions[n]}, now {t.version}); the "
+                    f"gradient needs the value it had: clone it before changing it")
+        return self.rule.fn(GradContext(self), *grads) or {}
+
+    def release(self):
+        """Drop what the node saved (the arrays, and the input Tensors with theirs): memory
+        goes back to the pool as soon as backward has used it."""
+        self.args = self.out = None
+        self.tensors, self.versions = {}, {}
+        self.released = True
+
+    def __repr__(self):
+        return f"<Node {self.op} on {self.backend}>"
+
+
+# ---------------------------------------------------------------- backward
+
+def _sum(a, b):
+    """Two gradients of one tensor, added on the device (never in place: a gradient array
+    may be shared by several consumers of one upstream gradient)."""
+    return PUBLIC["add"](a, b)
+
+
+def run_backward(roots, retain_graph, accumulate):
+    """Backpropagate ``[(tensor, gradient array)]``; ``accumulate(leaf, gradient array,
+    shared)`` adds a leaf's gradient into its ``grad`` (dnnkit/tensors.py). ``shared``: the
+    array was already handed to another leaf or is the caller's (a rule may return one array
+    for several inputs: add's gradient is dy for both), so the leaf must get a copy."""
+    pending = {}          # node -> [gradient per differentiable output]
+    stack = []
+    handed = {id(g) for _, g in roots}
+    for t, g in roots:
+        if t.grad_fn is None:
+            if t.requires_grad:
+                accumulate(t, g, True)
+            continue
+        slot = pending.setdefault(t.grad_fn, [None] * t.grad_fn.n_out)
+        k = t.output_nr
+        slot[k] = g if slot[k] is None else _sum(slot[k], g)
+        stack.append(t.grad_fn)
+    nodes = set()
+    while stack:                        # every node a gradient can reach
+        n = stack.pop()
+        if n in nodes:
+            continue
+        nodes.add(n)
+        for t in n.tensors.values():
+            if t.grad_fn is not None and t.requires_grad and t.grad_fn not in nodes:
+                stack.append(t.grad_fn)
+    with no_grad():
+        for n in sorted(nodes, key=lambda n: -n.seq):
+            grads = pending.pop(n, None)
+            if grads is None:
+                continue                # on no path from a root: its outputs feed nothing used
+            rec = _mode.__dict__.get("recorder")
+            if rec is not None:
+                _mode.location = ("backward", n.op, n.module)
+            got = n.apply(grads)
+            if rec is not None:
+                rec("backward", n.op, n.backend, n.module, n.args, got)
+            inputs = n.inputs()
+            if not retain_graph:
+                n.release()
+            for name, g in got.items():
+                t = inputs.get(name)
+                if g is None or t is None:
+                    continue
+                if hasattr(g, "grad_fn"):    # a rule may return a Tensor: its array
+                    g = g.data
+                if t.grad_fn is None:
+                    accumulate(t, g, id(g) in handed)
+                    handed.add(id(g))
+                else:
+                    slot = pending.setdefault(t.grad_fn, [None] * t.grad_fn.n_out)
+                    k = t.output_nr
+                    slot[k] = g if slot[k] is None else _sum(slot[k], g)

@@ -1,0 +1,126 @@
+"""Recurrent layers: ``dnnkit.RNN`` as modules, with PyTorch's state-dict names.
+
+The parameters are one flat Parameter, ``weight``, in cuDNN's layout (docs/rnn.md), which both
+backends read and rnn_forward's gradient rule differentiates as a whole. The state dict maps
+it to and from PyTorch's per-layer tensors, for layer k and suffix "" or "_reverse":
+
+    weight_ih_l{k}{suffix}  (G*H, I_k)   the G input matrices stacked in gate order
+    weight_hh_l{k}{suffix}  (G*H, H)     the G recurrent matrices
+    bias_ih_l{k}{suffix}    (G*H,)       bias_hh_l{k}{suffix}  (G*H,)
+
+with G = 4 for LSTM (gates i, f, g, o: cuDNN's linear-layer order is PyTorch's), 3 for GRU (r,
+z, n, both with the reset gate applied after the recurrent matrix: PyTorch's GRU), 1 for RNN.
+In the flat buffer the G input matrices of one (layer, direction) are consecutive (each
+(H, I_k) row-major), so PyTorch's stacked (G*H, I_k) matrix is one contiguous piece of it;
+the same holds for the recurrent matrices and each bias group (rnn_layout.param_layout).
+With ``input_mode="skip"`` layer 0 has no input matrices and no ``weight_ih_l0``.
+"""
+
+from .. import recurrent
+from ..autograd import is_grad_enabled
+from ..rnn_layout import param_layout
+from . import checks
+from .checks import as_input
+from .module import Module, Slot
+from .parameter import Parameter
+
+
+def pytorch_layout(cfg):
+    """[(PyTorch name, offset, shape)] of ``cfg``'s flat buffer (module docstring), in
+    PyTorch's order: per layer and direction weight_ih, weight_hh, bias_ih, bias_hh."""
+    g = cfg.gates
+    groups = {}         # (layer, direction, name stem) -> [(offset, shape), ...]
+    for layer, d, lin, kind, off, shape in param_layout(cfg):
+        stem = ("weight" if kind == "matrix" else "bias") + ("_ih" if lin < g else "_hh")
+        groups.setdefault((layer, d, stem), []).append((off, shape))
+    out = []
+    for layer in range(cfg.num_layers):
+        for d in range(cfg.directions):
+            for stem in ("weight_ih", "weight_hh", "bias_ih", "bias_hh"):
+                parts = groups.get((layer, d, stem))
+                if parts is None:           # input_mode "skip": no input matrices in layer 0
+                    continue
+                off0, shape0 = parts[0]
+                size = shape0[0] * (shape0[1] if len(shape0) == 2 else 1)
+                if any(off != off0 + i * size for i, (off, _) in enumerate(parts)):
+                    raise RuntimeError(f"rnn_layout: the {stem} pieces of layer {layer} "
+                                       f"direction {d} are not consecutive, which the PyTorch "
+                                       f"mapping needs")
+                out.append((f"{stem}_l{layer}" + ("_reverse" if d else ""), off0,
+                             (len(parts) * shape0[0],) + tuple(shape0[1:])))
+    return out
+
+
+class _Recurrent(Module):
+    """``forward(x, hx=None, cx=None, *, lengths=None)`` returns y ((T, N, D*H), or (N, T,
+    D*H) with ``batch_first``) and keeps the final states in ``self.hy`` / ``self.cy``
+    (Tensors, (layers*D, N, H); cy None unless LSTM), so a truncated-backpropagation loop can
+    pass them, detached, to the next call."""
+    mode = "lstm"
+
+    def __init__(self, input_size, hidden_size, num_layers=1, *, bidirectional=False,
+                 batch_first=False, input_mode="linear", dtype="float32", seed=0,
+                 _mode=None):
+        super().__init__()
+        cls = type(self).__name__
+        self.mode = _mode or self.mode
+        self.rnn = recurrent.RNN(self.mode, input_size, hidden_size, num_layers,
+                                 bidirectional=bidirectional, input_mode=input_mode,
+                                 batch_first=batch_first, dtype=dtype, name=cls)
+        self.weight = Parameter(self.rnn.init_params(seed=checks.seed(cls, seed) or 0))
+        self.hy = self.cy = None
+
+    def extra_repr(self):
+        c = self.rnn.cfg
+        s = f"{c.input_size}, {c.hidden_size}, num_layers={c.num_layers}"
+        if c.bidirectional:
+            s += ", bidirectional=True"
+        if self.rnn.batch_first:
+            s += ", batch_first=True"
+        return s
+
+    def _state_slots(self):
+        w = self.weight
+
+        def slot(off, shape):
+            n = 1
+            for v in shape:
+                n *= v
+
+            def read():
+                return w.data[off:off + n].copy_to_host().reshape(shape)
+
+            def write(h):
+                w.data[off:off + n].copy_to_device(h.reshape(-1).copy())
+                w.bump_version()
+            return Slot(shape, w.dtype, read, write)
+        return {name: slot(off, shape) for name, off, shape in pytorch_layout(self.rnn.cfg)}
+
+    def forward(self, x, hx=None, cx=None, *, lengths=None):
+        cls = type(self).__name__
+        x = as_input(cls, x, self.weight.dtype)
+        hx = None if hx is None else as_input(cls, hx, self.weight.dtype)
+        cx = None if cx is None else as_input(cls, cx, self.weight.dtype)
+        need = is_grad_enabled() and any(t is not None and t.requires_grad
+                                         for t in (self.weight, x, hx, cx))
+        y, self.hy, self.cy = self.rnn.forward(self.weight, x, hx, cx, training=need,
+                                               lengths=lengths, backend=self.backend)
+        return y
+
+
+class RNN(_Recurrent):
+    """Elman RNN; ``nonlinearity`` "tanh" or "relu"."""
+
+    def __init__(self, input_size, hidden_size, num_layers=1, *, nonlinearity="tanh", **kw):
+        if nonlinearity not in ("tanh", "relu") or not isinstance(nonlinearity, str):
+            raise ValueError(f"RNN: nonlinearity must be 'tanh' or 'relu'; got {nonlinearity!r}")
+        super().__init__(input_size, hidden_size, num_layers, _mode=f"rnn_{nonlinearity}",
+                         **kw)
+
+
+class LSTM(_Recurrent):
+    mode = "lstm"
+
+
+class GRU(_Recurrent):
+    mode = "gru"
