@@ -47,7 +47,9 @@ __all__ += ops.__all__
 _SUBMODULES = ("cudnn", "graphs", "models", "nn", "ops", "optim", "testing")
 
 if TYPE_CHECKING:
-    from . import cudnn, graphs, models, nn, ops, optim, testing  # noqa: F401
+    # (``import x as x``: re-exported, which --strict requires of names not in __all__)
+    from . import cudnn as cudnn, graphs as graphs, models as models, nn as nn  # noqa: F401
+    from . import ops as ops, optim as optim, testing as testing  # noqa: F401
 else:
     def __getattr__(name):
         if name in _SUBMODULES:

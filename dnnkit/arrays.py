@@ -210,6 +210,27 @@ def zero_fill(a, stream):
     return a
 
 
+def copy_into(dst, src, stream):
+    """Copy C-contiguous device array ``src`` into ``dst`` (same number of bytes), ordered on
+    ``stream`` and asynchronous to the host; returns ``dst``. (Numba's ``copy_to_device``
+    lays out both arrays in pure Python and takes the synchronous cuMemcpyDtoD on the legacy
+    default stream: the host waits for the GPU -- 0.3 ms a call in a training step.)"""
+    nbytes = int(src.size) * src.dtype.itemsize
+    if nbytes != int(dst.size) * dst.dtype.itemsize:
+        raise ValueError(f"copy_into: {nbytes} bytes into {dst.size * dst.dtype.itemsize}")
+    if not nbytes:
+        return dst
+    if simulator():
+        dst.copy_to_device(src.reshape(dst.shape), stream=stream)
+        return dst
+    (err,) = driver().cuMemcpyDtoDAsync(dst.device_ctypes_pointer.value,
+                                        src.device_ctypes_pointer.value, nbytes,
+                                        stream_pointer(stream))
+    if int(err):
+        raise DnnkitError(f"cuMemcpyDtoDAsync failed with {err} copying {nbytes} bytes")
+    return dst
+
+
 def flat(a):
     """A 1-D view of a C-contiguous device array (no copy)."""
     return reshaped(a, (a.size,)) if a.ndim != 1 else a
@@ -219,6 +240,16 @@ def reshaped(a, shape):
     """``a.reshape(shape)`` of a C-contiguous device array, without Numba's pure-Python layout
     (dnnkit.memory.reshaped)."""
     return memory.reshaped(a, shape)
+
+
+def rows(a, start, stop=None):
+    """``a[start]`` (``stop`` None) or ``a[start:stop]`` on the first dimension, a view. An empty
+    array is reshaped instead: Numba refuses any slice of a buffer that has no memory ("non-empty
+    slice into empty slice"), even one whose result is empty too."""
+    if not a.size:
+        rest = tuple(a.shape[1:])
+        return reshaped(a, rest if stop is None else (stop - start,) + rest)
+    return a[start] if stop is None else a[start:stop]
 
 
 def to_host(a):

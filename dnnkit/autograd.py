@@ -11,7 +11,10 @@ backward ops on the backend the forward ran on.
 made after the nodes of its inputs, so creation order is a topological order), calls each
 rule once with the sum of the gradients that reached each of its outputs, and adds the
 gradients of leaf tensors (those made by the user, such as parameters) into ``grad``. A node
-releases what it saved as soon as its rule has run, unless ``retain_graph=True``.
+releases what it saved as soon as its rule has run, unless ``retain_graph=True``. A leaf's
+post-accumulate hooks (``Tensor.register_post_accumulate_grad_hook``) run once per backward,
+as soon as the last node that can send it a gradient has run: dnnkit.distributed starts the
+all-reduce of a bucket of gradients from them while the rest of backward is still queued.
 
 Nothing here reads the device: gradients are summed by the ``add`` op on the device, and the
 implicit gradient of a scalar is a cached device constant. Only ``item()`` and ``numpy()``
@@ -253,6 +256,7 @@ def run_backward(roots, retain_graph, accumulate):
         slot[k] = g if slot[k] is None else _sum(slot[k], g)
         stack.append(t.grad_fn)
     nodes = set()
+    hooked = HookedLeaves()             # leaves with post-accumulate hooks, and who feeds them
     while stack:                        # every node a gradient can reach
         n = stack.pop()
         if n in nodes:
@@ -261,10 +265,15 @@ def run_backward(roots, retain_graph, accumulate):
         for t in n.tensors.values():
             if t.grad_fn is not None and t.requires_grad and t.grad_fn not in nodes:
                 stack.append(t.grad_fn)
+            elif t.grad_fn is None and t.requires_grad and t.post_accumulate_grad_hooks:
+                hooked.expect(n, t)
+    settle_roots(hooked, roots)
     with no_grad():
         for n in sorted(nodes, key=lambda n: -n.seq):
             grads = pending.pop(n, None)
             if grads is None:
+                if hooked:
+                    hooked.settle(n)
                 continue                # on no path from a root: its outputs feed nothing used
             rec = _mode.__dict__.get("recorder")
             if rec is not None:
@@ -284,7 +293,76 @@ def run_backward(roots, retain_graph, accumulate):
                 if t.grad_fn is None:
                     accumulate(t, g, id(g) in handed)
                     handed.add(id(g))
+                    if hooked:
+                        hooked.got(t)
                 else:
                     slot = pending.setdefault(t.grad_fn, [None] * t.grad_fn.n_out)
                     k = t.output_nr
                     slot[k] = g if slot[k] is None else _sum(slot[k], g)
+            if hooked:
+                hooked.settle(n)
+
+
+# ---------------------------------------------------------------- post-accumulate hooks
+
+class HookHandle:
+    """``handle.remove()`` unregisters the hook it was returned for."""
+
+    _ids = itertools.count()
+
+    def __init__(self, hooks):
+        self.hooks, self.id = hooks, next(self._ids)
+
+    def remove(self):
+        self.hooks.pop(self.id, None)
+
+
+class HookedLeaves:
+    """One backward's leaves that have post-accumulate hooks: how many reachable nodes can
+    still send each a gradient, and which got one. When a leaf's count reaches 0 and it got a
+    gradient in this backward, its hooks run (once). Empty, and never consulted per node, when
+    no leaf of the graph has a hook."""
+
+    __slots__ = ("feeds", "left", "gotten")
+
+    def __init__(self):
+        self.feeds = {}       # node -> [hooked leaf, once per argument it is passed as]
+        self.left = {}        # id(leaf) -> edges from nodes not yet run
+        self.gotten = {}      # id(leaf) -> leaf, for leaves that got a gradient
+
+    def __bool__(self):
+        return bool(self.left)
+
+    def expect(self, node, leaf):
+        self.feeds.setdefault(node, []).append(leaf)
+        self.left[id(leaf)] = self.left.get(id(leaf), 0) + 1
+
+    def got(self, leaf):
+        if leaf.post_accumulate_grad_hooks:
+            self.gotten[id(leaf)] = leaf
+
+    def settle(self, node):
+        for leaf in self.feeds.pop(node, ()):
+            k = id(leaf)
+            self.left[k] -= 1
+            if not self.left[k] and self.gotten.pop(k, None) is not None:
+                run_post_accumulate_hooks(leaf)
+
+
+def settle_roots(hooked, roots):
+    """Roots that are hooked leaves got their gradient before any node ran: their hooks run
+    now, or after the last node that feeds them too."""
+    done = set()
+    for t, _ in roots:
+        if t.grad_fn is None and t.requires_grad and t.post_accumulate_grad_hooks and \
+                id(t) not in done:
+            done.add(id(t))
+            if hooked.left.get(id(t)):
+                hooked.gotten[id(t)] = t
+            else:
+                run_post_accumulate_hooks(t)
+
+
+def run_post_accumulate_hooks(leaf):
+    for hook in list((leaf.post_accumulate_grad_hooks or {}).values()):
+        hook(leaf)

@@ -11,6 +11,12 @@ ConfigError naming it and the line.
 The environment and the rc file are read on first use; ``reload()`` reads them again (tests use
 it). ``change_flags`` is scoped to the calling thread, so concurrent blocks on other threads never
 see each other's values; a plain assignment is process-wide.
+
+Theano's old names (dnnkit/flag_aliases.py: ``dnn.conv.algo_bwd``, ``dnn.base_path``, ...) and
+the old value ``small`` of ``dnn.conv.algo_bwd_data`` are accepted from every source with a
+DeprecationWarning naming what to write instead; within one source a flag given by its own name
+wins over the same flag set through an old name. ``dnn.benchmark = True`` moves the default of
+the three ``dnn.conv.algo_*`` flags to ``time_once``; one given a value anywhere keeps it.
 """
 
 import ast
@@ -20,7 +26,7 @@ import os
 import re
 import threading
 
-from . import files
+from . import files, flag_aliases
 
 _TRUE = {"true", "1", "yes", "on"}
 _FALSE = {"false", "0", "no", "off"}
@@ -56,12 +62,7 @@ def _enum(*allowed, aliases=None):
     return parse
 
 
-def _path(name, value):
-    if value is None:
-        return ""
-    if not isinstance(value, (str, os.PathLike)):
-        raise ValueError(f"flag {name}: bad value {value!r}; allowed: a file or folder path, or ''")
-    return os.fspath(value).strip()
+_path = flag_aliases.path_value
 
 
 class Flag:
@@ -74,7 +75,8 @@ _THEANO_BOOL = {True: "forced", False: "disabled", "True": "forced", "False": "d
 
 FLAGS = {f.name: f for f in [
     Flag("dnn.enabled", "auto", _enum("auto", "forced", "disabled", aliases=_THEANO_BOOL),
-         "auto: cuDNN where it can, else Numba; forced: cuDNN or an error; disabled: never cuDNN"),
+         "auto: cuDNN where it can, else Numba (PyTorch's cudnn.enabled = True); forced (True, "
+         "Theano's meaning): cuDNN or an error; disabled (False): never cuDNN"),
     Flag("dnn.library_path", "", _path,
          "explicit cuDNN library file or folder; '' searches wheels, conda and system paths"),
     Flag("dnn.deterministic", False, parse_bool,
@@ -86,7 +88,15 @@ FLAGS = {f.name: f for f in [
     Flag("dnn.memo", True, parse_bool,
          "repeated calls of one signature skip their setup (checks, backend choice, "
          "descriptors, plans); False: every call takes the full path"),
+    Flag("dnn.benchmark", False, parse_bool,
+         "time cuDNN's convolution algorithms once per shape: the dnn.conv.algo_* flags given "
+         "no value read time_once (PyTorch's and cudnn.torch's cudnn.benchmark)"),
 ]}
+
+# the flags whose default dnn.benchmark = True moves to BENCHMARK_ALGO (registered by
+# dnnkit/ops/conv_args.py)
+BENCHMARKED = ("dnn.conv.algo_fwd", "dnn.conv.algo_bwd_data", "dnn.conv.algo_bwd_filter")
+BENCHMARK_ALGO = "time_once"
 
 
 def register_flag(name, default, parse, doc):
@@ -122,8 +132,16 @@ class FlagState:
             m = {name: f.default for name, f in FLAGS.items()}
             for layer in (self.rc, self.env, self.python):
                 m.update(layer)
+            if m["dnn.benchmark"]:
+                for name in BENCHMARKED:
+                    if name in m and not self.explicit(name):
+                        m[name] = BENCHMARK_ALGO
             self.merged = m
             return m
+
+    def explicit(self, name):
+        """Whether the rc file, the environment or a Python assignment gives ``name``."""
+        return name in self.rc or name in self.env or name in self.python
 
 
 state = FlagState()
@@ -146,22 +164,45 @@ def _flag(name):
     try:
         return FLAGS[name]
     except KeyError:
+        if name in flag_aliases.OLD_NAMES:
+            _, reads, what = flag_aliases.OLD_NAMES[name]
+            then = f"read {' and '.join(reads)}" if reads else "it has no value"
+            raise UnknownFlagError(f"flag {name} is a deprecated name ({what}) that can be set "
+                                   f"but not read: {then}") from None
         raise UnknownFlagError(
             f"unknown flag {name!r}; known flags: {', '.join(sorted(FLAGS))}") from None
 
 
+def _expand(name, value):
+    """``(values, notes, old)``: the {flag: parsed value} that setting ``name`` to ``value``
+    means (an old name sets its new flags), the deprecation notes to warn with, and whether
+    ``name`` is an old name."""
+    if not isinstance(name, str):
+        _flag(name)                 # the TypeError that says what a flag name is
+    raw, notes, old = flag_aliases.rename(name, value)
+    try:
+        return {k: _flag(k).parse(k, v) for k, v in raw.items()}, notes, old
+    except ValueError as e:
+        if not old:
+            raise
+        raise ValueError(f"flag {name} (sets {', '.join(raw)}): {e}") from None
+
+
 def _read_env():
-    out = {}
+    out, via_old = {}, {}
     text = os.environ.get("DNNKIT_FLAGS", "")
     for item in filter(None, (p.strip() for p in text.split(","))):
         if "=" not in item:
             raise ConfigError(f"DNNKIT_FLAGS: {item!r} is not of the form name=value")
         k, v = (s.strip() for s in item.split("=", 1))
         try:
-            out[k] = _flag(k).parse(k, v)
+            values, notes, old = _expand(k, v)
         except ValueError as e:
             raise ConfigError(f"DNNKIT_FLAGS: {e}") from None
-    return out
+        (via_old if old else out).update(values)
+        for note in notes:
+            flag_aliases.warn(f"DNNKIT_FLAGS: {note}")
+    return {**via_old, **out}
 
 
 def rc_path():
@@ -217,17 +258,21 @@ def _read_rc():
         line, what = _ini_problem(e)
         where = f", line {line}" if line else ""
         raise ConfigError(f"rc file {path}{where}: {what}") from None
-    out = {}
+    out, via_old, notes = {}, {}, []
     for section in cp.sections():
         for key, value in cp.items(section):
             name = f"{section}.{key}"
+            line = _key_line(text, section, key)
+            where = f", line {line}" if line else ""
             try:
-                out[name] = _flag(name).parse(name, value)
+                values, said, old = _expand(name, value)
             except ValueError as e:
-                line = _key_line(text, section, key)
-                where = f", line {line}" if line else ""
                 raise ConfigError(f"rc file {path}{where}: {e}") from None
-    return out
+            (via_old if old else out).update(values)
+            notes += [f"rc file {path}{where}: {note}" for note in said]
+    for note in notes:            # only for a file that is used
+        flag_aliases.warn(note)
+    return {**via_old, **out}
 
 
 def reload():
@@ -253,6 +298,11 @@ def get(name):
             for layer in reversed(stack):
                 if name in layer:
                     return layer[name]
+            if name in BENCHMARKED and any("dnn.benchmark" in layer for layer in stack):
+                merged = state.merged or state.merge()
+                if state.explicit(name):
+                    return merged[name]
+                return BENCHMARK_ALGO if get("dnn.benchmark") else FLAGS[name].default
         merged = state.merged or state.merge()
         return merged[name]
     except KeyError:
@@ -264,7 +314,9 @@ def get(name):
 
 
 def source(name):
-    """Where the current value of ``name`` comes from: change_flags, python, env, rc or default."""
+    """Where the current value of ``name`` comes from: change_flags, python, env, rc,
+    dnn.benchmark (an algorithm flag given no value, under ``dnn.benchmark = True``) or
+    default."""
     _flag(name)
     if any(name in layer for layer in getattr(state.local, "stack", ())):
         return "change_flags"
@@ -273,13 +325,16 @@ def source(name):
     for label, layer in (("python", state.python), ("env", state.env), ("rc", state.rc)):
         if name in layer:
             return label
-    return "default"
+    return "dnn.benchmark" if name in BENCHMARKED and get("dnn.benchmark") else "default"
 
 
 def set(name, value):  # noqa: A001 - mirrors get()
-    parsed = _flag(name).parse(name, value)
+    """Set a flag process-wide; an old name (flag_aliases) sets its new flags and warns."""
+    values, notes, _ = _expand(name, value)
+    for note in notes:
+        flag_aliases.warn(note)
     with state.lock:
-        state.python[name] = parsed
+        state.python.update(values)
         state.merged = None
 
 
@@ -291,7 +346,13 @@ def change_flags(flags=None, **kwargs):
     """
     items = dict(flags or {})
     items.update({k.replace("__", "."): v for k, v in kwargs.items()})
-    layer = {k: _flag(k).parse(k, v) for k, v in items.items()}
+    layer, via_old = {}, {}
+    for k, v in items.items():
+        values, notes, old = _expand(k, v)
+        (via_old if old else layer).update(values)
+        for note in notes:
+            flag_aliases.warn(note)
+    layer = {**via_old, **layer}
     local = state.local
     stack = getattr(local, "stack", None)
     if stack is None:

@@ -17,7 +17,7 @@ from .autograd import PUBLIC
 from .crosscheck import crosscheck
 from .device import device_id
 from .errors import CudnnError
-from .hints import PublicOp, op_doc, with_backend
+from .hints import OpParams, PublicOp, op_doc, with_backend
 from .policy import choose, log_decision, policy
 from .profile import active as active_profile, profile_state
 from .registry import OPS, PREPARE, bound
@@ -27,7 +27,8 @@ from .tracing import record, trace_state
 log = logging.getLogger("dnnkit")
 
 
-def public_op(name: str, memo: bool = True) -> Callable[[Callable[..., Any]], PublicOp]:
+def public_op(name: str, memo: bool = True
+              ) -> Callable[[Callable[OpParams, Any]], PublicOp[OpParams]]:
     """Decorator for an op's public function. The decorated body validates the user's
     arguments and returns the (device) arguments the implementations take, a NamedTuple of
     the family's own; the returned wrapper adds ``backend=`` and dispatches.

@@ -61,12 +61,17 @@ The simulator cannot capture: ``capture`` raises CaptureError there (the tests r
 driver calls, ``_cuda``, with a recording fake).
 """
 
+from __future__ import annotations
+
 import gc
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
 from . import arrays, config, device, dlpack, memory
 from .errors import CaptureError
+from .hints import ArrayLike, CudaArray
 from .tensors import Tensor
 
 CAPTURE_INVALIDATED = 901          # CUDA_ERROR_STREAM_CAPTURE_INVALIDATED
@@ -152,16 +157,19 @@ class CUDAGraph:
     parameters, an optimizer's state: memory every replay writes) lives as long as the graph.
     Built by :func:`capture`."""
 
-    def __init__(self, fn, exe, graph, stream, pool, inputs, outputs, nodes):
+    fn: Callable[..., Any] | None       # None once closed
+
+    def __init__(self, fn: Callable[..., Any], exe: Any, graph: Any, stream: tuple[int, Any],
+                 pool: Any, inputs: tuple[CudaArray, ...], outputs: Any, nodes: int) -> None:
         self._exe, self._graph, self._stream, self._pool = exe, graph, stream, pool
         self.fn, self.inputs, self.outputs, self.nodes = fn, inputs, outputs, nodes
         self.replays = 0
 
     @property
-    def closed(self):
+    def closed(self) -> bool:
         return self._exe is None
 
-    def replay(self, *new_inputs):
+    def replay(self, *new_inputs: ArrayLike | None) -> None:
         """Rerun the recorded work, ordered after what is queued so far on the current stream
         and before what is queued on it later (the host does not wait). ``new_inputs``: none,
         or one per static input (None to keep it): each is copied into its static input first
@@ -196,7 +204,7 @@ class CUDAGraph:
                 _cuda.copy(dlpack.address(dst), src if host else dlpack.address(src), nbytes,
                            stream_ptr)
 
-    def close(self):
+    def close(self) -> None:
         """Wait for the replays, then free the graph, its stream and its pool (arrays still
         held -- the outputs -- keep their blocks until they die)."""
         if self._exe is None:
@@ -215,12 +223,12 @@ class CUDAGraph:
         except Exception:  # noqa: BLE001 - collected at shutdown or after a device error
             pass
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         state = "closed" if self.closed else f"{self.nodes} nodes, {self.replays} replays"
         return f"<CUDAGraph {state}>"
 
 
-def capture(fn, *static_inputs, warmup=3):
+def capture(fn: Callable[..., Any], *static_inputs: CudaArray, warmup: int = 3) -> CUDAGraph:
     """Capture one call of ``fn(*static_inputs)`` into a CUDA graph (module docstring): run it
     ``warmup`` times, then record it; returns a :class:`CUDAGraph` whose ``outputs`` is the
     recorded call's return value and whose ``replay()`` reruns it. ``static_inputs``: device

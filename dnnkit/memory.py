@@ -209,7 +209,7 @@ def _template(shape, dtype):
         strides.append(n)
         n *= s
     attrs = None
-    if n and shape:
+    if n:                   # (0-d arrays too: a loss is one, made every training step)
         probe = devicearray.DeviceNDArray(
             shape, tuple(reversed(strides)), dtype, stream=0,
             gpu_data=driver.MemoryPointer(None, driver.binding.CUdeviceptr(0), n))
@@ -237,7 +237,7 @@ def reshaped(a, shape):
     src = _templates.get((a.shape, a.dtype)) or _template(a.shape, a.dtype)
     dst = _templates.get((shape, a.dtype)) or _template(shape, a.dtype)
     if type(a) is not _DeviceNDArray or src[1] is None or dst[1] is None or src[0] != dst[0] \
-            or a.strides != src[1]["strides"]:      # (a 0-d array has no template)
+            or a.strides != src[1]["strides"]:
         return a.reshape(shape)
     arr = object.__new__(_DeviceNDArray)
     d = arr.__dict__
@@ -267,7 +267,7 @@ def _numba_array(shape, dtype, stream):
     if pool is None:
         return numba_cuda().device_array(shape, dtype=dtype,
                                          stream=0 if isinstance(stream, int) else stream)
-    # an array the pool does not serve (0-d, empty) inside a graph pool: Numba's cuMemAlloc
+    # an array the pool does not serve (an empty one) inside a graph pool: Numba's cuMemAlloc
     # with the capture mode relaxed, its memory kept as long as the pool (a graph holds it)
     with capture_relaxed():
         a = numba_cuda().device_array(shape, dtype=dtype,

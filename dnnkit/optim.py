@@ -1,5 +1,5 @@
-"""Optimizers for dnnkit.nn: SGD and Adam with PyTorch's semantics, one fused kernel per
-parameter and step (kernels/optim.py).
+"""Optimizers for dnnkit.nn: SGD and Adam with PyTorch's semantics, one multi-tensor kernel
+launch per up to 12 parameters and step (kernels/optim.py).
 
     opt = Adam(model.parameters(), lr=1e-3)
     opt.zero_grad(); loss = loss_fn(model(x), y); loss.backward(); opt.step()
@@ -8,6 +8,8 @@ Parameters (leaf Tensors, dnnkit.nn.Parameter) are updated in place (``p.data``)
 ``p.grad`` (a Tensor; a device array is accepted too), and their version is bumped, so a graph
 recorded before the step refuses to differentiate the old value. A parameter whose grad is
 None is skipped (its step count does not advance, as in PyTorch). A step reads nothing back
+from __future__ import annotations
+
 from the device: the kernels are queued on the stream and ``step()`` returns.
 
 State buffers (SGD's momentum, Adam's m and v) are flat device arrays in the accumulation
@@ -22,12 +24,16 @@ The kernels (dnnkit.kernels) and numba are imported inside the functions that us
 
 import math
 import numbers
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 import numpy as np
 
 from . import arrays
 from .autograd import no_grad
+from .hints import Stream
 from .launch import launch, pow2_at_most
+from .tensors import Tensor
 
 
 def _number(cls, name, value):
@@ -52,7 +58,7 @@ class Optimizer:
     """Base class: the parameter list, per-parameter state and hyper-parameters (``defaults``,
     read at every step, so ``opt.lr = ...`` between steps takes effect)."""
 
-    def __init__(self, params, defaults):
+    def __init__(self, params: Iterable[Tensor], defaults: Mapping[str, Any]) -> None:
         cls = type(self).__name__
         if _is_device(params) or hasattr(params, "data"):
             raise TypeError(f"{cls}: params must be an iterable of Parameters; got a single "
@@ -76,6 +82,7 @@ class Optimizer:
                                  f"{p.grad_fn.op}); only leaf tensors can be optimized")
         self.defaults = dict(defaults)
         self.state = [{} for _ in self.params]
+        self._flats = {}       # id(parameter) -> (its array, checked, flat view)
 
     # hyper-parameters ---------------------------------------------------------------
 
@@ -85,61 +92,90 @@ class Optimizer:
         raise NotImplementedError
 
     @property
-    def lr(self):
+    def lr(self) -> float:
         return self.defaults["lr"]
 
     @lr.setter
-    def lr(self, value):
+    def lr(self, value: float) -> None:
         self.defaults = self._validate(**dict(self.defaults, lr=value))
 
     # stepping -----------------------------------------------------------------------
 
-    def zero_grad(self):
+    def zero_grad(self) -> None:
         for p in self.params:
             p.grad = None
 
-    def step(self, stream=None):
+    def step(self, stream: Stream = None) -> None:
         """Update every parameter that has a gradient, in place, on ``stream`` (queued: the
-        host does not wait for the GPU)."""
+        host does not wait for the GPU). Parameters of one dtype and state go together, up to
+        ``kernels.optim.TENSORS`` per launch (multi-tensor kernels)."""
+        from .kernels.optim import TENSORS
         s = arrays.as_stream(stream)
         op = f"{type(self).__name__}.step"
+        groups, accs, flats = {}, {}, self._flats
         with no_grad():
             for i, (p, st) in enumerate(zip(self.params, self.state)):
                 g = p.grad
                 if g is None:
                     continue
-                data = arrays.device_input(op, f"parameter {i}", p.data, s)
+                # the checks once per parameter array (a step runs every few ms: its host
+                # time is a training step's); gradients are new arrays every step
+                data, cached = p.data, flats.get(id(p))
+                if cached is None or cached[0] is not data:
+                    d = arrays.device_input(op, f"parameter {i}", data, s)
+                    cached = flats[id(p)] = (data, d, arrays.flat(d))
                 grad = arrays.device_input(op, f"grad of parameter {i}",
                                            g.data if hasattr(g, "grad_fn") else g, s)
-                arrays.same_shape(op, f"parameter {i}", data, grad=grad)
-                if data.size:
-                    self._update(arrays.flat(data), arrays.flat(grad), st, s,
-                                 arrays.acc_array(data.dtype))
+                d = cached[1]
+                if grad.shape != d.shape or grad.dtype != d.dtype:
+                    arrays.same_shape(op, f"parameter {i}", d, grad=grad)
+                if d.size:
+                    acc = accs.get(d.dtype)
+                    if acc is None:
+                        acc = accs[d.dtype] = arrays.acc_array(d.dtype)
+                    key = (d.dtype.str, self._prepare(st, d.size, acc, s))
+                    groups.setdefault(key, []).append((cached[2], arrays.flat(grad), st))
                 if hasattr(p, "bump_version"):
                     p.bump_version()
+            for (_, group), items in groups.items():
+                acc = arrays.acc_array(items[0][0].dtype)
+                for k in range(0, len(items), TENSORS):
+                    self._update(items[k:k + TENSORS], group, s, acc)
 
-    def _update(self, p, g, state, stream, acc):
-        """One step of flat parameter ``p`` with gradient ``g``; ``state``: its dict."""
+    def _prepare(self, state, n, acc, stream):
+        """Make parameter state (n elements) before its step; returns what must be equal for
+        two parameters to step in one launch."""
+        raise NotImplementedError
+
+    def _update(self, items, group, stream, acc):
+        """One step of up to TENSORS (flat parameter, flat gradient, state dict) ``items``
+        whose ``_prepare`` returned ``group``."""
         raise NotImplementedError
 
     @staticmethod
-    def _launch(kernel, n, stream, args):
-        # a small parameter (a bias, a BatchNorm scale) gets a block of its size, rounded up
-        # to a warp: the same one pass on a GPU, and 8x fewer simulated threads than 256
+    def _launch(kernel, items, stream, args):
+        """``kernel`` over ``items``' parameters: grid row y steps parameter y; the tuples in
+        ``args`` padded to TENSORS by repeating their last array (rows past len(items) do not
+        exist). A small largest parameter (biases, BatchNorm scales) gets a block of its size
+        rounded up to a warp: 8x fewer simulated threads than 256."""
+        from .kernels.optim import TENSORS
+        n = max(p.size for p, _, _ in items)
         blocks, threads = arrays.grid_1d(n, max(32, pow2_at_most(n, 256)))
-        launch(kernel, blocks, threads, stream, args)
+        args = tuple(a + (a[-1],) * (TENSORS - len(a)) if type(a) is tuple else a
+                     for a in args)
+        launch(kernel, (blocks, len(items)), threads, stream, args)
 
     @staticmethod
     def _buffer(n, acc, stream, zero=True):
         """A state buffer: n elements of the accumulation dtype (zeros, by a memset on the
-        stream, or uninitialised)."""
-        from numba import cuda
-        buf = cuda.device_array(n, acc.dtype, stream=stream)
+        stream, or uninitialised), from the caching pool like every dnnkit array (and so
+        allowed in a CUDA graph's capture)."""
+        buf = arrays.cuda_empty((n,), acc.dtype, stream)
         return arrays.zero_fill(buf, stream) if zero else buf
 
     # saving -------------------------------------------------------------------------
 
-    def state_dict(self):
+    def state_dict(self) -> dict[str, Any]:
         """Host copies: buffers shaped like their parameter, step counts, hyper-parameters."""
         state = {}
         for i, (p, st) in enumerate(zip(self.params, self.state)):
@@ -152,7 +188,7 @@ class Optimizer:
     # the keys of one parameter's state, all present or none: {key: "buffer" | "count"}
     STATE_KEYS = {}
 
-    def load_state_dict(self, d):
+    def load_state_dict(self, d: dict[str, Any]) -> None:
         """Restore what :meth:`state_dict` returned (buffers are copied to the device).
         Everything is checked first: a malformed dict raises ValueError naming the key and
         leaves the optimizer as it was."""
@@ -236,8 +272,9 @@ class SGD(Optimizer):
     weight decay, exactly as torch.optim.SGD (see kernels/optim.py: sgd_fwd_kernel)."""
     STATE_KEYS = {"momentum_buffer": "buffer"}
 
-    def __init__(self, params, lr, momentum=0.0, weight_decay=0.0, nesterov=False,
-                 dampening=0.0):
+    def __init__(self, params: Iterable[Tensor], lr: float, momentum: float = 0.0,
+                 weight_decay: float = 0.0, nesterov: bool = False,
+                 dampening: float = 0.0) -> None:
         hyper = self._validate(lr=lr, momentum=momentum, weight_decay=weight_decay,
                                nesterov=nesterov, dampening=dampening)
         super().__init__(params, hyper)
@@ -253,19 +290,22 @@ class SGD(Optimizer):
                              f"momentum={h['momentum']}, dampening={h['dampening']}")
         return h
 
-    def _update(self, p, g, state, stream, acc):
+    def _prepare(self, state, n, acc, stream):
+        first = self.defaults["momentum"] != 0 and "momentum_buffer" not in state
+        if first:
+            # no zeros needed: the first step writes buf = g
+            state["momentum_buffer"] = self._buffer(n, acc, stream, zero=False)
+        return first
+
+    def _update(self, items, first, stream, acc):
         from .kernels import sgd_fwd_kernel
         h, t = self.defaults, acc.dtype.type
-        buf = state.get("momentum_buffer")
-        first = buf is None
-        if h["momentum"] != 0 and first:
-            # no zeros needed: the first step writes buf = g
-            buf = state["momentum_buffer"] = self._buffer(p.size, acc, stream, zero=False)
         # with momentum 0 the kernel never touches buf: acc stands in for it
-        self._launch(sgd_fwd_kernel, p.size, stream,
-                     (p, g, acc if buf is None else buf, t(h["lr"]), t(h["momentum"]),
-                      t(1.0 - h["dampening"]), t(h["weight_decay"]), int(first),
-                      int(h["nesterov"]), acc))
+        bufs = tuple(st.get("momentum_buffer", acc) for _, _, st in items)
+        self._launch(sgd_fwd_kernel, items, stream,
+                     (tuple(p for p, _, _ in items), tuple(g for _, g, _ in items), bufs,
+                      t(h["lr"]), t(h["momentum"]), t(1.0 - h["dampening"]),
+                      t(h["weight_decay"]), int(first), int(h["nesterov"]), acc))
 
 
 class Adam(Optimizer):
@@ -273,7 +313,9 @@ class Adam(Optimizer):
     torch.optim.Adam with amsgrad off (see kernels/optim.py: adam_fwd_kernel)."""
     STATE_KEYS = {"step": "count", "exp_avg": "buffer", "exp_avg_sq": "buffer"}
 
-    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0):
+    def __init__(self, params: Iterable[Tensor], lr: float = 1e-3,
+                 betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
+                 weight_decay: float = 0.0) -> None:
         super().__init__(params, self._validate(lr=lr, betas=betas, eps=eps,
                                                 weight_decay=weight_decay))
 
@@ -294,20 +336,25 @@ class Adam(Optimizer):
         return dict(lr=_at_least(c, "lr", lr), betas=(float(b1), float(b2)), eps=eps,
                     weight_decay=_at_least(c, "weight_decay", weight_decay))
 
-    def _update(self, p, g, state, stream, acc):
+    def _prepare(self, state, n, acc, stream):
+        if "step" not in state:
+            state.update(step=0, exp_avg=self._buffer(n, acc, stream),
+                         exp_avg_sq=self._buffer(n, acc, stream))
+        state["step"] += 1
+        return state["step"]
+
+    def _update(self, items, step, stream, acc):
         from .kernels import adam_fwd_kernel
         h, t = self.defaults, acc.dtype.type
-        if "step" not in state:
-            state.update(step=0, exp_avg=self._buffer(p.size, acc, stream),
-                         exp_avg_sq=self._buffer(p.size, acc, stream))
-        state["step"] += 1
         b1, b2 = h["betas"]
         # bias corrections on the host in float64: mhat = m / bc1, vhat = v / bc2
-        bc1, bc2 = 1.0 - b1 ** state["step"], 1.0 - b2 ** state["step"]
-        self._launch(adam_fwd_kernel, p.size, stream,
-                     (p, g, state["exp_avg"], state["exp_avg_sq"], t(h["lr"] / bc1), t(b1),
-                      t(1.0 - b1), t(b2), t(1.0 - b2), t(1.0 / math.sqrt(bc2)), t(h["eps"]),
-                      t(h["weight_decay"]), acc))
+        bc1, bc2 = 1.0 - b1 ** step, 1.0 - b2 ** step
+        self._launch(adam_fwd_kernel, items, stream,
+                     (tuple(p for p, _, _ in items), tuple(g for _, g, _ in items),
+                      tuple(st["exp_avg"] for _, _, st in items),
+                      tuple(st["exp_avg_sq"] for _, _, st in items),
+                      t(h["lr"] / bc1), t(b1), t(1.0 - b1), t(b2), t(1.0 - b2),
+                      t(1.0 / math.sqrt(bc2)), t(h["eps"]), t(h["weight_decay"]), acc))
 
 
 __all__ = ["Optimizer", "SGD", "Adam"]

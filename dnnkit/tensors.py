@@ -7,13 +7,16 @@ requires one, a node of the graph is recorded (dnnkit/autograd.py). Plain arrays
 arrays out: a call without Tensors never reaches this module.
 """
 
+from __future__ import annotations
+
 import inspect
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
 from . import arrays, device, dlpack, foreign
-from .autograd import (GRADIENTS, PUBLIC, Node, current_module, is_grad_enabled, no_grad,
-                       recorder, run_backward, set_location)
+from .autograd import (GRADIENTS, PUBLIC, HookHandle, Node, current_module, is_grad_enabled,
+                       no_grad, recorder, run_backward, set_location)
 
 class Tensor:
     """A device array (``data``, a Numba device array) with a gradient record.
@@ -25,16 +28,25 @@ class Tensor:
     copy (CuPy, PyTorch, Numba read it)."""
 
     __slots__ = ("data", "requires_grad", "grad", "grad_fn", "output_nr", "version",
-                 "__weakref__")
+                 "post_accumulate_grad_hooks", "__weakref__")
+    data: Any
+    requires_grad: bool
+    grad: Optional[Tensor]
+    grad_fn: Optional[Node]
+    output_nr: int
+    version: int
+    post_accumulate_grad_hooks: Optional[dict[int, Callable[[Tensor], None]]]
     __array_priority__ = 1000        # NumPy scalars and arrays defer to Tensor's operators
 
-    def __init__(self, data, requires_grad=False, *, grad_fn=None, output_nr=0):
+    def __init__(self, data: Any, requires_grad: bool = False, *,
+                 grad_fn: Optional[Node] = None, output_nr: int = 0) -> None:
         self.data = data
         self.requires_grad = bool(requires_grad)
         self.grad = None
         self.grad_fn = grad_fn
         self.output_nr = output_nr
         self.version = 0
+        self.post_accumulate_grad_hooks = None      # {id: hook}, made by the first register
 
     # ------------------------------------------------------------ what it holds
 
@@ -55,28 +67,29 @@ class Tensor:
         return int(self.data.size)
 
     @property
-    def is_leaf(self):
+    def is_leaf(self) -> bool:
         return self.grad_fn is None
 
     @property
-    def __cuda_array_interface__(self):
+    def __cuda_array_interface__(self) -> dict[str, Any]:
         return self.data.__cuda_array_interface__
 
-    def __dlpack__(self, *, stream=None, max_version=None, dl_device=None, copy=None):
+    def __dlpack__(self, *, stream: Any = None, max_version: Any = None, dl_device: Any = None,
+                   copy: Optional[bool] = None) -> Any:
         """A DLPack capsule of the array, no copy (``torch.from_dlpack(t)``,
         ``cupy.from_dlpack(t)``; dnnkit/dlpack.py): ``stream``, the consumer's stream, waits
         for the stream that made the array; the array stays alive until the consumer is done."""
         return dlpack.export(self.data, stream, max_version, dl_device, copy)
 
-    def __dlpack_device__(self):
+    def __dlpack_device__(self) -> tuple[int, int]:
         return dlpack.device_of_array(self.data)
 
-    def __len__(self):
+    def __len__(self) -> int:
         if not self.data.shape:
             raise TypeError("len() of a 0-d Tensor")
         return self.data.shape[0]
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         extra = f", grad_fn={self.grad_fn.op}" if self.grad_fn is not None else \
             (", requires_grad=True" if self.requires_grad else "")
         return f"Tensor(shape={self.shape}, dtype={self.dtype}{extra})"
@@ -105,7 +118,7 @@ class Tensor:
         self.requires_grad = bool(flag)
         return self
 
-    def bump_version(self):
+    def bump_version(self) -> None:
         """Mark ``data`` changed in place (optimizers and in-place ops call it)."""
         self.version += 1
 
@@ -116,6 +129,26 @@ class Tensor:
         and add it into their ``grad``. ``grad``: the gradient of some scalar with respect
         to this tensor (its shape), needed unless the tensor has one element."""
         run_backward([(self, self.root_gradient(grad))], retain_graph, _accumulate)
+
+    def register_post_accumulate_grad_hook(self, hook: object) -> HookHandle:
+        """``hook(tensor)`` runs during each ``backward()`` that gives this leaf a gradient,
+        once, after the last contribution of that backward was added into ``grad`` (PyTorch's
+        name and meaning); the rest of backward may still be queued. Returns a handle whose
+        ``remove()`` unregisters it. dnnkit.distributed.DataParallel starts the all-reduce of
+        a bucket of gradients this way."""
+        if not callable(hook):
+            raise TypeError(f"register_post_accumulate_grad_hook: hook must be callable; got "
+                            f"{hook!r}")
+        if not self.is_leaf:
+            raise RuntimeError(
+                f"register_post_accumulate_grad_hook on a tensor made by {self.grad_fn.op}: only "
+                f"a leaf (a parameter, a tensor made by the user) accumulates a gradient")
+        hooks = self.post_accumulate_grad_hooks
+        if hooks is None:
+            hooks = self.post_accumulate_grad_hooks = {}
+        handle = HookHandle(hooks)
+        hooks[handle.id] = hook
+        return handle
 
     def root_gradient(self, grad):
         """The device array ``backward`` starts from: ``grad`` checked against this tensor,
@@ -325,16 +358,15 @@ def _accumulate(t, g, shared):
     if t.grad is None:
         if shared:
             s = arrays.as_stream(None)
-            copy = arrays.empty_like(g, s)
-            copy.copy_to_device(g, stream=s)
-            g = copy
+            g = arrays.copy_into(arrays.empty_like(g, s), g, s)
         t.grad = Tensor(g)
     else:
         with no_grad():
             t.grad = Tensor(PUBLIC["add"](t.grad.data, g))
 
 
-def backward(tensors, grads=None, *, retain_graph=False):
+def backward(tensors: Sequence[Tensor], grads: Optional[Sequence[Any]] = None, *,
+             retain_graph: bool = False) -> None:
     """Backpropagate from several tensors at once (a model with two outputs, two losses):
     the gradients that reach a shared part of the graph are summed, and each node runs once.
     ``grads``: one gradient per tensor (None for a one-element tensor: 1)."""

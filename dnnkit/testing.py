@@ -1,18 +1,28 @@
 """Helpers for users' own test suites: one op on both backends (``assert_backends_agree``) and
 a whole model or training step on both backends (``compare_backends``)."""
 
+from __future__ import annotations
+
 import dataclasses
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import numpy.typing as npt
 
 from . import autograd, config
 from .arrays import to_host
 from .crosscheck import compare, outputs
 from .errors import CrosscheckError, CudnnUnavailableError
+from .hints import Backend
 from .tensors import Tensor
 
+if TYPE_CHECKING:
+    from .nn import Module
 
-def assert_backends_agree(fn, *args, rtol=None, atol=None, **kw):
+
+def assert_backends_agree(fn: Callable[..., Any], *args: Any, rtol: float | None = None,
+                          atol: float | None = None, **kw: Any) -> Any:
     """Call the dnnkit op ``fn`` once with ``backend="numba"`` and once with
     ``backend="cudnn"`` and raise ``CrosscheckError`` (with the max abs/rel error) when the
     outputs differ beyond the op's tolerance (or ``rtol``/``atol``). Raises
@@ -37,23 +47,23 @@ class OpRecord:
     backend: str
     where: str           # the module path ("" outside any module)
     args: str            # the call's non-array arguments and array shapes, for messages
-    results: list        # host copies of the outputs (forward) or gradients (backward)
-    names: list          # "output 0", ... or the input names of the gradients
+    results: list[npt.NDArray[Any]]   # host copies of the outputs (forward) or gradients
+    names: list[str]     # "output 0", ... or the input names of the gradients
 
 
 @dataclasses.dataclass
 class Comparison:
     """What ``compare_backends`` found: the records of both runs and the worst relative error
     per record (``errors[i]`` for ``records[backends[0]][i]``)."""
-    backends: tuple
-    records: dict
-    errors: list
+    backends: tuple[str, str]
+    records: dict[str, list[OpRecord]]
+    errors: list[float]
 
     @property
-    def max_error(self):
+    def max_error(self) -> float:
         return max(self.errors, default=0.0)
 
-    def summary(self):
+    def summary(self) -> str:
         lines = [f"{len(self.errors)} records compared ({self.backends[0]} vs "
                  f"{self.backends[1]}), max rel error {self.max_error:.3g}"]
         for r, e in zip(self.records[self.backends[0]], self.errors):
@@ -128,7 +138,10 @@ def _run(fn, inputs, backend, params, names, per_op=False):
     return records
 
 
-def compare_backends(fn, *inputs, model=None, backends=("cudnn", "numba"), rtol=None):
+def compare_backends(fn: Callable[..., Any], *inputs: Any,
+                     model: Module | Iterable[Tensor] | None = None,
+                     backends: Sequence[Backend] = ("cudnn", "numba"),
+                     rtol: float | None = None) -> Comparison:
     """Run ``fn(*inputs)`` — a training step, or any function of Tensors — on two backends
     from the same parameters and find the first op that disagrees.
 

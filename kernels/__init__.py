@@ -29,7 +29,7 @@ import importlib
 # families live in common.py, bounds.py and tensorcore.py: no kernels of their own.)
 MODULES = ("activation", "softmax", "conv", "gemm", "pool", "batchnorm", "dropout", "rnn",
            "spatial", "optim", "loss", "winograd", "arith", "reduce", "shape",
-           "embedding")
+           "embedding", "lrn")
 
 FAMILY_MODULES = tuple(importlib.import_module(f".{m}", __name__) for m in MODULES)
 

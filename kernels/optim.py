@@ -8,15 +8,22 @@ steps at float16 precision. Scalars arrive in the accumulation type, computed on
 float64 (e.g. ``1 - beta2`` and the bias corrections: ``1 - float32(0.999)`` is off by 1.3e-5
 relative, rounding ``0.001`` once by 5e-8).
 
-Thread mapping (every kernel): grid-stride loop, one element per thread per iteration,
-consecutive threads on consecutive elements (coalesced). Memory traffic per element:
-axpy reads x, y and writes y; SGD reads p, g (and buf) and writes p (and buf); Adam reads p, g,
-m, v and writes p, m, v.
+Thread mapping: grid-stride loop, one element per thread per iteration, consecutive threads
+on consecutive elements (coalesced). The optimizer kernels are multi-tensor (PyTorch's foreach
+kernels, apex's multi_tensor_apply): their arrays come as tuples of TENSORS flat parameters
+(padded by repeating the last), and grid row ``blockIdx.y`` updates tensor ``blockIdx.y`` --
+one launch steps up to TENSORS parameters, instead of one launch each. Memory traffic per
+element: axpy reads x, y and writes y; SGD reads p, g (and buf) and writes p (and buf); Adam
+reads p, g, m, v and writes p, m, v.
 """
 
 import math
 
-from numba import cuda, int64
+from numba import cuda, int64, types
+
+# Parameters per launch of a multi-tensor kernel. Each 1-D array is 56 bytes of kernel
+# parameters: Adam's four tuples of 12 take 2.7 KB of the 4 KB parameter space.
+TENSORS = 12
 
 
 @cuda.jit(cache=True)
@@ -29,8 +36,9 @@ def axpy_fwd_kernel(x, y, alpha, acc):
 
 
 @cuda.jit(cache=True)
-def sgd_fwd_kernel(p, g, buf, lr, momentum, damp, wd, first, nesterov, acc):
-    """One SGD step (PyTorch's torch.optim.SGD), in place on p and buf:
+def sgd_fwd_kernel(ps, gs, bufs, lr, momentum, damp, wd, first, nesterov, acc):
+    """One SGD step (PyTorch's torch.optim.SGD) of parameter p = ps[blockIdx.y] with gradient
+    g = gs[blockIdx.y], in place on p and buf = bufs[blockIdx.y]:
 
         d = g + wd * p
         buf = d                                   (first step: first != 0)
@@ -42,6 +50,8 @@ def sgd_fwd_kernel(p, g, buf, lr, momentum, damp, wd, first, nesterov, acc):
     do) and the step is p -= lr * d.
     """
     zero = acc[0]
+    t = cuda.blockIdx.y
+    p, g, buf = ps[t], gs[t], bufs[t]
     start, step = cuda.grid(1), cuda.gridsize(1)
     for i in range(start, p.size, step):
         w = p[i] + zero
@@ -54,8 +64,9 @@ def sgd_fwd_kernel(p, g, buf, lr, momentum, damp, wd, first, nesterov, acc):
 
 
 @cuda.jit(cache=True)
-def adam_fwd_kernel(p, g, m, v, step_size, b1, c1, b2, c2, rsqrt_bc2, eps, wd, acc):
-    """One Adam step (PyTorch's torch.optim.Adam, amsgrad off), in place on p, m and v:
+def adam_fwd_kernel(ps, gs, ms, vs, step_size, b1, c1, b2, c2, rsqrt_bc2, eps, wd, acc):
+    """One Adam step (PyTorch's torch.optim.Adam, amsgrad off) of parameter p = ps[blockIdx.y]
+    with gradient g = gs[blockIdx.y], in place on p, m = ms[blockIdx.y] and v = vs[...]:
 
         d = g + wd * p
         m = b1 * m + c1 * d                       (c1 = 1 - b1)
@@ -67,6 +78,8 @@ def adam_fwd_kernel(p, g, m, v, step_size, b1, c1, b2, c2, rsqrt_bc2, eps, wd, a
     m * step_size / lr = m / (1 - b1^t): the update lr * mhat / (sqrt(vhat) + eps).
     """
     zero = acc[0]
+    t = cuda.blockIdx.y
+    p, g, m, v = ps[t], gs[t], ms[t], vs[t]
     start, step = cuda.grid(1), cuda.gridsize(1)
     for i in range(start, p.size, step):
         w = p[i] + zero
@@ -80,6 +93,7 @@ def adam_fwd_kernel(p, g, m, v, step_size, b1, c1, b2, c2, rsqrt_bc2, eps, wd, a
 
 def SIGNATURES(t, acc):
     a, z = t[::1], acc[::1]
+    ta, tz = types.UniTuple(a, TENSORS), types.UniTuple(z, TENSORS)
     return {"axpy_fwd_kernel": (a, a, acc, z),
-            "sgd_fwd_kernel": (a, a, z, acc, acc, acc, acc, int64, int64, z),
-            "adam_fwd_kernel": (a, a, z, z, acc, acc, acc, acc, acc, acc, acc, acc, z)}
+            "sgd_fwd_kernel": (ta, ta, tz, acc, acc, acc, acc, int64, int64, z),
+            "adam_fwd_kernel": (ta, ta, tz, tz, acc, acc, acc, acc, acc, acc, acc, acc, z)}

@@ -5,10 +5,16 @@ Layouts, C-contiguous and passed flat: x (N, C, D, H, W), y (N, C, OD, OH, OW).
 the window and stride in it must be the ones the kernels were built for.
 Along one dimension output o reads the inputs [o*s - p, o*s - p + k) clipped to [0, n): padding
 never enters a maximum or a sum, and counts only in the divisor of AVG_INC (K = KD*KH*KW).
-With p < k and n >= 1 (checked by the op) every window holds at least one input.
+The output sizes in ``geo`` are the op's (floor or ceil mode, ops/pool_args.py); every window
+starts before n (checked by the op), so each holds at least one input.
 
     MAX      y = max over the window; NaN propagates (the first NaN wins)
     AVG_INC  y = sum / K              AVG_EXC  y = sum / (inputs in the window)     SUM  y = sum
+
+In ceil mode the last window may reach past the padded input, n + p: kernels built with
+``clip`` divide AVG_INC by the window's extent clipped there instead of K, per dimension
+min(o*s - p + k, n + p) - (o*s - p) (PyTorch's and Caffe's divisor: the padding counts, the
+overhang past it does not). Without an overhang that is K, so only such geometries use them.
 
 Backward, in gather form (one thread per input element, summing over the outputs whose windows
 cover it, in a fixed order: deterministic, no atomics):
@@ -75,6 +81,13 @@ def _count(lo, k, n):
 
 
 @cuda.jit(device=True, inline=True)
+def _span(lo, k, n, p):
+    """Positions of [lo, lo + k) before the padded end n + p (lo >= -p): AVG_INC's divisor
+    along one dimension when the window may overhang (``clip``)."""
+    return min(lo + k, n + p) - lo
+
+
+@cuda.jit(device=True, inline=True)
 def _clamped(z, y, x, d, h, w):
     """The in-plane index of (z, y, x) clamped into a d x h x w plane, as uint64 (no
     negative-index wraparound): an always-valid address for a load masked afterwards."""
@@ -94,8 +107,8 @@ def _walk(g, n, planes, flat):
 
 def _walker(per_window, SD, SH, SW):
     """A device function ``f(x, out, geo, planes, flat, zero)`` setting
-    out[o] = per_window(x, plane base, d, h, w, z0, y0, x0, zero) for every output o (window
-    corner (z0, y0, x0) from the strides SD, SH, SW), one plane per trip."""
+    out[o] = per_window(x, plane base, d, h, w, z0, y0, x0, pd, ph, pw, zero) for every output
+    o (window corner (z0, y0, x0) from the strides SD, SH, SW), one plane per trip."""
 
     @cuda.jit(device=True, inline=True)
     def walk(x, out, geo, planes, flat, zero):
@@ -110,7 +123,7 @@ def _walker(per_window, SD, SH, SW):
             x0 = (q % ow_) * SW - pw
             while pl < pend:
                 o = uint64(pl * opl + q)
-                out[o] = per_window(x, pl * ipl, d_, h_, w_, z0, y0, x0, zero)
+                out[o] = per_window(x, pl * ipl, d_, h_, w_, z0, y0, x0, pd, ph, pw, zero)
                 pl += pstep
             g += cuda.gridDim.x * cuda.blockDim.x
 
@@ -118,9 +131,12 @@ def _walker(per_window, SD, SH, SW):
 
 
 @functools.lru_cache(maxsize=None)
-def pool_kernels(mode, window, stride):
+def pool_kernels(mode, window, stride, clip=False):
     """(forward, argmax, backward, repair) kernels for ``mode`` (MAX, AVG_INC, AVG_EXC, SUM),
-    ``window`` and ``stride`` (3-tuples, depth first; a 2-D pooling has depth 1)."""
+    ``window`` and ``stride`` (3-tuples, depth first; a 2-D pooling has depth 1). ``clip``:
+    AVG_INC divides by the window clipped at the padded end (ceil mode's overhang; the
+    module docstring); the other modes ignore it."""
+    CLIP = bool(clip) and mode == AVG_INC
     KD, KH, KW = (int(v) for v in window)
     SD, SH, SW = (int(v) for v in stride)
     KSIZE = KD * KH * KW
@@ -172,12 +188,16 @@ def pool_kernels(mode, window, stride):
         return m, best, total
 
     @cuda.jit(device=True, inline=True)
-    def window_value(x, base, d_, h_, w_, z0, y0, x0, zero):
-        """The pooled value of the window at (z0, y0, x0) of the plane at ``base``."""
+    def window_value(x, base, d_, h_, w_, z0, y0, x0, pd, ph, pw, zero):
+        """The pooled value of the window at (z0, y0, x0) of the plane at ``base`` (padding
+        pd, ph, pw)."""
         m, _, total = fold(x, base, d_, h_, w_, z0, y0, x0, zero)
         if mode == MAX:
             return m
         if mode == AVG_INC:
+            if CLIP:
+                return total / (zero + float32(_span(z0, KD, d_, pd) * _span(y0, KH, h_, ph)
+                                               * _span(x0, KW, w_, pw)))
             return total / (zero + float32(KSIZE))
         if mode == AVG_EXC:
             return total / (zero + float32(_count(z0, KD, d_) * _count(y0, KH, h_)
@@ -185,7 +205,7 @@ def pool_kernels(mode, window, stride):
         return total
 
     @cuda.jit(device=True, inline=True)
-    def window_argmax(x, base, d_, h_, w_, z0, y0, x0, zero):
+    def window_argmax(x, base, d_, h_, w_, z0, y0, x0, pd, ph, pw, zero):
         """The tap index of the window's arg-max (the forward's rule, ``fold``)."""
         return fold(x, base, d_, h_, w_, z0, y0, x0, zero)[1]
 
@@ -209,7 +229,7 @@ def pool_kernels(mode, window, stride):
         q = o - pl * opl
         y[uint64(o)] = window_value(x, pl * ipl, geo[0], h_, w_, (q // ohw) * SD - geo[12],
                                     ((q % ohw) // ow_) * SH - geo[13], (q % ow_) * SW - geo[14],
-                                    zero)
+                                    geo[12], geo[13], geo[14], zero)
 
     @cuda.jit(cache=True)
     def repair(x, y, geo, lowest, acc):
@@ -272,7 +292,12 @@ def pool_kernels(mode, window, stride):
                 if mode == MAX:
                     valid &= cv[i] == ((iz - z0) * KH + (iy - y0)) * KW + (ix - x0)
                 elif mode == AVG_INC:
-                    g = g / (zero + float32(KSIZE))
+                    if CLIP:
+                        # a discarded candidate's span may be <= 0: divide by >= 1
+                        g = g / (zero + float32(max(_span(z0, KD, d_, pd) * _span(y0, KH, h_, ph)
+                                                    * _span(x0, KW, w_, pw), 1)))
+                    else:
+                        g = g / (zero + float32(KSIZE))
                 elif mode == AVG_EXC:
                     # a discarded candidate's window may count 0 inputs: divide by >= 1
                     g = g / (zero + float32(max(_count(z0, KD, d_) * _count(y0, KH, h_)
@@ -300,25 +325,27 @@ def pool_kernels(mode, window, stride):
     return forward, argmax, backward, repair
 
 
-# Representative variants (every mode; 2-D 2/2 and 3/2, 3-D 3/2) for the ahead-of-time PTX
-# checks (kernels/signatures.py); the ops build others on first use.
-_CHECKED = [(m, (1, 3, 3), (1, 2, 2)) for m in MODE_NAMES] + \
-    [(MAX, (1, 2, 2), (1, 2, 2)), (AVG_EXC, (3, 3, 3), (2, 2, 2))]
+# Representative variants (every mode; 2-D 2/2 and 3/2, 3-D 3/2; AVG_INC clipped for ceil
+# mode) for the ahead-of-time PTX checks (kernels/signatures.py); the ops build others on
+# first use.
+_CHECKED = [(m, (1, 3, 3), (1, 2, 2), False) for m in MODE_NAMES] + \
+    [(MAX, (1, 2, 2), (1, 2, 2), False), (AVG_EXC, (3, 3, 3), (2, 2, 2), False),
+     (AVG_INC, (1, 3, 3), (1, 2, 2), True)]
 
 
-def _variant_name(mode, window, stride, direction):
+def _variant_name(mode, window, stride, clip, direction):
     k, s = "x".join(map(str, window)), "x".join(map(str, stride))
-    return f"pool_{MODE_NAMES[mode]}_{k}_s{s}_{direction}_kernel"
+    return f"pool_{MODE_NAMES[mode]}{'clip' if clip else ''}_{k}_s{s}_{direction}_kernel"
 
 
 VARIANTS = {}
-for _m, _w, _s in _CHECKED:
-    _f, _a, _b, _r = pool_kernels(_m, _w, _s)
-    VARIANTS[_variant_name(_m, _w, _s, "fwd")] = _f
-    VARIANTS[_variant_name(_m, _w, _s, "bwd")] = _b
+for _m, _w, _s, _c in _CHECKED:
+    _f, _a, _b, _r = pool_kernels(_m, _w, _s, _c)
+    VARIANTS[_variant_name(_m, _w, _s, _c, "fwd")] = _f
+    VARIANTS[_variant_name(_m, _w, _s, _c, "bwd")] = _b
     if _m == MAX:
-        VARIANTS[_variant_name(_m, _w, _s, "argmax")] = _a
-        VARIANTS[_variant_name(_m, _w, _s, "fwd_repair")] = _r
+        VARIANTS[_variant_name(_m, _w, _s, _c, "argmax")] = _a
+        VARIANTS[_variant_name(_m, _w, _s, _c, "fwd_repair")] = _r
 
 
 def SIGNATURES(t, acc):

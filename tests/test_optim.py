@@ -352,3 +352,31 @@ def test_adam_load_state_dict_malformed(rng, name, bad, match):
     assert opt.defaults["lr"] == 0.01 and len(opt.state) == len(saved)
     for st, was in zip(opt.state, saved):
         assert st.keys() == was.keys() and all(st[k] is was[k] for k in st)
+
+
+@pytest.mark.parametrize("opt_cls", [SGD, Adam])
+def test_one_launch_steps_up_to_twelve_parameters(rng, monkeypatch, opt_cls):
+    """Multi-tensor step: 27 parameters of one dtype and state take ceil(27 / 12) = 3
+    launches; a parameter whose state differs (Adam's step count, SGD's first momentum step)
+    goes in a launch of its own group. Every parameter still matches the float64 reference."""
+    from dnnkit import optim as dk_optim
+    shapes = [(1 + i % 5, 2 + i % 3) for i in range(27)]
+    hosts, params = make(rng, "float64", shapes)
+    kw = dict(lr=0.05, momentum=0.9) if opt_cls is SGD else dict(lr=0.01)
+    opt, ref = opt_cls(params, **kw), (SGDRef(**kw) if opt_cls is SGD else AdamRef(**kw))
+    launches = []
+    real = dk_optim.launch
+    monkeypatch.setattr(dk_optim, "launch", lambda k, grid, *a: launches.append(grid) or
+                        real(k, grid, *a))
+    refs = [h.astype(np.float64) for h in hosts]
+    for k, gs in enumerate(grads(rng, shapes, 2, "float64")):
+        live = range(27) if k else range(1, 27)       # parameter 0 starts a step late
+        opt.zero_grad()
+        set_grads([params[i] for i in live], [gs[i] for i in live])
+        launches.clear()
+        opt.step()
+        for i in live:
+            refs[i] = ref.step(i, refs[i], gs[i])
+        assert sorted(g[1] for g in launches) == ([2, 12, 12] if not k else [1, 2, 12, 12])
+    for p, r in zip(params, refs):
+        assert rel_err(p.numpy(), r) <= 1e-12

@@ -4,7 +4,10 @@ every subpackage shipped, dependency bounds), the subpackages as attributes of a
 kernel argument layout that dnnkit/launch.py packs by hand."""
 
 import importlib.metadata
+import importlib.util
+import inspect
 import json
+import math
 import os
 import re
 import subprocess
@@ -18,6 +21,7 @@ import dnnkit
 
 ROOT = Path(__file__).resolve().parents[1]
 IMPORT_BUDGET_S = 0.3       # CPU time of `import dnnkit` (NumPy included), bytecode cached
+OWN_BUDGET_S = 0.15         # ... of which dnnkit's own share: beyond `import numpy`'s
 
 
 def _pyproject():
@@ -130,17 +134,27 @@ def test_subpackages_are_attributes_loaded_on_first_use():
 def test_import_dnnkit_is_fast(tmp_path):
     """``import dnnkit`` (NumPy included) under IMPORT_BUDGET_S of CPU time, the best of three
     fresh processes with bytecode cached (in tmp_path: the tree is not written to). CPU time,
-    not wall time: a busy machine slows the wall clock, not the work."""
+    not wall time: a busy machine slows the wall clock, not the work. A slow host slows NumPy's
+    own import too (0.17-0.23 s of CPU on the 2-core CI machine, on a quiet one 0.1): the
+    budget is IMPORT_BUDGET_S or NumPy's best time plus OWN_BUDGET_S, whichever is larger."""
     env = _child_env(PYTHONPYCACHEPREFIX=str(tmp_path))
     env.pop("PYTHONDONTWRITEBYTECODE", None)
-    code = "import time; t = time.process_time(); import dnnkit; print(time.process_time() - t)"
-    times = []
-    for _ in range(4):                   # the first run compiles and caches the bytecode
-        r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
-                           text=True, timeout=300, env=env)
-        assert r.returncode == 0, r.stderr
-        times.append(float(r.stdout.strip().splitlines()[-1]))
-    assert min(times[1:]) < IMPORT_BUDGET_S, f"import dnnkit took {times[1:]} s of CPU"
+
+    def best(module):
+        code = f"import time; t = time.process_time(); import {module}; " \
+               "print(time.process_time() - t)"
+        times = []
+        for _ in range(4):               # the first run compiles and caches the bytecode
+            r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                               text=True, timeout=300, env=env)
+            assert r.returncode == 0, r.stderr
+            times.append(float(r.stdout.strip().splitlines()[-1]))
+        return min(times[1:]), times[1:]
+    numpy_s, _ = best("numpy")
+    got, times = best("dnnkit")
+    budget = max(IMPORT_BUDGET_S, numpy_s + OWN_BUDGET_S)
+    assert got < budget, (f"import dnnkit took {times} s of CPU (budget {budget:.3f}: "
+                          f"NumPy's import {numpy_s:.3f})")
 
 
 # ---------------------------------------------------------------- type hints
@@ -176,6 +190,70 @@ def train(x: npt.NDArray[np.float32], w: npt.NDArray[np.float32]) -> float:
     return float(loss.item())
 '''
 
+_CNN = '''
+"""A user's small CNN: layers, a training loop, a functional call, no_grad, a checkpoint."""
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+
+import dnnkit
+from dnnkit import nn, optim
+
+Batch = tuple[dnnkit.Tensor, npt.NDArray[np.int64]]
+
+
+class Net(nn.Module):
+    def __init__(self, classes: int = 10) -> None:
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(3, 4, 3, padding=1, seed=0), nn.BatchNorm2d(4), nn.ReLU(),
+            nn.MaxPool2d(2), nn.Flatten())
+        self.classifier = nn.Linear(4 * 2 * 2, classes, seed=1)
+
+    def forward(self, x: dnnkit.Tensor) -> dnnkit.Tensor:
+        features: dnnkit.Tensor = self.features(x)
+        return self.classifier(features)
+
+
+def batches(n: int, rng: np.random.Generator) -> list[Batch]:
+    out = []
+    for _ in range(n):
+        x = rng.standard_normal((2, 3, 4, 4)).astype(np.float32)
+        out.append((dnnkit.tensor(x), rng.integers(0, 10, 2)))
+    return out
+
+
+def train(model: Net, steps: int, path: Path) -> float:
+    criterion = nn.CrossEntropyLoss()
+    opt = optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model.train()
+    total = 0.0
+    for x, labels in batches(steps, np.random.default_rng(0)):
+        opt.zero_grad()
+        loss = criterion(model(x), labels)
+        loss.backward()
+        opt.step()
+        total += loss.item()
+    model.eval()
+    with dnnkit.no_grad():
+        logits = model(dnnkit.tensor(np.zeros((1, 3, 4, 4), np.float32)))
+        assert logits.shape == (1, 10) and not logits.requires_grad
+    saved: str = model.save(path)
+    state: dict[str, npt.NDArray[np.generic]] = model.state_dict()
+    twin = Net().load_state_dict(state).load(saved).eval()
+    assert twin.classifier.out_features == 10
+    return total / steps
+
+
+def functional() -> tuple[int, ...]:
+    x = np.ones((1, 3, 4, 4), np.float32)
+    w = np.ones((2, 3, 3, 3), np.float32)
+    y = dnnkit.conv2d(x, w, stride=1, padding="half", backend="numba")
+    host: npt.NDArray[np.float32] = y.copy_to_host()
+    return host.shape
+'''
+
 _MISTAKES = '''
 import numpy as np
 import dnnkit
@@ -185,27 +263,69 @@ dnnkit.softmax(x, backend="cuda")
 dnnkit.conv2dd(x, x)
 t: dnnkit.Tensor = dnnkit.tensor(x)
 t.backward(retain_graph="yes")
+dnnkit.conv2d(x, x, stride=1.5)
+layer = dnnkit.nn.Linear(3, 2)
+layer("x")
+dnnkit.nn.Conv2d(3, 8, kernel_size="3")
+dnnkit.optim.SGD(layer.parameters(), lr="0.1")
 '''
 
 
 def test_mypy_strict_on_a_user_script(tmp_path):
-    """The shipped hints (py.typed) type-check a user script under ``mypy --strict``, and catch
-    its mistakes: a backend that does not exist, a misspelt op, a wrong argument type. dnnkit
-    is read from this checkout (MYPYPATH) with its own modules' findings silenced
-    (--follow-imports=silent), as mypy treats an installed package."""
+    """The shipped hints (py.typed) type-check user scripts under ``mypy --strict`` -- a
+    functional training step (user.py) and a small CNN with dnnkit.nn, SGD, no_grad and a
+    checkpoint (cnn.py) -- and catch their mistakes: a backend that does not exist, a misspelt
+    op, a wrong argument type to an op, a layer's forward, a layer's constructor or an
+    optimizer. dnnkit is read from this checkout (MYPYPATH) with its own modules' findings
+    silenced (--follow-imports=silent), as mypy treats an installed package."""
     pytest.importorskip("mypy", reason="mypy is not installed (pip install -e '.[test]')")
     (tmp_path / "user.py").write_text(textwrap.dedent(_USER))
+    (tmp_path / "cnn.py").write_text(_CNN)
     (tmp_path / "mistakes.py").write_text(textwrap.dedent(_MISTAKES))
     r = subprocess.run([sys.executable, "-m", "mypy", "--strict", "--follow-imports=silent",
                         "--no-incremental", "--cache-dir", str(tmp_path / "cache"),
-                        "user.py", "mistakes.py"], cwd=tmp_path, capture_output=True,
+                        "user.py", "cnn.py", "mistakes.py"], cwd=tmp_path, capture_output=True,
                        text=True, timeout=600, env=_child_env(MYPYPATH=str(ROOT)))
     errors = [ln for ln in r.stdout.splitlines() if ": error: " in ln]
-    assert not [e for e in errors if e.startswith("user.py")], r.stdout
+    assert not [e for e in errors if e.startswith(("user.py", "cnn.py"))], r.stdout
     found = {int(e.split(":")[1]) for e in errors if e.startswith("mistakes.py")}
-    assert found == {6, 7, 9}, r.stdout + r.stderr
+    assert found == {6, 7, 9, 10, 12, 13, 14}, r.stdout + r.stderr
     assert 'incompatible type "Literal[\'cuda\']"' in r.stdout
     assert 'Module has no attribute "conv2dd"' in r.stdout
+    assert 'Argument 1 to "forward" of "Linear" has incompatible type "str"' in r.stdout
+
+
+def test_the_typed_cnn_script_runs(tmp_path):
+    """The script mypy checks above is a working program: one training step, an eval under
+    no_grad, a checkpoint saved and loaded into a second model, a functional convolution."""
+    (tmp_path / "cnn.py").write_text(_CNN)
+    spec = importlib.util.spec_from_file_location("typed_cnn", tmp_path / "cnn.py")
+    cnn = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cnn)
+    loss = cnn.train(cnn.Net(), 1, tmp_path / "net.npz")
+    assert math.isfinite(loss) and loss > 0
+    assert (tmp_path / "net.npz").is_file()
+    assert cnn.functional() == (1, 2, 4, 4)
+
+
+def test_every_public_op_takes_backend_in_its_typed_signature():
+    """A type checker reads a public op's parameters from its checking body (dnnkit/hints.py
+    PublicOp: a ParamSpec cannot add a keyword), so the body itself declares ``backend``: one
+    that does not makes ``op(..., backend="numba")`` a type error in user code."""
+    names = set(dnnkit.ops.__all__) | {"split"}
+    missing = sorted(n for n in names if inspect.isfunction(getattr(dnnkit, n)) and "backend"
+                     not in inspect.signature(inspect.unwrap(getattr(dnnkit, n))).parameters)
+    assert not missing, f"checking bodies without backend: {missing}"
+
+
+def test_the_nn_names_are_exported():
+    """``from dnnkit.nn import X`` under --strict needs X in dnnkit.nn.__all__: every public
+    name of the package is listed."""
+    import types
+    from dnnkit import nn
+    public = {n for n in dir(nn) if not n.startswith("_")
+              and not isinstance(getattr(nn, n), types.ModuleType)}
+    assert set(nn.__all__) == public, (set(nn.__all__) ^ public)
 
 
 # ---------------------------------------------------------------- numba-cuda's argument layout

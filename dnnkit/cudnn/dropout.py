@@ -1,21 +1,25 @@
-"""cuDNN dropout: cudnnDropoutForward / cudnnDropoutBackward with a cached RNG state.
+"""cuDNN dropout: cudnnDropoutForward / cudnnDropoutBackward with cached RNG states.
 
 cuDNN's dropout draws its mask from per-thread RNG states in a device buffer
 (cudnnDropoutGetStatesSize bytes) that cudnnSetDropoutDescriptor initialises from a seed by
 running an init kernel (expensive: it is meant to be done once), and that every
-cudnnDropoutForward advances. dnnkit promises "same seed, same mask", so:
+cudnnDropoutForward advances. dnnkit's masks are named by (seed, offset): the offset-th mask of
+the sequence the seed starts. So:
 
-- ``_Entry`` (one per device, seed, p; a small LRU) holds a dropout descriptor and a *pristine*
-  states buffer initialised once by cudnnSetDropoutDescriptor, then synchronised so any stream
-  may read it;
-- each forward copies the pristine states into a working buffer (one per stream, so calls on
-  one stream are ordered and two streams never share one), points the descriptor at it with
-  cudnnRestoreDropoutDescriptor (which does not run the init kernel), and runs
-  cudnnDropoutForward, which writes y and the mask into the reserve space
+- ``_Entry`` (one per device, stream, seed and p; a small LRU) holds a dropout descriptor, the
+  *pristine* states that cudnnSetDropoutDescriptor initialised once from the seed on the
+  entry's stream (stream-ordered: no host synchronisation, and no other stream reads them), the
+  *working* states, and the offset the working states stand at;
+- offset 0 copies the pristine states into the working ones (ordered on the stream) and points
+  the descriptor at them with cudnnRestoreDropoutDescriptor (which does not run the init
+  kernel); the next offset simply runs on the working states, which the previous forward
+  advanced. Any other offset cannot be reached without replaying the calls before it:
+  ``reachable()`` says why, and the dispatcher runs Numba (``auto``) or raises (``forced``).
+  A module's dropout (nn.Dropout: offset = its call count) thus costs one init kernel per run;
+- cudnnDropoutForward writes y and the mask into the reserve space
   (cudnnDropoutGetReserveSpaceSize bytes, taken per call from dnnkit's caching pool and kept by
-  the caller's state);
-- backward runs cudnnDropoutBackward with the same descriptor (for p) and that reserve space;
-  it does not touch the RNG states.
+  the caller's state); backward runs cudnnDropoutBackward with the same descriptor (for p) and
+  that reserve space; it does not touch the RNG states.
 
 A lock per entry serialises the calls that use its descriptor (restore + forward, backward) on
 the host, since the descriptor is shared.
@@ -26,6 +30,7 @@ Numba is imported inside the functions that use it: ``import dnnkit`` must not l
 
 import collections
 import ctypes
+import secrets
 import threading
 from ctypes import POINTER, c_float, c_size_t, c_ulonglong, c_void_p
 
@@ -82,49 +87,57 @@ def _device_id():
     return getattr(cuda.get_current_device(), "id", 0)
 
 
-def _bytes(n):
-    from numba import cuda
-    return cuda.device_array(max(1, int(n)), dtype=np.uint8)
-
-
 class _Entry:
-    """A descriptor and pristine RNG states for one (device, seed, p)."""
+    """A descriptor, pristine and working RNG states for one (device, stream, seed, p)."""
 
-    def __init__(self, h, p, seed):
+    def __init__(self, h, p, seed, stream):
         size = c_size_t()
         api.call("cudnnDropoutGetStatesSize", h, ctypes.byref(size))
         self.size, self.p, self.seed = size.value, p, seed
-        self.pristine = _bytes(self.size)
-        self.work = {}                 # stream pointer -> working states
+        if seed is None:               # the anonymous generator: a fresh seed, once
+            seed = secrets.randbits(64)
+        self.init_seed = seed
+        # from the caching pool on the entry's stream: the init kernel below runs on it too
+        # (h is bound to it), so the states are ready in stream order, with no host wait
+        self.pristine = device_array((max(1, self.size),), np.uint8, stream)
+        self.work = device_array((max(1, self.size),), np.uint8, stream)
+        self.next = 0                  # the offset the working states stand at (0: pristine)
         self.lock = threading.Lock()
         self.desc = DropoutDescriptor()
         api.call("cudnnSetDropoutDescriptor", self.desc, h, c_float(p), ptr(self.pristine),
                  c_size_t(self.size), c_ulonglong(seed),
                  context=f"dropout {p}, seed {seed}, {self.size}-byte states")
-        from numba import cuda
-        cuda.synchronize()             # the init kernel ran on the handle's stream
-
-    def working(self, stream):
-        """This stream's working states, reset to the pristine ones (ordered on the stream)."""
-        buf = self.work.get(stream.handle_value)
-        if buf is None:
-            buf = self.work[stream.handle_value] = _bytes(self.size)
-        copy_async(ptr(buf), self.pristine, self.size, stream.handle_value)
-        return buf
 
 
 _cache = collections.OrderedDict()
 _cache_lock = threading.Lock()
 
 
-def _entry(h, p, seed):
-    key = (_device_id(), seed, p)
+def _key(p, seed, stream_value):
+    return (_device_id(), stream_value, seed, p)
+
+
+def reachable(p, seed, offset, stream):
+    """None when cuDNN can draw mask ``offset`` of ``seed`` on ``stream`` now (offset 0, or the
+    offset after this stream's previous call with the seed); else the reason."""
+    if offset == 0 or seed is None:
+        return None
+    e = _cache.get(_key(p, seed, stream_pointer(stream)))
+    at = 0 if e is None else e.next
+    if offset == at:
+        return None
+    return (f"cuDNN's dropout generator advances one call at a time: mask {offset} of seed "
+            f"{seed} follows mask {offset - 1}, but this stream's states stand at {at}")
+
+
+def _entry(h, p, seed, stream, stream_value):
+    key = _key(p, seed, stream_value)
     with _cache_lock:
         e = _cache.get(key)
         if e is not None:
             _cache.move_to_end(key)
             return e
-    e = _Entry(h, p, seed)             # outside the lock: it runs a kernel and synchronises
+    e = _Entry(h, p, seed, stream)     # outside the lock: it queues the init kernel
     with _cache_lock:
         e = _cache.setdefault(key, e)
         while len(_cache) > _CACHE_MAX:
@@ -148,11 +161,15 @@ def _ctx(op, a, p, seed):
     return lambda: f"{op}: x {tuple(a.shape)} {a.dtype}, p {p}, seed {seed}"
 
 
-def forward(x, y, p, seed, stream):
-    """y = dropout(x); returns the Saved state for :func:`backward`."""
+def forward(x, y, p, seed, offset, stream):
+    """y = dropout(x), mask ``offset`` of ``seed`` (``reachable()`` said yes; seed None: the next
+    mask of this stream's generator seeded once at random); returns the Saved state for
+    :func:`backward`."""
     s = _Stream(stream)
     h = handle.get(s.handle_value)
-    e = _entry(h, p, seed)
+    e = _entry(h, p, seed, stream, s.handle_value)
+    if seed is None:
+        offset = e.next                # restored once: then each call advances the generator
     xd = tensor((1, 1, 1, x.size), x.dtype)
     n = c_size_t()
     api.call("cudnnDropoutGetReserveSpaceSize", xd, ctypes.byref(n))
@@ -161,11 +178,16 @@ def forward(x, y, p, seed, stream):
     # 64x256x56x56 (H100: 0.41 ms host time per call against the Numba path's 0.10)
     reserve = device_array((max(1, n.value),), np.uint8, stream)
     with e.lock:
-        work = e.working(s)
-        api.call("cudnnRestoreDropoutDescriptor", e.desc, h, c_float(p), ptr(work),
-                 c_size_t(e.size), c_ulonglong(seed), context=_ctx("dropout", x, p, seed))
+        if offset == 0:                # back to the seed's first mask
+            copy_async(ptr(e.work), e.pristine, e.size, s.handle_value)
+            api.call("cudnnRestoreDropoutDescriptor", e.desc, h, c_float(p), ptr(e.work),
+                     c_size_t(e.size), c_ulonglong(e.init_seed),
+                     context=_ctx("dropout", x, p, seed))
+        elif offset != e.next:
+            raise ValueError(reachable(p, seed, offset, stream))
         api.call("cudnnDropoutForward", h, e.desc, xd, ptr(x), xd, ptr(y), ptr(reserve),
                  c_size_t(n.value), context=_ctx("dropout", x, p, seed))
+        e.next = offset + 1
     return Saved(e, reserve, n.value)
 
 

@@ -7,12 +7,18 @@ average_exc_pad -> ..._AVERAGE_COUNT_EXCLUDE_PADDING. cuDNN has no sum pooling: 
 AVERAGE_COUNT_INCLUDE_PADDING with alpha = the window size K in both directions
 (y = K * (sum / K), dx = K * sum(dy / K)); K is an integer, exact in the float alpha, so the
 only departure from a plain sum is cuDNN's own rounding of the division (a few ulps).
+
+cuDNN has no ceil mode and pads both sides alike; ops/pool.py runs ceil mode as a floor-mode
+pooling of x extended at its far edges, with three helpers built on cudnn/optensor.py:
+``extend`` (cudnnSetTensor of the extended buffer to a fill value, then cudnnTransformTensor of
+x into its leading corner), ``crop`` (cudnnTransformTensor of that corner back out) and
+``rescale`` (cudnnOpTensor MUL by a per-position factor broadcast over N and C).
 """
 
 import math
 from ctypes import POINTER, c_int, c_void_p
 
-from . import api, handle
+from . import api, handle, optensor
 from .api import ptr
 from .descriptors import Descriptor, DescriptorCache, int_array, scalar_refs, tensor
 from .enums import PROPAGATE_NAN
@@ -107,3 +113,32 @@ def backward(x, y, dy, dx, window, padding, stride, mode, stream):
     xd, yd = tensor(x.shape, x.dtype), tensor(y.shape, y.dtype)
     api.call("cudnnPoolingBackward", handle.get(stream), pd, alpha, yd, ptr(y), yd, ptr(dy),
              xd, ptr(x), beta, xd, ptr(dx), context=lambda: "pool backward: " + ctx())
+
+
+def _packed(shape):
+    """C-contiguous element strides of ``shape``."""
+    strides, step = [], 1
+    for d in reversed(shape):
+        strides.append(step)
+        step *= int(d)
+    return tuple(reversed(strides))
+
+
+def extend(x, xe, fill, stream):
+    """xe = x in its leading corner (xe is x's shape with longer spatial dims) and ``fill``
+    everywhere else."""
+    optensor.set_tensor(xe, tuple(xe.shape), fill, stream)
+    optensor.transform(x, tuple(x.shape), _packed(x.shape), 0, xe, tuple(x.shape),
+                       _packed(xe.shape), 0, stream)
+
+
+def crop(xe, x, stream):
+    """x = the leading corner of xe, x's shape (``extend``'s inverse)."""
+    optensor.transform(xe, tuple(x.shape), _packed(xe.shape), 0, x, tuple(x.shape),
+                       _packed(x.shape), 0, stream)
+
+
+def rescale(a, scale, c, stream):
+    """c = a * scale, scale (1, 1, *spatial) broadcast over N and C (c is not a)."""
+    optensor.op_tensor("mul", 1.0, a, tuple(a.shape), 1.0, scale, tuple(scale.shape), c,
+                       tuple(c.shape), stream)

@@ -8,10 +8,14 @@ Train it with truncated backpropagation through time: pass the returned state, d
 the next batch's call.
 """
 
+from __future__ import annotations
+
 import numpy as np
 
 from .. import nn
+from ..hints import ArrayLike, DType
 from ..nn import checks
+from ..tensors import Tensor
 
 
 class LSTMLanguageModel(nn.Module):
@@ -19,8 +23,8 @@ class LSTMLanguageModel(nn.Module):
     (Embedding), ``rnn`` (LSTM), ``decoder`` (Linear), as PyTorch's example. ``dropout``
     applies to the embeddings and to the LSTM's output (0 turns it off)."""
 
-    def __init__(self, vocab, embed, hidden, layers=2, dropout=0.5, *, dtype="float32",
-                 seed=0):
+    def __init__(self, vocab: int, embed: int, hidden: int, layers: int = 2,
+                 dropout: float = 0.5, *, dtype: DType = "float32", seed: int | None = 0) -> None:
         super().__init__()
         cls = "LSTMLanguageModel"
         self.vocab = checks.integer(cls, "vocab", vocab, 1)
@@ -31,7 +35,9 @@ class LSTMLanguageModel(nn.Module):
         self.drop_out = nn.Dropout(dropout, seed=int(seeds[3]))
         self.decoder = nn.Linear(hidden, vocab, dtype=dtype, seed=int(seeds[4]))
 
-    def forward(self, ids, hidden=None):
+    def forward(self, ids: ArrayLike,
+                hidden: tuple[ArrayLike | None, ArrayLike | None] | None = None
+                ) -> tuple[Tensor, tuple[Tensor | None, Tensor | None]]:
         hx, cx = (None, None) if hidden is None else hidden
         x = self.drop(self.encoder(ids))
         y = self.drop_out(self.rnn(x, hx, cx))

@@ -10,16 +10,23 @@ width or the resolution changes. The names follow torchvision's ResNet (conv1, b
 conv1, ..., layer2.0.downsample.0, fc), so state dicts line up with PyTorch's.
 """
 
+from __future__ import annotations
+
 import numpy as np
 
+from collections.abc import Sequence
+
 from .. import nn
+from ..hints import ArrayLike, DType
 from ..nn import checks
+from ..tensors import Tensor
 
 
 class BasicBlock(nn.Module):
     """Two 3x3 conv + BatchNorm, the residual added before the last ReLU."""
 
-    def __init__(self, in_channels, channels, stride=1, *, dtype="float32", seed=None):
+    def __init__(self, in_channels: int, channels: int, stride: int = 1, *,
+                 dtype: DType = "float32", seed: int | None = None) -> None:
         super().__init__()
         seeds = np.random.default_rng(seed).integers(0, 2**31, 3)
         kw = dict(dtype=dtype)
@@ -36,7 +43,7 @@ class BasicBlock(nn.Module):
         else:
             self.downsample = None
 
-    def forward(self, x):
+    def forward(self, x: ArrayLike) -> Tensor:
         out = self.relu(self.bn1(self.conv1(x)))
         out = self.bn2(self.conv2(out))
         shortcut = x if self.downsample is None else self.downsample(x)
@@ -46,8 +53,9 @@ class BasicBlock(nn.Module):
 class ResNet(nn.Module):
     """The CIFAR ResNet over ``blocks`` BasicBlocks per stage (module docstring)."""
 
-    def __init__(self, blocks=(2, 2, 2, 2), num_classes=10, *, width=64, in_channels=3,
-                 dtype="float32", seed=0):
+    def __init__(self, blocks: Sequence[int] = (2, 2, 2, 2), num_classes: int = 10, *,
+                 width: int = 64, in_channels: int = 3, dtype: DType = "float32",
+                 seed: int | None = 0) -> None:
         super().__init__()
         cls = "ResNet"
         num_classes = checks.integer(cls, "num_classes", num_classes, 1)
@@ -72,14 +80,15 @@ class ResNet(nn.Module):
         self.fc = nn.Linear(cin, num_classes, dtype=dtype, seed=next_seed())
         self.stages = len(blocks)
 
-    def forward(self, x):
+    def forward(self, x: ArrayLike) -> Tensor:
         x = self.relu(self.bn1(self.conv1(x)))
         for i in range(self.stages):
             x = getattr(self, f"layer{i + 1}")(x)
         return self.fc(self.avgpool(x))
 
 
-def resnet18(num_classes=10, *, width=64, in_channels=3, dtype="float32", seed=0):
+def resnet18(num_classes: int = 10, *, width: int = 64, in_channels: int = 3,
+             dtype: DType = "float32", seed: int | None = 0) -> ResNet:
     """ResNet-18, CIFAR form: input (N, in_channels, H, W) (32x32 for CIFAR; any size that
     survives three halvings), output logits (N, num_classes). ``width``: the first stage's
     channels (64 in the paper; smaller for tests)."""

@@ -9,16 +9,19 @@ there would get a gradient of exactly zero. Names: ``features.<i>`` as torchvisi
 ``classifier``.
 """
 
+from __future__ import annotations
+
 import numpy as np
 
 from .. import nn
+from ..hints import DType
 from ..nn import checks
 
 PLAN = (1, 1, "M", 2, 2, "M", 4, 4, 4, "M")      # conv widths in units of w; M: max-pool
 
 
-def vgg_cnn(num_classes=10, *, width=64, in_channels=3, image_size=32, dtype="float32",
-            seed=0):
+def vgg_cnn(num_classes: int = 10, *, width: int = 64, in_channels: int = 3,
+            image_size: int = 32, dtype: DType = "float32", seed: int | None = 0) -> nn.Sequential:
     """The VGG-style CNN of the module docstring; input (N, in_channels, image_size,
     image_size) with image_size divisible by 8; output logits (N, num_classes)."""
     cls = "vgg_cnn"

@@ -9,12 +9,25 @@
 """
 
 from .containers import ModuleList, Sequential  # noqa: F401
-from .layers import (ELU, AdaptiveAvgPool2d, AvgPool2d, ClippedReLU, Conv2d,  # noqa: F401
-                     Conv3d, Dropout, Embedding, Flatten, GlobalAvgPool2d, Identity, Linear,
-                     LogSoftmax, MaxPool2d, MaxPool3d, ReLU, Sigmoid, Softmax,
+from .conv_transpose import ConvTranspose2d, ConvTranspose3d  # noqa: F401
+from .layers import (ELU, AdaptiveAvgPool2d, AvgPool2d, AvgPool3d, ClippedReLU,  # noqa: F401
+                     Conv2d, Conv3d, Dropout, Embedding, Flatten, GlobalAvgPool2d, Identity,
+                     Linear, LogSoftmax, MaxPool2d, MaxPool3d, ReLU, Sigmoid, Softmax,
                      SpatialTransformer, Tanh)
 from .loss import CrossEntropyLoss, MSELoss, NLLLoss  # noqa: F401
+from .lrn import LocalResponseNorm  # noqa: F401
 from .module import Module, convert  # noqa: F401
 from .norm import BatchNorm1d, BatchNorm2d, BatchNorm3d  # noqa: F401
 from .parameter import Parameter  # noqa: F401
 from .rnn import GRU, LSTM, RNN  # noqa: F401
+
+# the public names (a type checker's --strict re-exports only these; tests/test_packaging.py
+# checks the list against the imports above)
+__all__ = [
+    "AdaptiveAvgPool2d", "AvgPool2d", "AvgPool3d", "BatchNorm1d", "BatchNorm2d", "BatchNorm3d",
+    "ClippedReLU", "Conv2d", "Conv3d", "ConvTranspose2d", "ConvTranspose3d", "CrossEntropyLoss",
+    "Dropout", "ELU", "Embedding", "Flatten", "GRU", "GlobalAvgPool2d", "Identity", "LSTM",
+    "Linear", "LocalResponseNorm", "LogSoftmax", "MSELoss", "MaxPool2d", "MaxPool3d", "Module",
+    "ModuleList", "NLLLoss", "Parameter", "RNN", "ReLU", "Sequential", "Sigmoid", "Softmax",
+    "SpatialTransformer", "Tanh", "convert",
+]

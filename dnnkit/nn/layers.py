@@ -7,15 +7,24 @@ N(0, 1) for an embedding), and laid out as PyTorch's: a convolution's weight is
 (out, in/groups, *kernel), a linear layer's (out, in).
 """
 
+from __future__ import annotations
+
 import math
+from collections.abc import Sequence
+from typing import Any, TypeVar
 
 import numpy as np
 
 from .. import ops
+from ..hints import ArrayLike, DType, Padding, Size
+from ..tensors import Tensor
 from . import checks
 from .checks import as_input
 from .module import Module
 from .parameter import Parameter
+
+
+_T = TypeVar("_T")
 
 
 def _uniform(rng, shape, fan_in, dtype):
@@ -23,18 +32,53 @@ def _uniform(rng, shape, fan_in, dtype):
     return rng.uniform(-bound, bound, shape).astype(dtype)
 
 
+def conv_channels(cls: str, nd: int, in_channels: int, out_channels: int, kernel_size: Size,
+                  groups: int) -> tuple[int, int, tuple[int, ...], int]:
+    """(in, out, kernel, groups) of a convolution layer, checked: groups divide both channel
+    counts (the plain and the transposed layers alike)."""
+    cin = checks.integer(cls, "in_channels", in_channels, 1)
+    cout = checks.integer(cls, "out_channels", out_channels, 1)
+    k = checks.sizes(cls, "kernel_size", kernel_size, nd, 1)
+    g = checks.integer(cls, "groups", groups, 1)
+    if cin % g or cout % g:
+        raise ValueError(f"{cls}: groups={g} must divide in_channels={cin} and "
+                         f"out_channels={cout}")
+    return cin, cout, k, g
+
+
+def conv_parameters(m: Module, cls: str, nd: int, channels: tuple[int, int, tuple[int, ...], int],
+                    weight_shape: tuple[int, ...], fan_in: int, bias: bool, dtype: DType,
+                    seed: int | None) -> None:
+    """A convolution layer's attributes and parameters: weight and bias ~ U(+-1/sqrt(fan_in))
+    (PyTorch's init), the weight drawn first from the seeded generator."""
+    dtype = checks.float_dtype(cls, dtype)
+    rng = np.random.default_rng(checks.seed(cls, seed))
+    m.nd, (m.in_channels, m.out_channels, m.kernel_size, _) = nd, channels
+    m.weight = Parameter(_uniform(rng, weight_shape, fan_in, dtype))
+    m.bias = Parameter(_uniform(rng, (m.out_channels,), fan_in, dtype)) \
+        if checks.flag(cls, "bias", bias) else None
+
+
+def conv_repr(m: Module, defaults: dict[str, Any]) -> str:
+    """``in, out, kernel_size=, stride=, padding=`` and the options in ``defaults`` (name:
+    default value) that differ from their default, as PyTorch prints a convolution layer."""
+    c = m.conv
+    s = (f"{m.in_channels}, {m.out_channels}, kernel_size={m.kernel_size}, "
+         f"stride={c['stride']}, padding={c['padding']}")
+    for name, default in defaults.items():
+        if c[name] != default:
+            s += f", {name}={c[name]}"
+    return s + ("" if m.bias is not None else ", bias=False")
+
+
 class _ConvNd(Module):
-    def __init__(self, nd, in_channels, out_channels, kernel_size, stride, padding, dilation,
-                 groups, bias, dtype, seed):
+    def __init__(self, nd: int, in_channels: int, out_channels: int, kernel_size: Size,
+                 stride: Size, padding: Padding, dilation: Size, groups: int, bias: bool,
+                 dtype: DType, seed: int | None) -> None:
         super().__init__()
         cls = f"Conv{nd}d"
-        cin = checks.integer(cls, "in_channels", in_channels, 1)
-        cout = checks.integer(cls, "out_channels", out_channels, 1)
-        k = checks.sizes(cls, "kernel_size", kernel_size, nd, 1)
-        g = checks.integer(cls, "groups", groups, 1)
-        if cin % g or cout % g:
-            raise ValueError(f"{cls}: groups={g} must divide in_channels={cin} and "
-                             f"out_channels={cout}")
+        cin, cout, k, g = ch = conv_channels(cls, nd, in_channels, out_channels, kernel_size,
+                                             groups)
         self.conv = dict(stride=checks.sizes(cls, "stride", stride, nd, 1),
                          padding=padding if isinstance(padding, str) else
                          checks.sizes(cls, "padding", padding, nd, 0),
@@ -42,27 +86,14 @@ class _ConvNd(Module):
         if isinstance(padding, str) and padding not in ("valid", "full", "half"):
             raise ValueError(f"{cls}: padding must be an int, a tuple or one of 'valid', "
                              f"'full', 'half'; got {padding!r}")
-        dtype = checks.float_dtype(cls, dtype)
-        rng = np.random.default_rng(checks.seed(cls, seed))
-        fan_in = cin // g * math.prod(k)
-        self.nd, self.kernel_size = nd, k
-        self.in_channels, self.out_channels = cin, cout
-        self.weight = Parameter(_uniform(rng, (cout, cin // g) + k, fan_in, dtype))
-        self.bias = Parameter(_uniform(rng, (cout,), fan_in, dtype)) \
-            if checks.flag(cls, "bias", bias) else None
+        conv_parameters(self, cls, nd, ch, (cout, cin // g) + k, cin // g * math.prod(k), bias,
+                        dtype, seed)
         self._op = ops.conv2d if nd == 2 else ops.conv3d
 
-    def extra_repr(self):
-        c = self.conv
-        s = (f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, "
-             f"stride={c['stride']}, padding={c['padding']}")
-        if c["dilation"] != (1,) * self.nd:
-            s += f", dilation={c['dilation']}"
-        if c["groups"] != 1:
-            s += f", groups={c['groups']}"
-        return s + ("" if self.bias is not None else ", bias=False")
+    def extra_repr(self) -> str:
+        return conv_repr(self, {"dilation": (1,) * self.nd, "groups": 1})
 
-    def forward(self, x):
+    def forward(self, x: ArrayLike) -> Tensor:
         x = as_input(type(self).__name__, x, self.weight.dtype)
         return self._op(x, self.weight, self.bias, **self.conv, backend=self.backend)
 
@@ -70,8 +101,9 @@ class _ConvNd(Module):
 class Conv2d(_ConvNd):
     """2-D convolution of (N, C, H, W); weight (out, in/groups, kh, kw), bias (out,)."""
 
-    def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1,
-                 groups=1, bias=True, *, dtype="float32", seed=None):
+    def __init__(self, in_channels: int, out_channels: int, kernel_size: Size, stride: Size = 1,
+                 padding: Padding = 0, dilation: Size = 1, groups: int = 1, bias: bool = True,
+                 *, dtype: DType = "float32", seed: int | None = None) -> None:
         super().__init__(2, in_channels, out_channels, kernel_size, stride, padding, dilation,
                          groups, bias, dtype, seed)
 
@@ -79,8 +111,9 @@ class Conv2d(_ConvNd):
 class Conv3d(_ConvNd):
     """3-D convolution of (N, C, D, H, W); weight (out, in/groups, kd, kh, kw)."""
 
-    def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1,
-                 groups=1, bias=True, *, dtype="float32", seed=None):
+    def __init__(self, in_channels: int, out_channels: int, kernel_size: Size, stride: Size = 1,
+                 padding: Padding = 0, dilation: Size = 1, groups: int = 1, bias: bool = True,
+                 *, dtype: DType = "float32", seed: int | None = None) -> None:
         super().__init__(3, in_channels, out_channels, kernel_size, stride, padding, dilation,
                          groups, bias, dtype, seed)
 
@@ -89,7 +122,8 @@ class Linear(Module):
     """y = x W^T + b for x (..., in_features): ``dnnkit.linear``, weight (out_features,
     in_features) as PyTorch's, bias (out_features,)."""
 
-    def __init__(self, in_features, out_features, bias=True, *, dtype="float32", seed=None):
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, *,
+                 dtype: DType = "float32", seed: int | None = None) -> None:
         super().__init__()
         cls = "Linear"
         self.in_features = checks.integer(cls, "in_features", in_features, 1)
@@ -101,11 +135,11 @@ class Linear(Module):
         self.bias = Parameter(_uniform(rng, (self.out_features,), self.in_features, dtype)) \
             if checks.flag(cls, "bias", bias) else None
 
-    def extra_repr(self):
+    def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
                 f"bias={self.bias is not None}")
 
-    def forward(self, x):
+    def forward(self, x: ArrayLike) -> Tensor:
         x = as_input("Linear", x, self.weight.dtype)
         return ops.linear(x, self.weight, self.bias, backend=self.backend)
 
@@ -113,7 +147,7 @@ class Linear(Module):
 class Flatten(Module):
     """(N, ...) -> (N, prod(...)): a view (``dnnkit.reshape``)."""
 
-    def forward(self, x):
+    def forward(self, x: ArrayLike) -> Tensor:
         x = as_input("Flatten", x)
         if x.ndim < 1:
             raise ValueError("Flatten: the input needs a batch dimension; got a 0-d tensor")
@@ -123,12 +157,15 @@ class Flatten(Module):
 class Identity(Module):
     """Returns its input (a placeholder, e.g. a residual block's shortcut)."""
 
-    def forward(self, x):
+    def forward(self, x: _T) -> _T:
         return x
 
 
 class _Pool(Module):
-    def __init__(self, nd, mode, kernel_size, stride=None, padding=0):
+    """``ceil_mode``: round the output size up (PyTorch's ceil_mode; ``dnnkit.pool2d``)."""
+
+    def __init__(self, nd: int, mode: str, kernel_size: Size, stride: Size | None = None,
+                 padding: Size = 0, ceil_mode: bool = False) -> None:
         super().__init__()
         cls = type(self).__name__
         k = checks.sizes(cls, "kernel_size", kernel_size, nd, 1)
@@ -136,42 +173,68 @@ class _Pool(Module):
         p = checks.sizes(cls, "padding", padding, nd, 0)
         if any(pi >= ki for pi, ki in zip(p, k)):
             raise ValueError(f"{cls}: padding {p} must be smaller than kernel_size {k}")
+        self.ceil_mode = checks.flag(cls, "ceil_mode", ceil_mode)
         self.nd, self.mode, self.args = nd, mode, (k, s, p)
         self._op = ops.pool2d if nd == 2 else ops.pool3d
 
-    def extra_repr(self):
+    def extra_repr(self) -> str:
         k, s, p = self.args
-        return f"kernel_size={k}, stride={s}, padding={p}"
+        return f"kernel_size={k}, stride={s}, padding={p}, ceil_mode={self.ceil_mode}"
 
-    def forward(self, x):
+    def forward(self, x: ArrayLike) -> Tensor:
         x = as_input(type(self).__name__, x)
-        return self._op(x, *self.args, self.mode, backend=self.backend)
+        return self._op(x, *self.args, self.mode, ceil_mode=self.ceil_mode,
+                        backend=self.backend)
 
 
 class MaxPool2d(_Pool):
-    def __init__(self, kernel_size, stride=None, padding=0, *, deterministic=False):
+    def __init__(self, kernel_size: Size, stride: Size | None = None, padding: Size = 0, *,
+                 ceil_mode: bool = False, deterministic: bool = False) -> None:
         det = checks.flag("MaxPool2d", "deterministic", deterministic)
-        super().__init__(2, "max_deterministic" if det else "max", kernel_size, stride, padding)
+        super().__init__(2, "max_deterministic" if det else "max", kernel_size, stride, padding,
+                         ceil_mode)
 
 
 class MaxPool3d(_Pool):
-    def __init__(self, kernel_size, stride=None, padding=0, *, deterministic=False):
+    def __init__(self, kernel_size: Size, stride: Size | None = None, padding: Size = 0, *,
+                 ceil_mode: bool = False, deterministic: bool = False) -> None:
         det = checks.flag("MaxPool3d", "deterministic", deterministic)
-        super().__init__(3, "max_deterministic" if det else "max", kernel_size, stride, padding)
+        super().__init__(3, "max_deterministic" if det else "max", kernel_size, stride, padding,
+                         ceil_mode)
 
 
-class AvgPool2d(_Pool):
-    def __init__(self, kernel_size, stride=None, padding=0, *, count_include_pad=True):
-        inc = checks.flag("AvgPool2d", "count_include_pad", count_include_pad)
-        super().__init__(2, "average_inc_pad" if inc else "average_exc_pad", kernel_size,
-                         stride, padding)
+class _AvgPool(_Pool):
+    """PyTorch's AvgPool arguments, in its order: ``count_include_pad`` True divides by the
+    window including the padding (average_inc_pad), False by the inputs in it
+    (average_exc_pad)."""
+
+    def __init__(self, nd: int, kernel_size: Size, stride: Size | None, padding: Size,
+                 ceil_mode: bool, count_include_pad: bool) -> None:
+        inc = checks.flag(type(self).__name__, "count_include_pad", count_include_pad)
+        super().__init__(nd, "average_inc_pad" if inc else "average_exc_pad", kernel_size,
+                         stride, padding, ceil_mode)
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, count_include_pad={self.mode == 'average_inc_pad'}"
+
+
+class AvgPool2d(_AvgPool):
+    def __init__(self, kernel_size: Size, stride: Size | None = None, padding: Size = 0,
+                 ceil_mode: bool = False, count_include_pad: bool = True) -> None:
+        super().__init__(2, kernel_size, stride, padding, ceil_mode, count_include_pad)
+
+
+class AvgPool3d(_AvgPool):
+    def __init__(self, kernel_size: Size, stride: Size | None = None, padding: Size = 0,
+                 ceil_mode: bool = False, count_include_pad: bool = True) -> None:
+        super().__init__(3, kernel_size, stride, padding, ceil_mode, count_include_pad)
 
 
 class GlobalAvgPool2d(Module):
     """The mean over every spatial position: (N, C, H, W) -> (N, C) (``dnnkit.global_avg_pool``;
     (N, C, D, H, W) too)."""
 
-    def forward(self, x):
+    def forward(self, x: ArrayLike) -> Tensor:
         x = as_input(type(self).__name__, x)
         return ops.global_avg_pool(x, backend=self.backend)
 
@@ -180,7 +243,7 @@ class AdaptiveAvgPool2d(GlobalAvgPool2d):
     """PyTorch's ``AdaptiveAvgPool2d`` for an output of 1 x 1, the form classifiers use:
     (N, C, H, W) -> (N, C, 1, 1). Other output sizes are refused by the constructor."""
 
-    def __init__(self, output_size=1):
+    def __init__(self, output_size: int | Sequence[int] = 1) -> None:
         super().__init__()
         one = (lambda v: isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
                and v == 1)      # (no `in` test: an array compares elementwise)
@@ -189,10 +252,10 @@ class AdaptiveAvgPool2d(GlobalAvgPool2d):
             raise ValueError(f"AdaptiveAvgPool2d: only output_size 1 (a global average) is "
                              f"supported; got {output_size!r}")
 
-    def extra_repr(self):
+    def extra_repr(self) -> str:
         return "output_size=1"
 
-    def forward(self, x):
+    def forward(self, x: ArrayLike) -> Tensor:
         y = super().forward(x)
         return ops.reshape(y, tuple(y.shape) + (1, 1), backend=self.backend)
 
@@ -200,7 +263,7 @@ class AdaptiveAvgPool2d(GlobalAvgPool2d):
 class _Activation(Module):
     mode, coef = "relu", 0.0
 
-    def forward(self, x):
+    def forward(self, x: ArrayLike) -> Tensor:
         x = as_input(type(self).__name__, x)
         return ops.activation(x, self.mode, self.coef, backend=self.backend)
 
@@ -221,69 +284,99 @@ class ClippedReLU(_Activation):
     """min(max(x, 0), ceiling)."""
     mode = "clipped_relu"
 
-    def __init__(self, ceiling):
+    def __init__(self, ceiling: float) -> None:
         super().__init__()
         self.coef = checks.real("ClippedReLU", "ceiling", ceiling, low=0.0, low_open=True)
 
-    def extra_repr(self):
+    def extra_repr(self) -> str:
         return f"ceiling={self.coef}"
 
 
 class ELU(_Activation):
     mode = "elu"
 
-    def __init__(self, alpha=1.0):
+    def __init__(self, alpha: float = 1.0) -> None:
         super().__init__()
         self.coef = checks.real("ELU", "alpha", alpha)
 
-    def extra_repr(self):
+    def extra_repr(self) -> str:
         return f"alpha={self.coef}"
 
 
 class Softmax(Module):
     """Softmax over the channels ("channel": dim 1 at every position) or over everything but
-    the batch ("instance"), of (N, C) or (N, C, H, W)."""
-    algo = "accurate"
+    the batch ("instance"), of (N, C) or (N, C, H, W) (``dnnkit.softmax``).
 
-    def __init__(self, mode="channel"):
+    ``algo``: "accurate" (default; the maximum is subtracted first, so it never overflows),
+    "fast" (no subtraction, cuDNN's FAST: overflows for logits above ~88 in float32) or "log"
+    (log-softmax, as LogSoftmax). ``dim``: PyTorch's spelling of the channel mode, 1 (or -1 of
+    a 2-D input): the one dimension the op normalises alone; None (default) follows ``mode``."""
+    ALGOS = ("fast", "accurate", "log")
+    DEFAULT_ALGO = "accurate"
+
+    def __init__(self, mode: str = "channel", *, algo: str | None = None,
+                 dim: int | None = None) -> None:
         super().__init__()
-        if mode not in ("channel", "instance") or not isinstance(mode, str):
-            raise ValueError(f"{type(self).__name__}: mode must be 'channel' or 'instance'; "
-                             f"got {mode!r}")
-        self.mode = mode
+        cls = type(self).__name__
+        if not isinstance(mode, str) or mode not in ("channel", "instance"):
+            raise ValueError(f"{cls}: mode must be 'channel' or 'instance'; got {mode!r}")
+        algo = self.DEFAULT_ALGO if algo is None else algo
+        if not isinstance(algo, str) or algo not in self.ALGOS:
+            raise ValueError(f"{cls}: algo must be {' or '.join(map(repr, self.ALGOS))}; got "
+                             f"{algo!r}")
+        if dim is not None:
+            if isinstance(dim, (bool, np.bool_)) or not isinstance(dim, (int, np.integer)):
+                raise TypeError(f"{cls}: dim must be an int or None; got {dim!r}")
+            if (dim >= 0 and dim != 1) or mode != "channel":
+                raise ValueError(f"{cls}: dim={dim!r} with mode={mode!r}: the op normalises "
+                                 f"over dim 1 (the channels; -1 of a 2-D input) or, with "
+                                 f"mode='instance' and no dim, over all but the batch")
+            dim = int(dim)
+        self.mode, self.algo, self.dim = mode, algo, dim
 
-    def extra_repr(self):
-        return f"mode={self.mode!r}"
+    def extra_repr(self) -> str:
+        dim = "" if self.dim is None else f", dim={self.dim}"
+        return f"mode={self.mode!r}, algo={self.algo!r}{dim}"
 
-    def forward(self, x):
-        x = as_input(type(self).__name__, x)
+    def forward(self, x: ArrayLike) -> Tensor:
+        cls = type(self).__name__
+        x = as_input(cls, x)
+        if self.dim is not None:
+            d = self.dim + x.ndim if self.dim < 0 else self.dim
+            if d != 1:
+                which = f"dimension {d}" if 0 <= d < x.ndim else "out of range"
+                raise ValueError(f"{cls}: dim={self.dim} of a {x.ndim}-D input is {which}; the "
+                                 f"op normalises over dim 1 (the channels) only")
         return ops.softmax(x, self.algo, self.mode, backend=self.backend)
 
 
 class LogSoftmax(Softmax):
-    algo = "log"
+    """Log-softmax (``dnnkit.softmax(x, "log", mode)``); ``mode`` and ``dim`` as Softmax's."""
+    ALGOS = ("log",)
+    DEFAULT_ALGO = "log"
 
 
 class Dropout(Module):
     """Drops with probability p in training (scaling the rest by 1/(1-p)); identity in eval.
-    ``seed``: the k-th training call uses seed + k (reproducible masks); None draws a fresh
-    seed on every call."""
+    ``seed``: the k-th training call draws mask k of the seed's sequence (``dnnkit.dropout``'s
+    ``offset``: reproducible masks, and on cuDNN one RNG initialisation per run); None draws a
+    fresh mask on every call."""
 
-    def __init__(self, p=0.5, *, seed=None):
+    def __init__(self, p: float = 0.5, *, seed: int | None = None) -> None:
         super().__init__()
         self.p = checks.real("Dropout", "p", p, low=0.0, high=1.0, high_open=True)
         self.seed, self._calls = checks.seed("Dropout", seed), 0
 
-    def extra_repr(self):
+    def extra_repr(self) -> str:
         return f"p={self.p}"
 
-    def forward(self, x):
+    def forward(self, x: ArrayLike) -> Tensor:
         x = as_input("Dropout", x)
         if not self.training or self.p == 0.0:
             return x
-        seed = None if self.seed is None else (self.seed + self._calls) % 2**64
+        offset = 0 if self.seed is None else self._calls
         self._calls += 1
-        y, _state = ops.dropout(x, self.p, seed=seed, backend=self.backend)
+        y, _state = ops.dropout(x, self.p, seed=self.seed, offset=offset, backend=self.backend)
         return y
 
 
@@ -292,8 +385,8 @@ class Embedding(Module):
     ids.shape + (embedding_dim,) (``dnnkit.embedding``, Numba only: cuDNN has none).
     ``padding_idx``: a row initialised to zeros that gets no gradient. weight ~ N(0, 1)."""
 
-    def __init__(self, num_embeddings, embedding_dim, padding_idx=None, *, dtype="float32",
-                 seed=None):
+    def __init__(self, num_embeddings: int, embedding_dim: int, padding_idx: int | None = None,
+                 *, dtype: DType = "float32", seed: int | None = None) -> None:
         super().__init__()
         cls = "Embedding"
         self.num_embeddings = checks.integer(cls, "num_embeddings", num_embeddings, 1)
@@ -311,11 +404,11 @@ class Embedding(Module):
             w[padding_idx] = 0
         self.weight = Parameter(w.astype(dtype))
 
-    def extra_repr(self):
+    def extra_repr(self) -> str:
         pad = f", padding_idx={self.padding_idx}" if self.padding_idx is not None else ""
         return f"{self.num_embeddings}, {self.embedding_dim}{pad}"
 
-    def forward(self, ids):
+    def forward(self, ids: ArrayLike) -> Tensor:
         return ops.embedding(ids, self.weight, self.padding_idx, backend=self.backend)
 
 
@@ -324,16 +417,17 @@ class SpatialTransformer(Module):
     (Theano's dnn_spatialtf; ``dnnkit.spatial_transformer``), out (N, C, ceil(H*sh),
     ceil(W*sw))."""
 
-    def __init__(self, scale_height=1.0, scale_width=1.0):
+    def __init__(self, scale_height: float = 1.0, scale_width: float = 1.0) -> None:
         super().__init__()
         cls = "SpatialTransformer"
         self.scale = (checks.real(cls, "scale_height", scale_height, low=0.0, low_open=True),
                       checks.real(cls, "scale_width", scale_width, low=0.0, low_open=True))
 
-    def extra_repr(self):
+    def extra_repr(self) -> str:
         return f"scale_height={self.scale[0]}, scale_width={self.scale[1]}"
 
-    def forward(self, img, theta=None):
+    def forward(self, img: ArrayLike | Sequence[ArrayLike],
+                theta: ArrayLike | None = None) -> Tensor:
         if theta is None:
             if isinstance(img, (tuple, list)) and len(img) == 2:
                 img, theta = img

@@ -14,9 +14,15 @@ loss's backend (``nn.convert`` pins a loss like any layer); the reductions are N
 (cuDNN has none).
 """
 
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
 import numpy as np
 
 from .. import ops
+from ..hints import ArrayLike
+from ..tensors import Tensor
 from .checks import as_input
 from .module import Module
 
@@ -37,18 +43,18 @@ def _ignore_index(cls, value):
 
 
 class _ClassLoss(Module):
-    _op = None
+    _op: ClassVar[Any] = None
 
-    def __init__(self, reduction="mean", ignore_index=-100):
+    def __init__(self, reduction: str = "mean", ignore_index: int = -100) -> None:
         super().__init__()
         cls = type(self).__name__
         self.reduction = _reduction(cls, reduction)
         self.ignore_index = _ignore_index(cls, ignore_index)
 
-    def extra_repr(self):
+    def extra_repr(self) -> str:
         return f"reduction={self.reduction!r}, ignore_index={self.ignore_index}"
 
-    def forward(self, scores, target):
+    def forward(self, scores: ArrayLike, target: ArrayLike) -> Tensor:
         scores = as_input(type(self).__name__, scores)
         return type(self)._op(scores, target, self.reduction, self.ignore_index,
                               backend=self.backend)
@@ -67,13 +73,13 @@ class NLLLoss(_ClassLoss):
 class MSELoss(Module):
     """The mean (or sum, or each) of the squared differences."""
 
-    def __init__(self, reduction="mean"):
+    def __init__(self, reduction: str = "mean") -> None:
         super().__init__()
         self.reduction = _reduction("MSELoss", reduction)
 
-    def extra_repr(self):
+    def extra_repr(self) -> str:
         return f"reduction={self.reduction!r}"
 
-    def forward(self, x, target):
+    def forward(self, x: ArrayLike, target: ArrayLike) -> Tensor:
         x = as_input("MSELoss", x)
         return ops.mse_loss(x, target, self.reduction, backend=self.backend)

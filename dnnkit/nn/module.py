@@ -17,18 +17,30 @@ recurrent layers map PyTorch's per-matrix names onto their flat buffer this way.
 reads the slots; ``load_state_dict`` checks every key, shape and dtype before it writes any.
 """
 
+from __future__ import annotations
+
 import collections
 import itertools
+import os
+from collections.abc import Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
+import numpy.typing as npt
 
 from .. import arrays
 from ..autograd import module_scope
+from ..hints import ArrayLike, Backend, CallsForward
 from ..tensors import Tensor, tensor
 from . import state as state_io
 from .parameter import Parameter
 
 BACKENDS = (None, "auto", "cudnn", "numba")
+
+_M = TypeVar("_M", bound="Module")
+
+#: ``hook(module, inputs, output)``: see :meth:`Module.register_forward_hook`.
+ForwardHook = Callable[["Module", tuple[Any, ...], Any], Any]
 
 
 class Slot(collections.namedtuple("Slot", "shape dtype read write")):
@@ -36,7 +48,7 @@ class Slot(collections.namedtuple("Slot", "shape dtype read write")):
     ``write(host array of that shape and dtype)``."""
 
 
-def tensor_slot(t):
+def tensor_slot(t: Tensor) -> Slot:
     """The slot of a parameter or buffer Tensor: a host copy in, a device copy out (the
     version bumped, so a graph that saved the old value refuses to differentiate it)."""
     def write(h):
@@ -50,23 +62,32 @@ class RemovableHandle:
 
     _ids = itertools.count()
 
-    def __init__(self, hooks):
+    def __init__(self, hooks: dict[int, ForwardHook]) -> None:
         self.hooks, self.id = hooks, next(self._ids)
 
-    def remove(self):
+    def remove(self) -> None:
         self.hooks.pop(self.id, None)
 
 
 class Module:
-    def __init__(self):
+    """The base class of layers and models (module docstring): subclasses set parameters,
+    buffers and submodules as attributes in ``__init__`` and define ``forward``."""
+
+    # (set by __init__ through object.__setattr__, which bypasses the registration below)
+    _parameters: dict[str, Parameter]
+    _modules: dict[str, Module]
+    _buffers: dict[str, Tensor | None]
+    _forward_hooks: dict[int, ForwardHook]
+
+    def __init__(self) -> None:
         object.__setattr__(self, "_parameters", {})
         object.__setattr__(self, "_modules", {})
         object.__setattr__(self, "_buffers", {})
         object.__setattr__(self, "_forward_hooks", {})
         self.training = True
-        self.backend = None
+        self.backend: Backend | None = None
 
-    def __setattr__(self, name, value):
+    def __setattr__(self, name: str, value: Any) -> None:
         d = self.__dict__
         if "_parameters" not in d:
             raise AttributeError(f"{type(self).__name__}: assign attributes after "
@@ -93,7 +114,7 @@ class Module:
             bufs[name] = value
         object.__setattr__(self, name, value)
 
-    def register_buffer(self, name, value):
+    def register_buffer(self, name: str, value: ArrayLike | None) -> None:
         """A Tensor saved in the state and not trained (running statistics): ``value`` a
         Tensor, a device array or a NumPy array (copied to the device)."""
         value = _as_buffer(type(self).__name__, name, value)
@@ -102,19 +123,23 @@ class Module:
 
     # ---------------------------------------------------------------- calling
 
-    def forward(self, *args, **kw):
+    def forward(self, *args: Any, **kw: Any) -> Any:
         raise NotImplementedError(f"{type(self).__name__} defines no forward()")
 
-    def __call__(self, *args, **kw):
-        with module_scope(self):
-            out = self.forward(*args, **kw)
-            for hook in list(self._forward_hooks.values()):
-                res = hook(self, args, out)
-                if res is not None:
-                    out = res
-        return out
+    if TYPE_CHECKING:
+        # to a checker, calling a module is calling its forward (dnnkit/hints.py)
+        __call__: CallsForward
+    else:
+        def __call__(self, *args, **kw):
+            with module_scope(self):
+                out = self.forward(*args, **kw)
+                for hook in list(self._forward_hooks.values()):
+                    res = hook(self, args, out)
+                    if res is not None:
+                        out = res
+            return out
 
-    def register_forward_hook(self, hook):
+    def register_forward_hook(self, hook: ForwardHook) -> RemovableHandle:
         """``hook(module, inputs, output)`` after every call (a non-None return replaces the
         output); returns a handle whose ``remove()`` unregisters it."""
         if not callable(hook):
@@ -125,13 +150,14 @@ class Module:
 
     # ---------------------------------------------------------------- structure
 
-    def named_children(self):
+    def named_children(self) -> Iterator[tuple[str, Module]]:
         return iter(self._modules.items())
 
-    def children(self):
+    def children(self) -> list[Module]:
         return list(self._modules.values())
 
-    def named_modules(self, prefix="", memo=None):
+    def named_modules(self, prefix: str = "",
+                      memo: set[int] | None = None) -> Iterator[tuple[str, Module]]:
         """(dotted name, module) of this module and every descendant, each once (a module
         used at two places is named by its first)."""
         memo = set() if memo is None else memo
@@ -142,7 +168,7 @@ class Module:
         for name, m in self._modules.items():
             yield from m.named_modules(f"{prefix}.{name}" if prefix else name, memo)
 
-    def modules(self):
+    def modules(self) -> list[Module]:
         return [m for _, m in self.named_modules()]
 
     def _named(self, attr, prefix):
@@ -153,20 +179,20 @@ class Module:
                     seen.add(id(item))
                     yield (f"{mp}.{name}" if mp else name), item
 
-    def named_parameters(self, prefix=""):
+    def named_parameters(self, prefix: str = "") -> Iterator[tuple[str, Parameter]]:
         """(dotted name, Parameter), each parameter once (a shared one by its first name)."""
         return self._named("_parameters", prefix)
 
-    def parameters(self):
+    def parameters(self) -> list[Parameter]:
         return [p for _, p in self.named_parameters()]
 
-    def named_buffers(self, prefix=""):
+    def named_buffers(self, prefix: str = "") -> Iterator[tuple[str, Tensor]]:
         return self._named("_buffers", prefix)
 
-    def buffers(self):
+    def buffers(self) -> list[Tensor]:
         return [b for _, b in self.named_buffers()]
 
-    def apply(self, fn):
+    def apply(self: _M, fn: Callable[[Module], object]) -> _M:
         """``fn(module)`` on every descendant, children before parents, then on this module;
         returns self (e.g. a custom initialisation)."""
         for m in self._modules.values():
@@ -174,35 +200,35 @@ class Module:
         fn(self)
         return self
 
-    def requires_grad_(self, flag=True):
+    def requires_grad_(self: _M, flag: bool = True) -> _M:
         """Set ``requires_grad`` of every parameter (False freezes them: no gradient is
         computed for them, and optimizers skip them)."""
         for p in self.parameters():
             p.requires_grad_(bool(flag))
         return self
 
-    def zero_grad(self):
+    def zero_grad(self) -> None:
         for p in self.parameters():
             p.grad = None
 
-    def train(self, mode=True):
+    def train(self: _M, mode: bool = True) -> _M:
         for m in self.modules():
             m.training = bool(mode)
         return self
 
-    def eval(self):
+    def eval(self: _M) -> _M:
         return self.train(False)
 
     # ---------------------------------------------------------------- state
 
-    def _state_slots(self):
+    def _state_slots(self) -> dict[str, Slot]:
         """{local name: Slot} of this module (not its children): its parameters and buffers.
         Layers override it to add host values or to rename (the recurrent layers)."""
         out = {n: tensor_slot(p) for n, p in self._parameters.items() if p is not None}
         out.update((n, tensor_slot(b)) for n, b in self._buffers.items() if b is not None)
         return out
 
-    def state_slots(self):
+    def state_slots(self) -> dict[str, Slot]:
         """{dotted name: Slot} of the whole model."""
         out = {}
         for prefix, m in self.named_modules():
@@ -210,14 +236,15 @@ class Module:
                 out[f"{prefix}.{name}" if prefix else name] = slot
         return out
 
-    def state_dict(self):
+    def state_dict(self) -> dict[str, npt.NDArray[Any]]:
         """{dotted name: host NumPy copy} of every parameter and buffer, with PyTorch's names
         and layouts (a Conv2d's ``weight`` (out, in/groups, kh, kw), a Linear's (out, in), a
         BatchNorm's ``running_mean``, ``running_var``, ``num_batches_tracked``, an LSTM's
         ``weight_ih_l0``, ...)."""
         return {name: slot.read() for name, slot in self.state_slots().items()}
 
-    def load_state_dict(self, state, strict=True):
+    def load_state_dict(self: _M, state: Mapping[str, ArrayLike | float],
+                        strict: bool = True) -> _M:
         """Copy ``state`` ({name: array}; NumPy, device arrays or Tensors) into the parameters
         and buffers. Every key, shape and dtype is checked before anything is written, so a
         ValueError leaves the module as it was. ``strict``: missing and unexpected keys are
@@ -227,12 +254,12 @@ class Module:
             slot.write(h)
         return self
 
-    def save(self, path):
+    def save(self, path: str | os.PathLike[str]) -> str:
         """The state as an .npz file (``.npz`` added when ``path`` lacks it, as NumPy does).
         Written whole or not at all: a failed save leaves the previous file as it was."""
         return state_io.save(self.state_dict(), path)
 
-    def load(self, path, strict=True):
+    def load(self: _M, path: str | os.PathLike[str], strict: bool = True) -> _M:
         """Load a file written by :meth:`save` (``path`` with or without ``.npz``). A damaged
         file or a wrong key, shape or dtype raises ValueError naming the file and the key,
         and leaves the module as it was. Returns self."""
@@ -244,10 +271,10 @@ class Module:
 
     # ---------------------------------------------------------------- printing
 
-    def extra_repr(self):
+    def extra_repr(self) -> str:
         return ""
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         extra = self.extra_repr()
         pin = f"backend={self.backend}" if self.backend is not None else ""
         head = ", ".join(v for v in (extra, pin) if v)
@@ -270,7 +297,8 @@ def _as_buffer(cls, name, value):
     return tensor(h)
 
 
-def convert(model, backend, exclude=None):
+def convert(model: _M, backend: Backend | None,
+            exclude: Callable[[Module], bool] | None = None) -> _M:
     """Pin every module of ``model`` (or those for which ``exclude(module)`` is false) to
     ``backend``: "cudnn", "numba", or "auto"/None to follow ``dnn.enabled`` again. In place;
     returns the model (cudnn.torch's ``cudnn.convert``)."""

@@ -5,9 +5,12 @@ Layers keep their weights as Parameters; ``loss.backward()`` adds each one's gra
 ``data`` in place from it.
 """
 
+from __future__ import annotations
+
 import numpy as np
 
 from .. import arrays
+from ..hints import ArrayLike, Stream
 from ..tensors import Tensor
 
 
@@ -18,15 +21,16 @@ class Parameter(Tensor):
 
     __slots__ = ()
 
-    def __init__(self, data, requires_grad=True, *, stream=None):
+    def __init__(self, data: ArrayLike, requires_grad: bool = True, *,
+                 stream: Stream = None) -> None:
         if isinstance(data, Tensor):
             data = data.data
         s = arrays.as_stream(stream)
         super().__init__(arrays.device_input("Parameter", "data", data, s), requires_grad)
 
-    def zero_grad(self):
+    def zero_grad(self) -> None:
         self.grad = None
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return (f"Parameter(shape={self.shape}, dtype={np.dtype(self.dtype).name}"
                 f"{'' if self.requires_grad else ', requires_grad=False'})")

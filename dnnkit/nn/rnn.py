@@ -16,8 +16,14 @@ the same holds for the recurrent matrices and each bias group (rnn_layout.param_
 With ``input_mode="skip"`` layer 0 has no input matrices and no ``weight_ih_l0``.
 """
 
+from __future__ import annotations
+
+from typing import Any
+
 from .. import recurrent
 from ..autograd import is_grad_enabled
+from ..hints import ArrayLike, DType, Lengths
+from ..tensors import Tensor
 from ..rnn_layout import param_layout
 from . import checks
 from .checks import as_input
@@ -58,9 +64,10 @@ class _Recurrent(Module):
     pass them, detached, to the next call."""
     mode = "lstm"
 
-    def __init__(self, input_size, hidden_size, num_layers=1, *, bidirectional=False,
-                 batch_first=False, input_mode="linear", dtype="float32", seed=0,
-                 _mode=None):
+    def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1, *,
+                 bidirectional: bool = False, batch_first: bool = False,
+                 input_mode: str = "linear", dtype: DType = "float32", seed: int | None = 0,
+                 _mode: str | None = None) -> None:
         super().__init__()
         cls = type(self).__name__
         self.mode = _mode or self.mode
@@ -68,9 +75,10 @@ class _Recurrent(Module):
                                  bidirectional=bidirectional, input_mode=input_mode,
                                  batch_first=batch_first, dtype=dtype, name=cls)
         self.weight = Parameter(self.rnn.init_params(seed=checks.seed(cls, seed) or 0))
-        self.hy = self.cy = None
+        self.hy: Tensor | None = None
+        self.cy: Tensor | None = None
 
-    def extra_repr(self):
+    def extra_repr(self) -> str:
         c = self.rnn.cfg
         s = f"{c.input_size}, {c.hidden_size}, num_layers={c.num_layers}"
         if c.bidirectional:
@@ -96,7 +104,8 @@ class _Recurrent(Module):
             return Slot(shape, w.dtype, read, write)
         return {name: slot(off, shape) for name, off, shape in pytorch_layout(self.rnn.cfg)}
 
-    def forward(self, x, hx=None, cx=None, *, lengths=None):
+    def forward(self, x: ArrayLike, hx: ArrayLike | None = None, cx: ArrayLike | None = None, *,
+                lengths: Lengths = None) -> Tensor:
         cls = type(self).__name__
         x = as_input(cls, x, self.weight.dtype)
         hx = None if hx is None else as_input(cls, hx, self.weight.dtype)
@@ -111,7 +120,8 @@ class _Recurrent(Module):
 class RNN(_Recurrent):
     """Elman RNN; ``nonlinearity`` "tanh" or "relu"."""
 
-    def __init__(self, input_size, hidden_size, num_layers=1, *, nonlinearity="tanh", **kw):
+    def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1, *,
+                 nonlinearity: str = "tanh", **kw: Any) -> None:
         if nonlinearity not in ("tanh", "relu") or not isinstance(nonlinearity, str):
             raise ValueError(f"RNN: nonlinearity must be 'tanh' or 'relu'; got {nonlinearity!r}")
         super().__init__(input_size, hidden_size, num_layers, _mode=f"rnn_{nonlinearity}",

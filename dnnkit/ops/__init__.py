@@ -13,6 +13,8 @@ from . import (activation as _activation, batchnorm as _batchnorm, conv as _conv
 from . import rnn_cudnn as _rnn_cudnn  # noqa: F401  (registers the cuDNN RNN)
 from . import embedding as _embedding, global_pool as _global_pool, loss as _loss
 from . import matmul as _matmul
+from . import lrn as _lrn
+from . import conv_transpose as _conv_transpose
 from . import arith as _arith, reduce as _reduce, shape as _shape
 from . import opdocs as _opdocs
 from ..autograd import PUBLIC as _PUBLIC
@@ -26,8 +28,10 @@ from .batchnorm import (batch_norm_backward, batch_norm_inference,  # noqa: F401
                         batch_norm_train)
 from .conv import (conv2d, conv2d_backward_data, conv2d_backward_filter,  # noqa: F401
                    conv3d, conv3d_backward_data, conv3d_backward_filter, conv_backward_bias)
+from .conv_transpose import conv_transpose2d, conv_transpose3d  # noqa: F401
 from .dropout import DropoutState, dropout, dropout_backward  # noqa: F401
 from .embedding import embedding, embedding_backward  # noqa: F401
+from .lrn import lrn, lrn_backward  # noqa: F401
 from .loss import (cross_entropy, cross_entropy_backward, mse_loss,  # noqa: F401
                    mse_loss_backward, nll_loss, nll_loss_backward)
 from .matmul import linear, matmul  # noqa: F401
@@ -41,6 +45,8 @@ from .spatial import (affine_grid, affine_grid_backward, grid_sample,  # noqa: F
 FAMILIES = [_activation, _softmax, _conv, _pool, _batchnorm, _dropout, _rnn, _spatial]
 FAMILIES += [_matmul, _embedding, _loss, _global_pool]
 FAMILIES += [_arith, _reduce, _shape]
+FAMILIES += [_lrn]
+FAMILIES += [_conv_transpose]
 
 __all__ = [
     # activation
@@ -50,10 +56,13 @@ __all__ = [
     # convolution
     "conv2d", "conv2d_backward_data", "conv2d_backward_filter", "conv3d",
     "conv3d_backward_data", "conv3d_backward_filter", "conv_backward_bias",
+    "conv_transpose2d", "conv_transpose3d",
     # pooling
     "pool2d", "pool2d_backward", "pool3d", "pool3d_backward", "global_avg_pool",
     # batch normalization
     "batch_norm_train", "batch_norm_inference", "batch_norm_backward",
+    # local response normalization
+    "lrn", "lrn_backward",
     # dropout
     "dropout", "dropout_backward", "DropoutState",
     # recurrent networks

@@ -18,7 +18,9 @@ x = 0: that case runs on Numba too. Arrays over cuDNN's 32-bit tensor limit run 
 (ops/split.py).
 """
 
-from typing import NamedTuple
+from __future__ import annotations
+
+from typing import NamedTuple, Protocol
 
 import numpy as np
 
@@ -26,6 +28,7 @@ from .. import arrays, device
 from ..autograd import gradient
 from ..cudnn import activation as cudnn_activation
 from ..dispatch import public_op
+from ..hints import ArrayLike, Backend, OpOutput, Stream
 from ..launch import launch
 from ..registry import binder, register
 from . import split
@@ -68,7 +71,8 @@ def _check(op, mode, coef):
 
 
 @public_op("activation")
-def activation(x, mode="relu", coef=0.0, *, stream=None):
+def activation(x: ArrayLike, mode: str = "relu", coef: float = 0.0, *, stream: Stream = None,
+               backend: Backend | None = None) -> ActivationArgs:
     """Apply an activation elementwise: y = f(x), a new array shaped like ``x``.
 
     ``mode`` (default "relu") and ``coef`` (its parameter; ignored by the other modes):
@@ -89,7 +93,9 @@ def activation(x, mode="relu", coef=0.0, *, stream=None):
 
 
 @public_op("activation_backward")
-def activation_backward(x, y, dy, mode="relu", coef=0.0, *, stream=None):
+def activation_backward(x: ArrayLike, y: ArrayLike, dy: ArrayLike, mode: str = "relu",
+                        coef: float = 0.0, *, stream: Stream = None,
+                        backend: Backend | None = None) -> ActivationBackwardArgs:
     """Gradient of :func:`activation`: dx = dy * f'(x), given x, y = activation(x) and dy.
 
     x, y, dy: one shape and one dtype (float16, float32 or float64); returns dx shaped like x.
@@ -109,8 +115,15 @@ def activation_backward(x, y, dy, mode="relu", coef=0.0, *, stream=None):
     return ActivationBackwardArgs(x, y, dy, mode, coef, s)
 
 
-def _shortcut(mode):
-    def fn(x, *, backend=None, stream=None):
+class Elementwise(Protocol):
+    """The type of relu, tanh and sigmoid: ``activation`` with the mode fixed."""
+
+    def __call__(self, x: ArrayLike, *, backend: Backend | None = None,
+                 stream: Stream = None) -> OpOutput: ...
+
+
+def _shortcut(mode: str) -> Elementwise:
+    def fn(x: ArrayLike, *, backend: Backend | None = None, stream: Stream = None) -> OpOutput:
         if stream is None:          # no keyword: the call's memo signature is cheaper
             return activation(x, mode, backend=backend)
         return activation(x, mode, backend=backend, stream=stream)

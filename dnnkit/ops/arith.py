@@ -27,6 +27,8 @@ s); x + s and x - s are cudnnSetTensor then cudnnAddTensor. At most 5 dims after
 has no cuDNN call (cudnnOpTensor has no division) and runs on Numba under every policy.
 """
 
+from __future__ import annotations
+
 import numbers
 from typing import NamedTuple
 
@@ -36,6 +38,7 @@ from .. import arrays, device
 from ..autograd import gradient
 from ..cudnn import optensor as cudnn_optensor
 from ..dispatch import public_op
+from ..hints import Backend, Operand, Stream
 from ..launch import launch
 from ..registry import register
 from . import split
@@ -90,7 +93,8 @@ def _operands(op, a, b, stream):
 
 
 @public_op("add")
-def add(a, b, *, stream=None):
+def add(a: Operand, b: Operand, *, stream: Stream = None,
+        backend: Backend | None = None) -> ArithArgs:
     """Elementwise sum ``y = a + b`` with NumPy broadcasting.
 
     {ARITH}"""
@@ -98,7 +102,8 @@ def add(a, b, *, stream=None):
 
 
 @public_op("subtract")
-def subtract(a, b, *, stream=None):
+def subtract(a: Operand, b: Operand, *, stream: Stream = None,
+             backend: Backend | None = None) -> ArithArgs:
     """Elementwise difference ``y = a - b`` with NumPy broadcasting.
 
     {ARITH}"""
@@ -106,7 +111,8 @@ def subtract(a, b, *, stream=None):
 
 
 @public_op("multiply")
-def multiply(a, b, *, stream=None):
+def multiply(a: Operand, b: Operand, *, stream: Stream = None,
+             backend: Backend | None = None) -> ArithArgs:
     """Elementwise product ``y = a * b`` with NumPy broadcasting.
 
     {ARITH}"""
@@ -114,7 +120,8 @@ def multiply(a, b, *, stream=None):
 
 
 @public_op("divide")
-def divide(a, b, *, stream=None):
+def divide(a: Operand, b: Operand, *, stream: Stream = None,
+           backend: Backend | None = None) -> ArithArgs:
     """Elementwise quotient ``y = a / b`` with NumPy broadcasting; IEEE division (x / 0 = +-inf,
     0 / 0 = NaN). Runs on Numba only (cuDNN's cudnnOpTensor has no division).
 

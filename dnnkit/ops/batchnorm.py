@@ -24,6 +24,8 @@ deterministic) and cuDNN (cudnn/batchnorm.py). cuDNN is not used for epsilon < 1
 (CUDNN_MIN_EPSILON; see cudnn/batchnorm.py) nor for empty or >2**31-element tensors.
 """
 
+from __future__ import annotations
+
 from typing import NamedTuple
 
 import numpy as np
@@ -33,6 +35,7 @@ from ..cudnn import batchnorm as cudnn_bn
 from ..autograd import gradient
 from ..tensors import unwrap
 from ..dispatch import public_op
+from ..hints import ArrayLike, Backend, OpOutput, Stream
 from ..registry import register
 from .args import choice
 from .batchnorm_numba import flat_copy, ncs
@@ -149,8 +152,10 @@ def _x(op, x, stream):
     return arrays.device_input(op, "x", x, stream, ndim=(2, 3, 4, 5))
 
 
-def _train_args(x, gamma, beta, *, mode="spatial", epsilon=1e-5, momentum=0.1,
-                running_mean=None, running_var=None, stream=None):
+def _train_args(x: ArrayLike, gamma: ArrayLike, beta: ArrayLike, *, mode: str = "spatial",
+                epsilon: float = 1e-5, momentum: float = 0.1,
+                running_mean: ArrayLike | None = None, running_var: ArrayLike | None = None,
+                stream: Stream = None, backend: Backend | None = None) -> BatchNormTrainArgs:
     op = "batch_norm_train"
     eps = _check(op, mode, epsilon)
     mom = _check_momentum(op, momentum)
@@ -168,8 +173,11 @@ def _train_args(x, gamma, beta, *, mode="spatial", epsilon=1e-5, momentum=0.1,
 _train = public_op("batch_norm_train")(_train_args)
 
 
-def batch_norm_train(x, gamma, beta, *, mode="spatial", epsilon=1e-5, momentum=0.1,
-                     running_mean=None, running_var=None, backend=None, stream=None):
+def batch_norm_train(x: ArrayLike, gamma: ArrayLike, beta: ArrayLike, *, mode: str = "spatial",
+                     epsilon: float = 1e-5, momentum: float = 0.1,
+                     running_mean: ArrayLike | None = None,
+                     running_var: ArrayLike | None = None, backend: Backend | None = None,
+                     stream: Stream = None) -> tuple[OpOutput, OpOutput, OpOutput]:
     """Normalize x (N, C, *spatial; 2-D to 5-D) with its batch statistics:
     ``y = (x - mean) / sqrt(var + epsilon) * gamma + beta``; returns ``(y, saved_mean,
     saved_invstd)``, the batch mean and 1/sqrt(var + epsilon) (var biased), shaped like gamma:
@@ -206,15 +214,15 @@ def _write_back(dst, src, stream):
         stream.synchronize()
         dst[...] = h.reshape(dst.shape)
         return
-    if not arrays.is_device_array(dst):
-        from numba import cuda
-        dst = cuda.as_cuda_array(dst)
-    dst.copy_to_device(src.reshape(*dst.shape), stream=stream)
+    dst = arrays.device_input("batch_norm_train", "running statistics", dst, stream)
+    arrays.copy_into(dst, src, stream)
 
 
 @public_op("batch_norm_inference")
-def batch_norm_inference(x, gamma, beta, mean, var, *, mode="spatial", epsilon=1e-5,
-                         stream=None):
+def batch_norm_inference(x: ArrayLike, gamma: ArrayLike, beta: ArrayLike, mean: ArrayLike,
+                         var: ArrayLike, *, mode: str = "spatial", epsilon: float = 1e-5,
+                         stream: Stream = None,
+                         backend: Backend | None = None) -> BatchNormInferenceArgs:
     """Normalize x with given statistics (e.g. the running ones): returns
     ``y = (x - mean) / sqrt(var + epsilon) * gamma + beta``, shaped like x (N, C, *spatial;
     2-D to 5-D).
@@ -233,8 +241,10 @@ def batch_norm_inference(x, gamma, beta, mean, var, *, mode="spatial", epsilon=1
 
 
 @public_op("batch_norm_backward")
-def batch_norm_backward(x, dy, gamma, saved_mean, saved_invstd, *, mode="spatial",
-                        epsilon=1e-5, stream=None):
+def batch_norm_backward(x: ArrayLike, dy: ArrayLike, gamma: ArrayLike, saved_mean: ArrayLike,
+                        saved_invstd: ArrayLike, *, mode: str = "spatial",
+                        epsilon: float = 1e-5, stream: Stream = None,
+                        backend: Backend | None = None) -> BatchNormBackwardArgs:
     """Gradients of :func:`batch_norm_train` (the batch statistics as functions of x): returns
     ``(dx, dgamma, dbeta)``, with xhat = (x - saved_mean) * saved_invstd over m values each:
 
@@ -399,3 +409,46 @@ def _batch_norm_grad(g, dy):
                                             epsilon=g.epsilon, backend=g.backend,
                                             stream=g.stream)
     return {"x": dx, "gamma": dgamma, "beta": dbeta}
+
+
+@gradient("batch_norm_inference", inputs=("x", "gamma", "beta"))
+def _batch_norm_inference_grad(g, dy):
+    """y = (x - mean) r gamma + beta with r = 1/sqrt(var + epsilon) fixed (the statistics get
+    no gradient): dx = dy r gamma, dgamma = sum(dy (x - mean) r), dbeta = sum(dy), the sums
+    over the batch (and the spatial positions in spatial mode). Composed of glue ops on the
+    call's backend; the statistics' dtype must be x's (float32 statistics of float16 data
+    would need mixed-dtype arithmetic)."""
+    from . import arith, reduce, shape as shape_ops
+    x = g.x
+    if np.dtype(x.dtype) != np.dtype(g.gamma.dtype):
+        raise RuntimeError(
+            f"batch_norm_inference: the gradient of {x.dtype} data with {g.gamma.dtype} "
+            f"statistics is not supported; run it under dnnkit.no_grad() or use "
+            f"batch_norm_train")
+    kw = dict(backend=g.backend, stream=g.stream)
+    if g.mode == "spatial":
+        bshape = (1, x.shape[1]) + (1,) * (x.ndim - 2)
+        axes = (0,) + tuple(range(2, x.ndim))
+    else:
+        bshape, axes = (1,) + tuple(x.shape[1:]), (0,)
+    c = int(np.prod(bshape))
+    flat = (c,)
+    pdt = g.gamma.dtype
+    one = arrays.constant(np.ones((1, c)), pdt)
+    ones, zeros = arrays.constant(np.ones(c), pdt), arrays.constant(np.zeros(c), pdt)
+    var = shape_ops.reshape(g.var, flat, **kw)
+    r = shape_ops.reshape(batch_norm_inference(one, ones, zeros, zeros, var,
+                                               epsilon=g.epsilon, **kw), bshape, **kw)
+    out = {}
+    if g.needs("x"):
+        out["x"] = arith.multiply(dy, arith.multiply(
+            r, shape_ops.reshape(g.gamma, bshape, **kw), **kw), **kw)
+    if g.needs("gamma"):
+        xhat = arith.multiply(arith.subtract(x, shape_ops.reshape(g.mean, bshape, **kw), **kw),
+                              r, **kw)
+        out["gamma"] = shape_ops.reshape(reduce.sum(arith.multiply(dy, xhat, **kw), axes,
+                                                    **kw), g.gamma.shape, **kw)
+    if g.needs("beta"):
+        out["beta"] = shape_ops.reshape(reduce.sum(dy, axes, **kw), g.beta.shape, **kw)
+    return out
+

@@ -32,9 +32,7 @@ def flat_copy(a, stream):
     """A flat device copy of ``a`` (None for None): the running statistics a call updates."""
     if a is None:
         return None
-    out = arrays.cuda_empty((a.size,), a.dtype, stream)
-    out.copy_to_device(arrays.flat(a), stream=stream)
-    return out
+    return arrays.copy_into(arrays.cuda_empty((a.size,), a.dtype, stream), a, stream)
 
 
 Plan = collections.namedtuple("Plan", "threads sw cw splits_i grid")

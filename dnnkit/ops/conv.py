@@ -22,6 +22,8 @@ Flags: ``dnn.conv.algo_fwd|algo_bwd_data|algo_bwd_filter`` (cuDNN algorithm or r
 (``precision=`` overrides), ``dnn.conv.allow_tf32``, ``dnn.deterministic``.
 """
 
+from __future__ import annotations
+
 import dataclasses
 import math
 
@@ -29,14 +31,17 @@ from .. import arrays, device
 from ..cudnn import conv as cconv
 from ..autograd import gradient
 from ..dispatch import public_op
+from ..hints import ArrayLike, Backend, Padding, Shape, Size, Stream
 from ..registry import binder, register
 from ..tracing import note_algo
 from . import conv_args, conv_numba, split
 
 
 @public_op("conv2d")
-def conv2d(x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1, mode="cross",
-           algo=None, precision=None, stream=None):
+def conv2d(x: ArrayLike, w: ArrayLike, bias: ArrayLike | None = None, *, stride: Size = 1,
+           padding: Padding = 0, dilation: Size = 1, groups: int = 1, mode: str = "cross",
+           algo: str | None = None, precision: str | None = None, stream: Stream = None,
+           backend: Backend | None = None) -> conv_args.ConvForwardArgs:
     """2-D convolution of x (N, C, H, W) with w (K, C/groups, R, S), plus bias (K,) or None;
     returns y (N, K, OH, OW), O = (I + 2p - d(k - 1) - 1) // s + 1 per spatial dim.
 
@@ -52,8 +57,10 @@ def conv2d(x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1, mode="
 
 
 @public_op("conv3d")
-def conv3d(x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1, mode="cross",
-           algo=None, precision=None, stream=None):
+def conv3d(x: ArrayLike, w: ArrayLike, bias: ArrayLike | None = None, *, stride: Size = 1,
+           padding: Padding = 0, dilation: Size = 1, groups: int = 1, mode: str = "cross",
+           algo: str | None = None, precision: str | None = None, stream: Stream = None,
+           backend: Backend | None = None) -> conv_args.ConvForwardArgs:
     """3-D convolution of x (N, C, D, H, W) with w (K, C/groups, T, R, S), plus bias (K,) or
     None; returns y (N, K, OD, OH, OW), O = (I + 2p - d(k - 1) - 1) // s + 1 per spatial dim:
     :func:`conv2d`'s sum over three spatial dims. float16, float32 or float64.
@@ -66,8 +73,11 @@ def conv3d(x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1, mode="
 
 
 @public_op("conv2d_backward_data")
-def conv2d_backward_data(dy, w, x_shape, *, stride=1, padding=0, dilation=1, groups=1,
-                         mode="cross", algo=None, precision=None, stream=None):
+def conv2d_backward_data(dy: ArrayLike, w: ArrayLike, x_shape: Shape, *, stride: Size = 1,
+                         padding: Padding = 0, dilation: Size = 1, groups: int = 1,
+                         mode: str = "cross", algo: str | None = None,
+                         precision: str | None = None, stream: Stream = None,
+                         backend: Backend | None = None) -> conv_args.ConvBackwardDataArgs:
     """Gradient wrt x of :func:`conv2d`: dx shaped ``x_shape`` (N, C, H, W), from dy
     (N, K, OH, OW) and w (K, C/groups, R, S), with the forward's keyword arguments.
 
@@ -84,8 +94,11 @@ def conv2d_backward_data(dy, w, x_shape, *, stride=1, padding=0, dilation=1, gro
 
 
 @public_op("conv3d_backward_data")
-def conv3d_backward_data(dy, w, x_shape, *, stride=1, padding=0, dilation=1, groups=1,
-                         mode="cross", algo=None, precision=None, stream=None):
+def conv3d_backward_data(dy: ArrayLike, w: ArrayLike, x_shape: Shape, *, stride: Size = 1,
+                         padding: Padding = 0, dilation: Size = 1, groups: int = 1,
+                         mode: str = "cross", algo: str | None = None,
+                         precision: str | None = None, stream: Stream = None,
+                         backend: Backend | None = None) -> conv_args.ConvBackwardDataArgs:
     """Gradient wrt x of :func:`conv3d`: dx shaped ``x_shape`` (N, C, D, H, W), from dy
     (N, K, OD, OH, OW) and w (K, C/groups, T, R, S), with the forward's keyword arguments
     (:func:`conv2d_backward_data` over three spatial dims).
@@ -100,8 +113,11 @@ def conv3d_backward_data(dy, w, x_shape, *, stride=1, padding=0, dilation=1, gro
 
 
 @public_op("conv2d_backward_filter")
-def conv2d_backward_filter(x, dy, w_shape, *, stride=1, padding=0, dilation=1, groups=1,
-                           mode="cross", algo=None, precision=None, stream=None):
+def conv2d_backward_filter(x: ArrayLike, dy: ArrayLike, w_shape: Shape, *, stride: Size = 1,
+                           padding: Padding = 0, dilation: Size = 1, groups: int = 1,
+                           mode: str = "cross", algo: str | None = None,
+                           precision: str | None = None, stream: Stream = None,
+                           backend: Backend | None = None) -> conv_args.ConvBackwardFilterArgs:
     """Gradient wrt w of :func:`conv2d`: dw shaped ``w_shape`` (K, C/groups, R, S), from x
     (N, C, H, W) and dy (N, K, OH, OW), with the forward's keyword arguments.
 
@@ -118,8 +134,11 @@ def conv2d_backward_filter(x, dy, w_shape, *, stride=1, padding=0, dilation=1, g
 
 
 @public_op("conv3d_backward_filter")
-def conv3d_backward_filter(x, dy, w_shape, *, stride=1, padding=0, dilation=1, groups=1,
-                           mode="cross", algo=None, precision=None, stream=None):
+def conv3d_backward_filter(x: ArrayLike, dy: ArrayLike, w_shape: Shape, *, stride: Size = 1,
+                           padding: Padding = 0, dilation: Size = 1, groups: int = 1,
+                           mode: str = "cross", algo: str | None = None,
+                           precision: str | None = None, stream: Stream = None,
+                           backend: Backend | None = None) -> conv_args.ConvBackwardFilterArgs:
     """Gradient wrt w of :func:`conv3d`: dw shaped ``w_shape`` (K, C/groups, T, R, S), from x
     (N, C, D, H, W) and dy (N, K, OD, OH, OW), with the forward's keyword arguments
     (:func:`conv2d_backward_filter` over three spatial dims).
@@ -134,7 +153,8 @@ def conv3d_backward_filter(x, dy, w_shape, *, stride=1, padding=0, dilation=1, g
 
 
 @public_op("conv_backward_bias")
-def conv_backward_bias(dy, *, stream=None):
+def conv_backward_bias(dy: ArrayLike, *, stream: Stream = None,
+                       backend: Backend | None = None) -> conv_args.ConvBiasArgs:
     """Gradient wrt the bias of a convolution: db[k] = sum over n and space of dy[n, k, ...].
 
     dy: (N, K, L), (N, K, H, W) or (N, K, D, H, W), float16, float32 or float64; returns db (K,)
@@ -391,12 +411,17 @@ __all__ = ["conv2d", "conv3d", "conv2d_backward_data", "conv3d_backward_data",
 
 # ---------------------------------------------------------------- autograd
 
+def _geometry(g):
+    """The recorded call's geometry and options, as the other convolutions take them."""
+    return dict(stride=g.stride, padding=g.padding, dilation=g.dilation, groups=g.groups,
+                mode=g.mode, precision=g.precision, backend=g.backend, stream=g.stream)
+
+
 def _conv_grad(backward_data, backward_filter):
     """The gradient rule of conv2d / conv3d: the data and filter gradients by the backward
     convolutions with the forward's geometry, the bias gradient by conv_backward_bias."""
     def rule(g, dy):
-        kw = dict(stride=g.stride, padding=g.padding, dilation=g.dilation, groups=g.groups,
-                  mode=g.mode, precision=g.precision, backend=g.backend, stream=g.stream)
+        kw = _geometry(g)
         grads = {}
         if g.needs("x"):
             grads["x"] = backward_data(dy, g.w, tuple(g.x.shape), **kw)
@@ -410,3 +435,22 @@ def _conv_grad(backward_data, backward_filter):
 
 gradient("conv2d")(_conv_grad(conv2d_backward_data, conv2d_backward_filter))
 gradient("conv3d")(_conv_grad(conv3d_backward_data, conv3d_backward_filter))
+
+
+def _backward_data_grad(forward, backward_filter):
+    """The gradient rule of conv2d/3d_backward_data (dx from dy and w; linear in each), for an
+    upstream gradient ``gx`` of dx's shape: d dy = the forward convolution of gx with w, d w =
+    the filter gradient with gx as the input and dy as the output gradient. (The transposed
+    convolutions, ops/conv_transpose.py, are these ops: their gradients come from here.)"""
+    def rule(g, gx):
+        kw, grads = _geometry(g), {}
+        if g.needs("dy"):
+            grads["dy"] = forward(gx, g.w, **kw)
+        if g.needs("w"):
+            grads["w"] = backward_filter(gx, g.dy, tuple(g.w.shape), **kw)
+        return grads
+    return rule
+
+
+gradient("conv2d_backward_data")(_backward_data_grad(conv2d, conv2d_backward_filter))
+gradient("conv3d_backward_data")(_backward_data_grad(conv3d, conv3d_backward_filter))

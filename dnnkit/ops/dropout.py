@@ -10,12 +10,17 @@ the rescaling 1/(1 - p) would be infinite (PyTorch returns zeros there; use them
 
 Masks differ between backends by design, each reproducible from its seed:
 - Numba: a counter-based generator (SplitMix64 at each element index, kernels/dropout.py): the
-  mask is a pure function of (seed, element index), re-derived in the backward pass, so the
-  state holds only the seed. Same seed, same mask; ``seed=None`` draws a fresh 64-bit seed
-  (kept in ``state.seed``).
+  mask is a pure function of (seed + offset, element index), re-derived in the backward pass,
+  so the state holds only the seed. Same seed and offset, same mask; ``seed=None`` draws a
+  fresh 64-bit seed (kept in ``state.seed``).
 - cuDNN: cudnnDropoutForward/Backward; the mask lives in cuDNN's reserve space, kept by the
-  state. RNG states are initialised once per (device, seed, p) and restored before each call,
-  so here too the same seed gives the same mask (cudnn/dropout.py). cuDNN takes p as a
+  state. RNG states are initialised once per (device, stream, seed, p), on the stream (no host
+  wait); offset 0 restores them, and offset k + 1 follows offset k's call on the same stream
+  (each forward advances the states), so a sequence of calls -- nn.Dropout's, whose offset is
+  its call count -- costs one initialisation and the same seed gives the same masks
+  (cudnn/dropout.py). Another offset is not reachable: ``auto`` runs Numba, ``forced`` raises.
+  ``seed=None`` advances one generator per (device, stream, p) initialised once from a fresh
+  seed: a new mask each call at no initialisation cost. cuDNN takes p as a
   float32, so its scale is 1/(1 - float32(p)); where that is off by more than 4 ulps of the data
   type (float64 for most p, float32 for p = 0.999; see ``cudnn_scale_error``) cuDNN is not used:
   ``auto`` runs Numba, ``forced`` raises CudnnUnavailableError saying so.
@@ -25,16 +30,22 @@ state; ``backend="numba"`` with a cuDNN state raises ValueError, ``forced``/``"c
 Numba state raises CudnnUnavailableError, both saying why.
 """
 
+from __future__ import annotations
+
 import secrets
 import warnings
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
+
+if TYPE_CHECKING:       # (numpy.typing costs ~15 ms of `import dnnkit`)
+    import numpy.typing as npt
 
 from .. import arrays, device
 from ..cudnn import dropout as cudnn_dropout
 from ..autograd import gradient
 from ..dispatch import public_op
+from ..hints import ArrayLike, Backend, DType, Shape, Stream
 from ..launch import launch
 from ..registry import register
 
@@ -43,11 +54,12 @@ class DropoutState:
     """What :func:`dropout_backward` needs: the backend, p, the seed, x's shape and dtype and,
     for cuDNN, its reserve space (``saved``). ``mask()`` returns the mask (host, bool)."""
 
-    def __init__(self, backend, p, seed, x_shape, x_dtype, saved=None):
+    def __init__(self, backend: Backend, p: float, seed: int | None, x_shape: Shape,
+                 x_dtype: DType, saved: object = None) -> None:
         self.backend, self.p, self.seed = backend, p, seed
         self.x_shape, self.x_dtype, self.saved = tuple(x_shape), np.dtype(x_dtype), saved
 
-    def mask(self, *, stream=None):
+    def mask(self, *, stream: Stream = None) -> npt.NDArray[np.bool_]:
         """The kept elements (True) as a host bool array: the backward pass of ones."""
         ones = np.ones(self.x_shape, self.x_dtype)
         dx = dropout_backward(ones, self, backend=self.backend, stream=stream)
@@ -59,10 +71,11 @@ class DropoutState:
 
 
 class DropoutArgs(NamedTuple):
-    """dropout's checked arguments, as its implementations take them."""
+    """dropout's checked arguments, as its implementations take them (seed None: fresh)."""
     x: object
     p: float
-    seed: int
+    seed: object
+    offset: int
     stream: object
 
 
@@ -86,7 +99,7 @@ def _check_p(op, p):
 
 def _check_seed(op, seed):
     if seed is None:
-        return secrets.randbits(64)
+        return None
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
         raise TypeError(f"{op}: seed must be an integer or None; got {seed!r}")
     seed = int(seed)
@@ -96,16 +109,21 @@ def _check_seed(op, seed):
 
 
 @public_op("dropout", memo=False)      # seed=None draws a fresh seed on every call
-def dropout(x, p, *, seed=None, stream=None):
+def dropout(x: ArrayLike, p: float, *, seed: int | None = None, offset: int = 0,
+            stream: Stream = None, backend: Backend | None = None) -> DropoutArgs:
     """Zero each element of x with probability p and scale the rest by 1 / (1 - p):
     y = x * mask / (1 - p), shaped like x; returns ``(y, state)`` (a :class:`DropoutState`: pass it
     to :func:`dropout_backward`).
 
     ``p``: a number in [0, 1) (0 keeps everything; 1 is refused: the scale would be infinite).
     ``seed``: an int in [0, 2**64) fixing the mask, or None (default) for a fresh one each call
-    (kept in ``state.seed``). The backends draw different masks for one seed, each reproducible.
+    (kept in ``state.seed``). ``offset``: an int >= 0, the offset-th mask of the sequence the
+    seed starts (a layer's call count: nn.Dropout passes it); on cuDNN, offset k + 1 must follow
+    offset k on the stream (or be 0), else ``auto`` runs Numba and ``forced`` raises. The
+    backends draw different masks for one seed, each reproducible.
     x: float16, float32 or float64, any shape.
-    Raises ValueError for p or seed out of range; TypeError for a p or seed of the wrong type."""
+    Raises ValueError for p, seed or offset out of range or an offset without a seed;
+    TypeError for a p, seed or offset of the wrong type."""
     p = _check_p("dropout", p)
     s = arrays.as_stream(stream)
     if p:
@@ -113,12 +131,20 @@ def dropout(x, p, *, seed=None, stream=None):
                                  "(drawn, or given), so every replay of a CUDA graph would "
                                  "repeat the recorded mask", device.stream_pointer(s))
     seed = _check_seed("dropout", seed)
+    if isinstance(offset, bool) or not isinstance(offset, (int, np.integer)):
+        raise TypeError(f"dropout: offset must be an integer; got {offset!r}")
+    if not 0 <= offset < 2**64:
+        raise ValueError(f"dropout: offset must be in [0, 2**64); got {offset}")
+    if offset and seed is None:
+        raise ValueError(f"dropout: offset {offset} names a mask of a seed's sequence; "
+                         "pass the seed too")
     x = arrays.device_input("dropout", "x", x, s)
-    return DropoutArgs(x, p, seed, s)
+    return DropoutArgs(x, p, seed, int(offset), s)
 
 
 @public_op("dropout_backward")
-def dropout_backward(dy, state, *, stream=None):
+def dropout_backward(dy: ArrayLike, state: DropoutState, *, stream: Stream = None,
+                     backend: Backend | None = None) -> DropoutBackwardArgs:
     """Gradient of :func:`dropout`: dx = dy * mask / (1 - p), with the forward's mask.
 
     ``state``: the :class:`DropoutState` the forward returned; dy: the forward's x shape and
@@ -176,7 +202,8 @@ def _apply_numba(a, state, stream):
 
 
 @register("dropout", "numba", crosscheck=False)
-def _dropout_numba(x, p, seed, stream):
+def _dropout_numba(x, p, seed, offset, stream):
+    seed = secrets.randbits(64) if seed is None else (seed + offset) % 2**64
     state = DropoutState("numba", p, seed, x.shape, x.dtype)
     return _apply_numba(x, state, stream), state
 
@@ -200,13 +227,15 @@ def cudnn_scale_error(p):
     return abs(p32 - p) / (1.0 - p32) if p32 < 1.0 else float("inf")
 
 
-def _supports_forward(x, p, seed, stream):
+def _supports_forward(x, p, seed, offset, stream):
     err, eps = cudnn_scale_error(p), float(np.finfo(x.dtype).eps)
     if err > 4 * eps:
         return (f"cuDNN takes p as a float32: its scale 1/(1 - p) for p = {p!r} is off by "
                 f"{err:.1e} relative, more than {x.dtype}'s precision allows ({4 * eps:.1e})")
     if x.size >= 2**31:
         return f"{x.size} elements exceed cuDNN's 32-bit tensor size"
+    if seed is not None and x.size:
+        return cudnn_dropout.reachable(p, seed, offset, stream)
     return None
 
 
@@ -218,10 +247,10 @@ def _supports_backward(dy, state, stream):
 
 
 @register("dropout", "cudnn", supports=_supports_forward, crosscheck=False)
-def _dropout_cudnn(x, p, seed, stream):
+def _dropout_cudnn(x, p, seed, offset, stream):
     y = arrays.empty_like(x, stream)
     # an empty x has nothing to drop (and cuDNN rejects empty tensors): no reserve space
-    saved = cudnn_dropout.forward(x, y, p, seed, stream) if x.size else None
+    saved = cudnn_dropout.forward(x, y, p, seed, offset, stream) if x.size else None
     return y, DropoutState("cudnn", p, seed, x.shape, x.dtype, saved)
 
 

@@ -24,6 +24,8 @@ those rows can differ from run to run: this op is not bitwise reproducible, and
 Backends: Numba only (kernels/embedding.py): cuDNN has no embedding lookup.
 """
 
+from __future__ import annotations
+
 from typing import NamedTuple
 
 import numpy as np
@@ -31,6 +33,7 @@ import numpy as np
 from .. import arrays, device
 from ..autograd import gradient
 from ..dispatch import public_op
+from ..hints import ArrayLike, Backend, Stream
 from ..launch import launch
 from ..registry import register
 
@@ -101,7 +104,8 @@ def _num(op, num):
 
 
 @public_op("embedding")
-def embedding(ids, weight, padding_idx=None, *, stream=None):
+def embedding(ids: ArrayLike, weight: ArrayLike, padding_idx: int | None = None, *,
+              stream: Stream = None, backend: Backend | None = None) -> EmbeddingArgs:
     """Rows of ``weight`` (num, dim) at integer ``ids`` (any shape): y[..., :] =
     weight[ids[...], :], shaped ids.shape + (dim,).
 
@@ -119,7 +123,9 @@ def embedding(ids, weight, padding_idx=None, *, stream=None):
 
 
 @public_op("embedding_backward")
-def embedding_backward(ids, dy, num, padding_idx=None, *, stream=None):
+def embedding_backward(ids: ArrayLike, dy: ArrayLike, num: int, padding_idx: int | None = None,
+                       *, stream: Stream = None,
+                       backend: Backend | None = None) -> EmbeddingBackwardArgs:
     """Gradient wrt the weight of :func:`embedding`: dw (num, dim), dw[v, :] = the sum of the dy
     rows whose id is v; dy shaped ids.shape + (dim,).
 

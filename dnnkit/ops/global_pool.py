@@ -11,12 +11,15 @@ backend of the forward: dx = dy / (spatial size) at every position. PyTorch:
 ``AdaptiveAvgPool2d(1)`` followed by a flatten.
 """
 
+from __future__ import annotations
+
 import math
 from typing import NamedTuple
 
 from .. import arrays
 from ..autograd import gradient
 from ..dispatch import public_op
+from ..hints import ArrayLike, Backend, Stream
 from ..registry import register
 from . import split
 from .pool import PoolGeom, make_geom, pool2d, pool2d_backward, pool3d, pool3d_backward
@@ -33,7 +36,8 @@ class GlobalPoolArgs(NamedTuple):
 
 
 @public_op("global_avg_pool")
-def global_avg_pool(x, *, stream=None):
+def global_avg_pool(x: ArrayLike, *, stream: Stream = None,
+                    backend: Backend | None = None) -> GlobalPoolArgs:
     """The mean over every spatial position: x (N, C, H, W) or (N, C, D, H, W) -> y (N, C).
 
     y[n, c] = sum of x[n, c, ...] / (the number of spatial positions): pool2d / pool3d with mode

@@ -34,6 +34,8 @@ logits instead of keeping logp alive from forward to backward) and fuses softmax
 the scale in one kernel.
 """
 
+from __future__ import annotations
+
 from typing import NamedTuple
 
 import numpy as np
@@ -41,6 +43,7 @@ import numpy as np
 from .. import arrays, device
 from ..autograd import gradient
 from ..dispatch import public_op
+from ..hints import ArrayLike, Backend, Stream
 from ..registry import register
 from . import loss_numba, split
 from .softmax import softmax
@@ -176,7 +179,9 @@ def _nll_like_backward(op, name, x, target, dy, reduction, ignore_index, stream)
 
 
 @public_op("cross_entropy")
-def cross_entropy(logits, target, reduction="mean", ignore_index=-100, *, stream=None):
+def cross_entropy(logits: ArrayLike, target: ArrayLike, reduction: str = "mean",
+                  ignore_index: int = -100, *, stream: Stream = None,
+                  backend: Backend | None = None) -> LossArgs:
     """Cross-entropy of ``logits`` (N, C) or (N, C, d1, ...) at class indices ``target`` (N,) or
     (N, d1, ...): logp = log_softmax(logits) over axis 1 (on the call's backend), then
     :func:`nll_loss`.
@@ -186,8 +191,10 @@ def cross_entropy(logits, target, reduction="mean", ignore_index=-100, *, stream
 
 
 @public_op("cross_entropy_backward")
-def cross_entropy_backward(logits, target, dy, reduction="mean", ignore_index=-100, *,
-                           stream=None):
+def cross_entropy_backward(logits: ArrayLike, target: ArrayLike, dy: ArrayLike,
+                           reduction: str = "mean", ignore_index: int = -100, *,
+                           stream: Stream = None,
+                           backend: Backend | None = None) -> LossBackwardArgs:
     """Gradient wrt the logits of :func:`cross_entropy`: g * (softmax(logits) - onehot(target)).
     {LOSS_GRAD}
     {LOSS_TARGET}
@@ -197,7 +204,9 @@ def cross_entropy_backward(logits, target, dy, reduction="mean", ignore_index=-1
 
 
 @public_op("nll_loss")
-def nll_loss(logp, target, reduction="mean", ignore_index=-100, *, stream=None):
+def nll_loss(logp: ArrayLike, target: ArrayLike, reduction: str = "mean",
+             ignore_index: int = -100, *, stream: Stream = None,
+             backend: Backend | None = None) -> LossArgs:
     """Negative log-likelihood of log-probabilities ``logp`` (N, C) or (N, C, d1, ...) at class
     indices ``target`` (N,) or (N, d1, ...): loss = -logp[n, target[n, ...]]. Numba only.
     {LOSS_TARGET}
@@ -206,7 +215,9 @@ def nll_loss(logp, target, reduction="mean", ignore_index=-100, *, stream=None):
 
 
 @public_op("nll_loss_backward")
-def nll_loss_backward(logp, target, dy, reduction="mean", ignore_index=-100, *, stream=None):
+def nll_loss_backward(logp: ArrayLike, target: ArrayLike, dy: ArrayLike, reduction: str = "mean",
+                      ignore_index: int = -100, *, stream: Stream = None,
+                      backend: Backend | None = None) -> LossBackwardArgs:
     """Gradient wrt logp of :func:`nll_loss`: dlogp = -g * onehot(target). Numba only.
     {LOSS_GRAD}
     {LOSS_TARGET}
@@ -221,7 +232,11 @@ def _mse_inputs(op, x, target, s):
         h = np.asarray(target)
         if h.dtype.kind not in "iuf":
             raise TypeError(f"{op}: target must be a real array; got dtype {h.dtype}")
-        target = h.astype(x.dtype)      # a host target takes x's dtype (one copy anyway)
+        if h.dtype.kind == "f" and h.dtype != x.dtype and h.shape == tuple(x.shape):
+            # the rule is one for host and device targets: mixed float dtypes raise (after
+            # the shape check, as on the device)
+            raise TypeError(f"{op}: target dtype {h.dtype} does not match x dtype {x.dtype}")
+        target = h.astype(x.dtype)      # integer host targets take x's dtype (one copy anyway)
     t = arrays.device_input(op, "target", target, s)
     if tuple(t.shape) != tuple(x.shape):
         raise ValueError(f"{op}: target shape {tuple(t.shape)} does not match x shape "
@@ -232,7 +247,8 @@ def _mse_inputs(op, x, target, s):
 
 
 @public_op("mse_loss")
-def mse_loss(x, target, reduction="mean", *, stream=None):
+def mse_loss(x: ArrayLike, target: ArrayLike, reduction: str = "mean", *,
+             stream: Stream = None, backend: Backend | None = None) -> MseArgs:
     """Squared error loss[i] = (x[i] - target[i])^2; x and target of one shape and dtype. Its
     "mean" (default: the sum / x.size; NaN for an empty x) or "sum" (a 0-d device array, never
     read back to the host), or per element ("none"): ``reduction``. Numba only.
@@ -245,7 +261,9 @@ def mse_loss(x, target, reduction="mean", *, stream=None):
 
 
 @public_op("mse_loss_backward")
-def mse_loss_backward(x, target, dy, reduction="mean", *, stream=None):
+def mse_loss_backward(x: ArrayLike, target: ArrayLike, dy: ArrayLike, reduction: str = "mean",
+                      *, stream: Stream = None,
+                      backend: Backend | None = None) -> MseBackwardArgs:
     """Gradient wrt x of :func:`mse_loss`: dx = 2 g (x - target), g = dy / x.size ("mean"), dy
     ("sum") or dy per element ("none", the default being "mean"); wrt the target: the same call
     with x and target swapped. ``dy``: 0-d for "mean" and "sum", else shaped like x. Numba only.

@@ -36,6 +36,8 @@ Gradients (the rules below; each runs on the backend of the forward):
         (conv_backward_bias of dy viewed as (rows, out, 1, 1)).
 """
 
+from __future__ import annotations
+
 import dataclasses
 import math
 from typing import NamedTuple
@@ -46,6 +48,7 @@ from .. import arrays, config, device
 from ..autograd import gradient
 from ..cudnn import loader, matmul as cudnn_matmul
 from ..dispatch import public_op
+from ..hints import ArrayLike, Backend, Stream
 from ..registry import NoCudnnCall, register
 from ..tracing import note_algo
 from . import gemm, split
@@ -130,7 +133,8 @@ def _same_dtype(op, ref_name, ref, **others):
 
 
 @public_op("matmul")
-def matmul(a, b, transpose_a=False, transpose_b=False, *, stream=None):
+def matmul(a: ArrayLike, b: ArrayLike, transpose_a: bool = False, transpose_b: bool = False, *,
+           stream: Stream = None, backend: Backend | None = None) -> MatmulArgs:
     """Matrix product ``op(a) @ op(b)``: (m, k) @ (k, n) -> (m, n), or batched (B, m, k) @
     (B, k, n) -> (B, m, n); a 2-D operand or a batch of 1 is broadcast over the other's batch.
 
@@ -165,7 +169,8 @@ def matmul(a, b, transpose_a=False, transpose_b=False, *, stream=None):
 
 
 @public_op("linear")
-def linear(x, weight, bias=None, *, stream=None):
+def linear(x: ArrayLike, weight: ArrayLike, bias: ArrayLike | None = None, *,
+           stream: Stream = None, backend: Backend | None = None) -> LinearArgs:
     """Affine map ``y = x @ weight.T + bias``: x (..., in), weight (out, in) (PyTorch's layout),
     bias (out,) or None (default); returns y (..., out), every leading axis of x a row of one
     matrix product. One dtype for all (float16, float32 or float64).

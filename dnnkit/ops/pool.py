@@ -3,8 +3,11 @@
 Modes: ``max``, ``max_deterministic``, ``average_inc_pad`` (alias ``average``: the divisor is
 the full window, padding included), ``average_exc_pad`` (the divisor is the number of inputs
 in the window), ``sum``. Output size per spatial dim: ``(I + 2p - k) // s + 1`` (``stride``
-defaults to the window). Padding never enters a maximum or a sum; it must be smaller than the
-window (cuDNN's rule), so every window holds at least one input. NaN in a window propagates.
+defaults to the window); ``ceil_mode=True`` rounds up instead, PyTorch's and Caffe's rule
+(ops/pool_args.py): the last window may then reach past the padded input, and that overhang
+enters no maximum, sum or divisor. Padding never enters a maximum or a sum; it must be smaller
+than the window (cuDNN's rule), so every window holds at least one input. NaN in a window
+propagates.
 
 Backward: max routes dy to the window's arg-max, the **first** maximum in scan order (depth,
 height, width: the lowest address), or the first NaN of a window holding one; the Numba kernel
@@ -15,12 +18,18 @@ average_inc_pad with alpha = window size (dnnkit/cudnn/pool.py).
 
 Backends: Numba (kernels/pool.py: one thread per output forward, a gather backward, no
 atomics) and cuDNN (cudnnPoolingForward/Backward, Nd descriptors; batches over its 32-bit
-tensor limit run as pieces of the batch, ops/split.py).
+tensor limit run as pieces of the batch, ops/split.py). cuDNN has no ceil mode and only
+symmetric padding: where ceil mode adds a window, cuDNN pools a copy of x whose far edges are
+longer by the overhang, filled with a value that changes nothing (-inf for max, 0 otherwise),
+so that its floor-mode windows are these; the average modes then rescale each output by cuDNN's
+divisor over the true one (cudnnOpTensor; 1 away from the overhang), and backward crops the
+extended dx (``_extended``).
 """
 
-import dataclasses
+from __future__ import annotations
+
+import functools
 import math
-from typing import NamedTuple
 
 import numpy as np
 
@@ -28,158 +37,96 @@ from .. import arrays, config, device, reference
 from ..autograd import gradient
 from ..cudnn import pool as cudnn_pool
 from ..dispatch import public_op
+from ..hints import ArrayLike, Backend, Size, Stream
 from ..launch import launch
 from ..registry import register
 from ..tracing import note_algo
 from . import split
-from .args import choice, int_tuple
+from .pool_args import (ALIASES, MODES, PoolArgs, PoolBackwardArgs, PoolGeom,  # noqa: F401
+                        backward_args, forward_args, make_geom)
 
-MODES = ("max", "max_deterministic", "average_inc_pad", "average_exc_pad", "sum")
-ALIASES = {"average": "average_inc_pad"}
 _KERNEL_MODE = {"max": 0, "max_deterministic": 0, "average_inc_pad": 1, "average_exc_pad": 2,
                 "sum": 3}   # kernels/pool.py: MAX, AVG_INC, AVG_EXC, SUM
 _TOL = {"float16": (5e-3, 1e-3), "float32": (1e-5, 1e-6), "float64": (1e-12, 1e-14)}
 
 
-@dataclasses.dataclass(frozen=True)
-class PoolGeom:
-    """A checked pooling geometry in the user's rank (nd = 2 or 3)."""
-    x_shape: tuple
-    window: tuple
-    stride: tuple
-    padding: tuple
-
-    @property
-    def nd(self):
-        return len(self.window)
-
-    @property
-    def y_shape(self):
-        return tuple(self.x_shape[:2]) + tuple(
-            (n + 2 * p - k) // s + 1
-            for n, k, s, p in zip(self.x_shape[2:], self.window, self.stride, self.padding))
-
-    @property
-    def window_size(self):
-        return math.prod(self.window)
-
-    def kernel_geo(self):
-        """kernels/pool.py's 15-int tuple (3-D form: a 2-D pooling has depth 1)."""
-        lift = 3 - self.nd
-        sp, out = (1,) * lift + tuple(self.x_shape[2:]), (1,) * lift + self.y_shape[2:]
-        return (sp + out + (1,) * lift + self.window + (1,) * lift + self.stride
-                + (0,) * lift + self.padding)
+_CEIL = """``ceil_mode``: False (default) or True: round the output size up, O = ceil((I + 2p -
+    k) / s) + 1, less one where that last window would start in the far padding (PyTorch's
+    ``ceil_mode``, Caffe's rounding); the last window may then reach past the padded input,
+    and that overhang enters no maximum, sum or divisor (average_inc_pad counts the padding
+    asked for, not the overhang). In ceil mode a window may exceed the padded input by up to
+    s - 1."""
 
 
-class PoolArgs(NamedTuple):
-    """pool2d's and pool3d's checked arguments, as their implementations take them."""
-    x: object
-    geom: PoolGeom
-    mode: str
-    stream: object
-
-
-class PoolBackwardArgs(NamedTuple):
-    """pool2d_backward's and pool3d_backward's checked arguments."""
-    x: object
-    y: object
-    dy: object
-    geom: PoolGeom
-    mode: str
-    stream: object
-
-
-def _mode(op, mode):
-    mode = choice(op, "mode", mode, MODES, also=tuple(ALIASES))
-    return ALIASES.get(mode, mode)
-
-
-def make_geom(op, nd, x_shape, window, stride, padding):
-    """Check the geometric arguments against x's shape; the PoolGeom."""
-    window = int_tuple(op, "window", window, nd, 1)
-    stride = window if stride is None else int_tuple(op, "stride", stride, nd, 1)
-    padding = int_tuple(op, "padding", padding, nd, 0)
-    for i, (n, k, p) in enumerate(zip(x_shape[2:], window, padding)):
-        if p >= k:
-            raise ValueError(f"{op}: padding {padding} must be smaller than the window {window} "
-                             f"in every dimension (cuDNN does not support padding >= window); "
-                             f"spatial dim {i} has padding {p} >= window {k}")
-        if n == 0:
-            raise ValueError(f"{op}: x has an empty spatial dimension; shape {tuple(x_shape)}")
-        if k > n + 2 * p:
-            raise ValueError(f"{op}: the window {k} in spatial dim {i} is larger than the padded "
-                             f"input ({n} + 2*{p} = {n + 2 * p}); x shape {tuple(x_shape)}, "
-                             f"window {window}, padding {padding}")
-    return PoolGeom(tuple(x_shape), window, stride, padding)
-
-
-def _forward_args(op, nd, x, window, stride, padding, mode, stream):
-    mode = _mode(op, mode)
-    s = arrays.as_stream(stream)
-    x = arrays.device_input(op, "x", x, s, ndim=(nd + 2,))
-    return PoolArgs(x, make_geom(op, nd, x.shape, window, stride, padding), mode, s)
-
-
-def _backward_args(op, nd, x, y, dy, window, stride, padding, mode, stream):
-    mode = _mode(op, mode)
-    s = arrays.as_stream(stream)
-    x = arrays.device_input(op, "x", x, s, ndim=(nd + 2,))
-    y = arrays.device_input(op, "y", y, s, ndim=(nd + 2,))
-    dy = arrays.device_input(op, "dy", dy, s, ndim=(nd + 2,))
-    geom = make_geom(op, nd, x.shape, window, stride, padding)
-    for name, a in (("y", y), ("dy", dy)):
-        if tuple(a.shape) != geom.y_shape:
-            raise ValueError(f"{op}: {name} has shape {tuple(a.shape)} but the pooling of x "
-                             f"{tuple(x.shape)} gives {geom.y_shape}")
-        if a.dtype != x.dtype:
-            raise TypeError(f"{op}: {name} has dtype {a.dtype} but x has {x.dtype}")
-    return PoolBackwardArgs(x, y, dy, geom, mode, s)
+def _ceil_doc(fn):
+    fn.__doc__ = fn.__doc__.replace("{POOL_CEIL}", _CEIL)
+    return fn
 
 
 @public_op("pool2d")
-def pool2d(x, window, stride=None, padding=0, mode="max", *, stream=None):
+@_ceil_doc
+def pool2d(x: ArrayLike, window: Size, stride: Size | None = None, padding: Size = 0,
+           mode: str = "max", *, ceil_mode: bool = False, stream: Stream = None,
+           backend: Backend | None = None) -> PoolArgs:
     """Pool x (N, C, H, W) over windows; returns y (N, C, OH, OW), O = (I + 2p - k) // s + 1.
 
     {POOL_WINDOW}
     {POOL_MODES}
+    {POOL_CEIL}
     x: float16, float32 or float64. The gradient is :func:`pool2d_backward`.
     {POOL_RAISES}"""
-    return _forward_args("pool2d", 2, x, window, stride, padding, mode, stream)
+    return forward_args("pool2d", 2, x, window, stride, padding, mode, ceil_mode, stream)
 
 
 @public_op("pool3d")
-def pool3d(x, window, stride=None, padding=0, mode="max", *, stream=None):
+@_ceil_doc
+def pool3d(x: ArrayLike, window: Size, stride: Size | None = None, padding: Size = 0,
+           mode: str = "max", *, ceil_mode: bool = False, stream: Stream = None,
+           backend: Backend | None = None) -> PoolArgs:
     """Pool x (N, C, D, H, W) over windows; returns y (N, C, OD, OH, OW), O = (I + 2p - k) // s + 1.
 
     {POOL_WINDOW}
     {POOL_MODES}
+    {POOL_CEIL}
     x: float16, float32 or float64. The gradient is :func:`pool3d_backward`.
     {POOL_RAISES}"""
-    return _forward_args("pool3d", 3, x, window, stride, padding, mode, stream)
+    return forward_args("pool3d", 3, x, window, stride, padding, mode, ceil_mode, stream)
 
 
 @public_op("pool2d_backward")
-def pool2d_backward(x, y, dy, window, stride=None, padding=0, mode="max", *, stream=None):
-    """Gradient wrt x of ``y = pool2d(x, window, stride, padding, mode)``, given x, y and dy
-    (N, C, OH, OW); returns dx (N, C, H, W).
+@_ceil_doc
+def pool2d_backward(x: ArrayLike, y: ArrayLike, dy: ArrayLike, window: Size,
+                    stride: Size | None = None, padding: Size = 0, mode: str = "max", *,
+                    ceil_mode: bool = False, stream: Stream = None,
+                    backend: Backend | None = None) -> PoolBackwardArgs:
+    """Gradient wrt x of ``y = pool2d(x, window, stride, padding, mode, ceil_mode=...)``, given
+    x, y and dy (N, C, OH, OW); returns dx (N, C, H, W).
 
     {POOL_BACKWARD}
     {POOL_WINDOW}
     {POOL_MODES}
+    {POOL_CEIL}
     {POOL_RAISES}"""
-    return _backward_args("pool2d_backward", 2, x, y, dy, window, stride, padding, mode, stream)
+    return backward_args("pool2d_backward", 2, x, y, dy, window, stride, padding, mode,
+                         ceil_mode, stream)
 
 
 @public_op("pool3d_backward")
-def pool3d_backward(x, y, dy, window, stride=None, padding=0, mode="max", *, stream=None):
-    """Gradient wrt x of ``y = pool3d(x, window, stride, padding, mode)``, given x, y and dy
-    (N, C, OD, OH, OW); returns dx (N, C, D, H, W).
+@_ceil_doc
+def pool3d_backward(x: ArrayLike, y: ArrayLike, dy: ArrayLike, window: Size,
+                    stride: Size | None = None, padding: Size = 0, mode: str = "max", *,
+                    ceil_mode: bool = False, stream: Stream = None,
+                    backend: Backend | None = None) -> PoolBackwardArgs:
+    """Gradient wrt x of ``y = pool3d(x, window, stride, padding, mode, ceil_mode=...)``, given
+    x, y and dy (N, C, OD, OH, OW); returns dx (N, C, D, H, W).
 
     {POOL_BACKWARD}
     {POOL_WINDOW}
     {POOL_MODES}
+    {POOL_CEIL}
     {POOL_RAISES}"""
-    return _backward_args("pool3d_backward", 3, x, y, dy, window, stride, padding, mode, stream)
+    return backward_args("pool3d_backward", 3, x, y, dy, window, stride, padding, mode,
+                         ceil_mode, stream)
 
 
 # ---------------------------------------------------------------- Numba
@@ -211,9 +158,13 @@ def _launch(kernel, planes, positions, stream, args):
 
 
 def _kernels(geom, mode):
+    """The kernels of the mode, window and stride; average_inc_pad's divide by the clipped
+    window where ceil mode's last window overhangs (kernels/pool.py ``clip``)."""
     from ..kernels.pool import pool_kernels
     lift = (1,) * (3 - geom.nd)
-    return pool_kernels(_KERNEL_MODE[mode], lift + tuple(geom.window), lift + tuple(geom.stride))
+    clip = mode == "average_inc_pad" and any(geom.overhang)
+    return pool_kernels(_KERNEL_MODE[mode], lift + tuple(geom.window), lift + tuple(geom.stride),
+                        clip)
 
 
 @register("pool2d", "numba", tolerance=_TOL)
@@ -252,16 +203,16 @@ def _backward_numba(x, y, dy, geom, mode, stream):
 # ---------------------------------------------------------------- cuDNN
 
 def _image(geom):
-    """Elements of the larger of one image of x and of y: the item cuDNN's calls are split
-    between (ops/split.py)."""
-    return geom.x_shape[1] * max(math.prod(geom.x_shape[2:]), math.prod(geom.y_shape[2:]))
+    """Elements of the largest of one image of x (extended in ceil mode) and of y: the item
+    cuDNN's calls are split between (ops/split.py)."""
+    return geom.x_shape[1] * max(math.prod(geom.extended_shape[2:]), math.prod(geom.y_shape[2:]))
 
 
 def _cudnn_supports(x, geom, mode, stream):
     """Batches over cuDNN's 32-bit tensor limit run as pieces of the batch; an image over it
-    cannot run."""
+    cannot run. Ceil mode runs on cuDNN in every mode (``_extended``)."""
     return split.too_big(_image(geom),
-                         lambda: f"one image of x {tuple(x.shape)} or of y {geom.y_shape}")
+                         lambda: f"one image of x {geom.extended_shape} or of y {geom.y_shape}")
 
 
 def _cudnn_backward_supports(x, y, dy, geom, mode, stream):
@@ -277,17 +228,71 @@ def _cudnn_mode(mode):
     return mode
 
 
+def _divisor_ratio(geom, mode):
+    """None, or per output position (shape (1, 1, *O)) cuDNN's divisor on the extended x over
+    the true one, in float64: average_inc_pad, cuDNN K (every window lies inside the padded
+    extended x) over K clipped at the padded end n + p; average_exc_pad, the window's count
+    of extended-x elements over its count of inputs. Both are products over the dims and 1
+    wherever the window does not overhang."""
+    if not mode.startswith("average") or not any(geom.overhang):
+        return None
+    ratio = np.ones((1, 1))
+    for n, k, s, p, e, o in zip(geom.x_shape[2:], geom.window, geom.stride, geom.padding,
+                                geom.overhang, geom.y_shape[2:]):
+        lo = np.arange(o) * s - p
+        if mode == "average_inc_pad":
+            have, want = np.full(o, k), np.minimum(lo + k, n + p) - lo
+        else:
+            have = np.minimum(lo + k, n + e) - np.maximum(lo, 0)
+            want = np.minimum(lo + k, n) - np.maximum(lo, 0)
+        ratio = np.multiply.outer(ratio, have / want)
+    return ratio
+
+
+@functools.lru_cache(maxsize=256)
+def _ratio_host(geom, mode, dtype):
+    r = _divisor_ratio(geom, mode)
+    return None if r is None else r.astype(dtype)
+
+
+def _extended(geom, mode, x, arrays_, stream):
+    """Ceil mode on cuDNN: yields the pieces of the batch of (xe, *arrays_), xe holding x with
+    its far edges longer by the overhang, filled with -inf in the max modes (never a maximum)
+    and 0 otherwise (adds nothing to a sum), so that cuDNN's floor-mode windows on xe are the
+    geometry's windows; with the divisor ratio (None, or a device constant) to rescale by, and
+    the raw stream. xe is filled in every mode, though cuDNN's backward reads x only for max:
+    no call reads uninitialised memory. Traffic: x read once, xe written about twice (the
+    fill, the copy) before cuDNN reads it."""
+    xe = arrays.cuda_empty(geom.extended_shape, x.dtype, stream)
+    ratio = _ratio_host(geom, mode, np.dtype(x.dtype).name)
+    scale = None if ratio is None else arrays.constant(ratio, x.dtype)
+    fill = -math.inf if _KERNEL_MODE[mode] == 0 else 0.0
+    sp = device.stream_pointer(stream)
+    for piece in split.batch(_image(geom), x, xe, *arrays_):
+        cudnn_pool.extend(piece[0], piece[1], fill, sp)
+        yield piece[1:], scale, sp
+
+
 @register("pool2d", "cudnn", supports=_cudnn_supports)
 @register("pool3d", "cudnn", supports=_cudnn_supports)
 def _forward_cudnn(x, geom, mode, stream):
     y = arrays.cuda_empty(geom.y_shape, x.dtype, stream)
-    if y.size:
-        mode = _cudnn_mode(mode)
+    if not y.size:
+        return y
+    mode, w, p, st = _cudnn_mode(mode), geom.window, geom.padding, geom.stride
+    if any(geom.overhang):
+        # the average modes pool into t, then y = t * ratio (cuDNN divisor / true divisor)
+        t = arrays.cuda_empty(geom.y_shape, x.dtype, stream) if mode.startswith("average") \
+            else y
+        for (xe, tp, yp), scale, sp in _extended(geom, mode, x, (t, y), stream):
+            cudnn_pool.forward(xe, tp, w, p, st, mode, sp)
+            if scale is not None:
+                cudnn_pool.rescale(tp, scale, yp, sp)
+    else:
         for xp, yp in split.batch(_image(geom), x, y):
-            cudnn_pool.forward(xp, yp, geom.window, geom.padding, geom.stride, mode,
-                          device.stream_pointer(stream))
-        if _KERNEL_MODE[mode] == 0:
-            repair_max(x, y, geom, mode, stream)
+            cudnn_pool.forward(xp, yp, w, p, st, mode, device.stream_pointer(stream))
+    if _KERNEL_MODE[mode] == 0:
+        repair_max(x, y, geom, mode, stream)
     return y
 
 
@@ -312,11 +317,23 @@ def repair_max(x, y, geom, mode, stream):
 @register("pool3d_backward", "cudnn", supports=_cudnn_backward_supports)
 def _backward_cudnn(x, y, dy, geom, mode, stream):
     dx = arrays.empty_like(x, stream)
-    if y.size:
-        mode = _cudnn_mode(mode)
+    if not y.size:
+        return dx
+    mode, w, p, st = _cudnn_mode(mode), geom.window, geom.padding, geom.stride
+    if any(geom.overhang):
+        # dx = the crop of cuDNN's gradient on the extended x, of dy * ratio (average modes)
+        dxe = arrays.cuda_empty(geom.extended_shape, x.dtype, stream)
+        dys = arrays.cuda_empty(geom.y_shape, x.dtype, stream) if mode.startswith("average") \
+            else dy
+        for (xe, yp, dyp, dysp, dxep, dxp), scale, sp in _extended(
+                geom, mode, x, (y, dy, dys, dxe, dx), stream):
+            if scale is not None:
+                cudnn_pool.rescale(dyp, scale, dysp, sp)
+            cudnn_pool.backward(xe, yp, dysp, dxep, w, p, st, mode, sp)
+            cudnn_pool.crop(dxep, dxp, sp)
+    else:
         for xp, yp, dyp, dxp in split.batch(_image(geom), x, y, dy, dx):
-            cudnn_pool.backward(xp, yp, dyp, dxp, geom.window, geom.padding, geom.stride, mode,
-                           device.stream_pointer(stream))
+            cudnn_pool.backward(xp, yp, dyp, dxp, w, p, st, mode, device.stream_pointer(stream))
     return dx
 
 
@@ -340,35 +357,40 @@ _SHORT = {"max": "max", "max_deterministic": "max_det", "average_inc_pad": "avg_
 
 
 def selfcheck_cases(Case):
-    # (nd, small x, big x, window, stride, padding, modes); variant "k/s/p mode"
-    table = [(2, (2, 3, 7, 6), (32, 64, 112, 112), 3, 2, 1, MODES),
-             (3, (1, 2, 5, 4, 5), (8, 32, 16, 56, 56), 3, 2, 1,
-              ("max", "max_deterministic", "average_exc_pad"))]
+    # (nd, small x, big x, window, stride, padding, ceil_mode, modes); variant "k/s/p mode"
+    # (" ceil": ceil mode, on shapes where it adds a window in every spatial dim)
+    table = [(2, (2, 3, 7, 6), (32, 64, 112, 112), 3, 2, 1, False, MODES),
+             (3, (1, 2, 5, 4, 5), (8, 32, 16, 56, 56), 3, 2, 1, False,
+              ("max", "max_deterministic", "average_exc_pad")),
+             (2, (2, 3, 8, 6), (32, 64, 112, 112), 3, 2, 0, True,
+              ("max_deterministic", "average_inc_pad", "average_exc_pad"))]
     out = []
-    for nd, small, big, k, st, p, modes in table:
+    for nd, small, big, k, st, p, c, modes in table:
         fwd, bwd = (pool2d, pool2d_backward) if nd == 2 else (pool3d, pool3d_backward)
         for mode in modes:
-            make, g, name = _check_inputs(small, big, k, st, p, mode), (k, st, p), \
-                f"{k}/{st}/{p} {_SHORT[mode]}"
+            make, g = _check_inputs(small, big, k, st, p, c, mode), (k, st, p)
+            name = f"{k}/{st}/{p} {_SHORT[mode]}{' ceil' if c else ''}"
             out.append(Case(
                 f"pool{nd}d", name,
-                lambda b, s, i, f=fwd, m=mode, g=g: f(i[0], *g, m, backend=b, stream=s),
-                lambda i, m=mode, g=g: reference.pool_forward(i[0], *g, m), make))
+                lambda b, s, i, f=fwd, m=mode, g=g, c=c: f(i[0], *g, m, ceil_mode=c, backend=b,
+                                                           stream=s),
+                lambda i, m=mode, g=g, c=c: reference.pool_forward(i[0], *g, m, c), make))
             out.append(Case(
                 f"pool{nd}d_backward", name,
-                lambda b, s, i, f=bwd, m=mode, g=g: f(*i, *g, m, backend=b, stream=s),
-                lambda i, m=mode, g=g: reference.pool_backward(i[0], i[2], *g, m), make))
+                lambda b, s, i, f=bwd, m=mode, g=g, c=c: f(*i, *g, m, ceil_mode=c, backend=b,
+                                                           stream=s),
+                lambda i, m=mode, g=g, c=c: reference.pool_backward(i[0], i[2], *g, m, c), make))
     return out
 
 
-def _check_inputs(small, big, k, st, p, mode):
+def _check_inputs(small, big, k, st, p, c, mode):
     def make(rng, dtype, b):
         shape = big if b else small
         # max: distinct values per window, as cuDNN's MAX may break ties its own way;
         # max_deterministic: random data, ties included (both backends must agree on them).
         x = tie_free(rng, shape, dtype) if mode == "max" else \
             rng.standard_normal(shape).astype(dtype)
-        y = reference.pool_forward(x, k, st, p, mode).astype(dtype)
+        y = reference.pool_forward(x, k, st, p, mode, c).astype(dtype)
         return x, y, rng.standard_normal(y.shape).astype(dtype)
     return make
 
@@ -380,7 +402,7 @@ def _pool_grad(backward):
         if not g.needs("x"):
             return {}
         return {"x": backward(g.x, g.out, dy, g.window, g.stride, g.padding, g.mode,
-                              backend=g.backend, stream=g.stream)}
+                              ceil_mode=g.ceil_mode, backend=g.backend, stream=g.stream)}
     return rule
 
 

@@ -26,6 +26,8 @@ at most 8 such dimensions for a reduction and 5 for cudnnAddTensor, and tensors 
 The broadcasting geometry (merged walks, kernel geo tuples) is ops/broadcasting.py's.
 """
 
+from __future__ import annotations
+
 import math
 from typing import NamedTuple
 
@@ -35,6 +37,7 @@ from .. import arrays, device
 from ..autograd import gradient
 from ..cudnn import optensor as cudnn_optensor
 from ..dispatch import public_op
+from ..hints import ArrayLike, Axis, Backend, Shape, Stream
 from ..launch import launch, pow2_at_most
 from ..registry import register
 from . import split
@@ -120,7 +123,8 @@ def _broadcast_args(op, x, read_as, shape, scale, s):
 # ---------------------------------------------------------------- public functions
 
 @public_op("sum")
-def sum(x, axis=None, keepdims=False, *, stream=None):   # noqa: A001 - NumPy's name
+def sum(x: ArrayLike, axis: Axis = None, keepdims: bool = False, *,   # noqa: A001 - NumPy's
+        stream: Stream = None, backend: Backend | None = None) -> ReduceArgs:
     """Sum of ``x`` over ``axis``; a new device array (0-d for a full sum); 0 for an empty sum.
 
     {REDUCE_AXIS}
@@ -131,7 +135,8 @@ def sum(x, axis=None, keepdims=False, *, stream=None):   # noqa: A001 - NumPy's 
 
 
 @public_op("mean")
-def mean(x, axis=None, keepdims=False, *, stream=None):
+def mean(x: ArrayLike, axis: Axis = None, keepdims: bool = False, *, stream: Stream = None,
+         backend: Backend | None = None) -> ReduceArgs:
     """Mean of ``x`` over ``axis``: the sum / the number of summed elements (NaN for none).
 
     {REDUCE_AXIS}
@@ -141,7 +146,8 @@ def mean(x, axis=None, keepdims=False, *, stream=None):
 
 
 @public_op("sum_to")
-def sum_to(x, shape, *, stream=None):
+def sum_to(x: ArrayLike, shape: Shape, *, stream: Stream = None,
+           backend: Backend | None = None) -> ReduceArgs:
     """``x`` summed to ``shape``, a shape that broadcasts to x's: over x's leading axes and the axes
     where ``shape`` has 1 and x does not (the gradient of ``broadcast_to(., x.shape)``); x itself
     when ``shape`` is x's shape. ``shape``: a tuple of ints >= 0.
@@ -161,7 +167,8 @@ def sum_to(x, shape, *, stream=None):
 
 
 @public_op("broadcast_to")
-def broadcast_to(x, shape, *, stream=None):
+def broadcast_to(x: ArrayLike, shape: Shape, *, stream: Stream = None,
+                 backend: Backend | None = None) -> BroadcastArgs:
     """``x`` repeated to ``shape`` by NumPy's broadcasting (aligned at the right; each of x's
     dimensions equal or 1): a new C-contiguous array (NumPy's returns a read-only view).
     ``shape``: a tuple of ints >= 0 with at least x's number of dimensions.
@@ -177,7 +184,8 @@ def broadcast_to(x, shape, *, stream=None):
 
 
 @public_op("mean_backward")
-def mean_backward(dy, x_shape, axis=None, keepdims=False, *, stream=None):
+def mean_backward(dy: ArrayLike, x_shape: Shape, axis: Axis = None, keepdims: bool = False, *,
+                  stream: Stream = None, backend: Backend | None = None) -> BroadcastArgs:
     """Gradient of :func:`mean`: dx = dy / count broadcast to ``x_shape`` over ``axis``, count
     the number of elements each mean took; dy shaped as mean's output for these arguments.
 

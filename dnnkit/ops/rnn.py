@@ -13,11 +13,14 @@ backends. Backends: Numba (dnnkit/ops/rnn_numba.py) and cuDNN (dnnkit/ops/rnn_cu
 A training forward returns a state that only the backend which made it can use.
 """
 
+from __future__ import annotations
+
 import numpy as np
 
 from .. import arrays, reference
 from ..autograd import gradient
 from ..dispatch import public_op
+from ..hints import ArrayLike, Backend, Lengths, Stream
 from ..rnn_layout import INPUT_MODES, MODES, RNNConfig, param_size
 from . import rnn_numba  # noqa: F401 - registers the Numba implementations
 # (the cuDNN ones: dnnkit/ops/rnn_cudnn.py, imported by dnnkit/ops/__init__.py)
@@ -122,7 +125,9 @@ def _inputs(op, cfg, w, x, hx, cx, s):
 
 
 @public_op("rnn_forward")
-def rnn_forward(cfg, w, x, hx=None, cx=None, *, lengths=None, training=False, stream=None):
+def rnn_forward(cfg: RNNConfig, w: ArrayLike, x: ArrayLike, hx: ArrayLike | None = None,
+                cx: ArrayLike | None = None, *, lengths: Lengths = None, training: bool = False,
+                stream: Stream = None, backend: Backend | None = None) -> RNNForwardArgs:
     """Run the RNN ``cfg`` over x (T, N, input_size), time-major; returns ``(y, hy, cy, state)``.
 
     y (T, N, D*H), hy and cy (layers*D, N, H) with D = 2 when bidirectional, cy None unless
@@ -145,8 +150,11 @@ def rnn_forward(cfg, w, x, hx=None, cx=None, *, lengths=None, training=False, st
 
 
 @public_op("rnn_backward")
-def rnn_backward(cfg, w, x, y, dy, dhy=None, dcy=None, hx=None, cx=None, *, state,
-                 lengths=None, stream=None):
+def rnn_backward(cfg: RNNConfig, w: ArrayLike, x: ArrayLike, y: ArrayLike, dy: ArrayLike,
+                 dhy: ArrayLike | None = None, dcy: ArrayLike | None = None,
+                 hx: ArrayLike | None = None, cx: ArrayLike | None = None, *, state: object,
+                 lengths: Lengths = None, stream: Stream = None,
+                 backend: Backend | None = None) -> RNNBackwardArgs:
     """Gradients of :func:`rnn_forward` (run with ``training=True`` and the same arguments):
     returns ``(dx, dhx, dcx, dw)``, dw a fresh flat buffer in the parameter layout (nothing is
     accumulated), dcx None unless lstm.

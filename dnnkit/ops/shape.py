@@ -24,16 +24,17 @@ fits cuDNN's 32-bit limit (``supports()`` gives the reason otherwise). take_batc
 zeros dx with a memset on both backends, then copies dy into the slice.
 """
 
+from __future__ import annotations
 import math
 from typing import NamedTuple
 
 import numpy as np
 
-from .. import arrays, device
-from .. import tensors
+from .. import arrays, device, tensors
 from ..autograd import PUBLIC, gradient
 from ..cudnn import optensor as cudnn_optensor
 from ..dispatch import public_op, run
+from ..hints import Arrays, ArrayLike, Backend, OpOutput, Shape, Stream
 from ..launch import launch
 from ..registry import PREPARE, register
 from ..tensors import Tensor
@@ -91,7 +92,8 @@ def _axis(op, axis, ndim):
 
 
 @public_op("reshape")
-def reshape(x, shape, *, stream=None):
+def reshape(x: ArrayLike, shape: int | Shape, *, stream: Stream = None,
+            backend: Backend | None = None) -> ReshapeArgs:
     """A view of ``x`` (C-contiguous) with ``shape``: an int or a tuple of ints, one of them may
     be -1 (inferred from the size). No copy: the view shares x's memory.
     Raises ValueError when the sizes do not match or more than one entry is -1 (or another
@@ -147,12 +149,13 @@ def _concat_args(op, arrays_, axis, stream):
 
 
 @public_op("concatenate")
-def _concatenate(arrays, axis=0, *, stream=None):
+def _concatenate(arrays, axis=0, *, stream=None, backend=None):
     """concatenate's checks (the dispatcher's public op); :func:`concatenate` calls it."""
     return _concat_args("concatenate", arrays, axis, stream)
 
 
-def concatenate(arrays, axis=0, *, backend=None, stream=None):
+def concatenate(arrays: Arrays, axis: int = 0, *, backend: Backend | None = None,
+                stream: Stream = None) -> OpOutput:
     """The ``arrays`` (a list or tuple, at least one) joined along ``axis`` (an int, default 0,
     negative from the end); equal shapes except along ``axis``, one dtype; a new device array.
     Raises ValueError for no arrays, 0-d arrays, shapes that differ off the axis or an axis out
@@ -181,7 +184,8 @@ PUBLIC["concatenate"] = concatenate
 
 
 @public_op("split")
-def split(x, sections_or_sizes, axis=0, *, stream=None):
+def split(x: ArrayLike, sections_or_sizes: int | Shape, axis: int = 0, *, stream: Stream = None,
+          backend: Backend | None = None) -> SplitArgs:
     """``x`` cut along ``axis`` (an int, default 0, negative from the end) into a tuple of new
     arrays: ``sections_or_sizes`` an int n (n equal pieces; n must divide the axis, as
     numpy.split) or a sequence of the pieces' sizes (>= 0, summing to the axis, as torch.split).
@@ -230,7 +234,8 @@ def _index(op, index, n):
 
 
 @public_op("take_batch")
-def take_batch(x, index, *, stream=None):
+def take_batch(x: ArrayLike, index: int | slice, *, stream: Stream = None,
+               backend: Backend | None = None) -> TakeArgs:
     """``x[index]`` on the first dimension: ``index`` an int (negative from the end; the dimension
     is dropped) or a slice of step 1 (kept). A view sharing x's memory: no copy.
     Raises ValueError for a 0-d x, an index out of range or a slice step other than 1;
@@ -244,7 +249,8 @@ def take_batch(x, index, *, stream=None):
 
 
 @public_op("take_batch_backward")
-def take_batch_backward(dy, x_shape, index, *, stream=None):
+def take_batch_backward(dy: ArrayLike, x_shape: Shape, index: int | slice, *,
+                        stream: Stream = None, backend: Backend | None = None) -> TakeArgs:
     """Gradient of :func:`take_batch`: zeros of ``x_shape`` with ``dy`` in ``[index]``; ``index``
     an int or a slice of step 1, as in the forward call, and dy shaped as ``x[index]``.
     Raises ValueError for a dy of another shape, an empty x_shape or an index out of range;
@@ -272,7 +278,7 @@ def _reshape(x, shape, stream):
 
 @register("take_batch", "numba", numba_only=_VIEW)
 def _take_batch(x, shape, start, stop, squeeze, stream):
-    return x[start] if squeeze else x[start:stop]
+    return arrays.rows(x, start, None if squeeze else stop)
 
 
 # ---------------------------------------------------------------- Numba

@@ -12,12 +12,15 @@ cuDNN: cudnnSoftmaxForward/Backward on the 4-D (N, C, H, W) descriptor ((N, C, 1
 batches over its 32-bit tensor limit run as pieces of the batch (ops/split.py).
 """
 
+from __future__ import annotations
+
 from typing import NamedTuple
 
 from .. import arrays, device
 from ..autograd import gradient
 from ..cudnn import softmax as cudnn_softmax
 from ..dispatch import public_op
+from ..hints import ArrayLike, Backend, OpOutput, Stream
 from ..launch import launch, pow2_at_most
 from ..registry import register
 from ..tracing import note_algo
@@ -53,7 +56,8 @@ def _check(op, algo, mode):
 
 
 @public_op("softmax")
-def softmax(x, algo="accurate", mode="channel", *, stream=None):
+def softmax(x: ArrayLike, algo: str = "accurate", mode: str = "channel", *,
+            stream: Stream = None, backend: Backend | None = None) -> SoftmaxArgs:
     """Softmax, y = exp(x - m) / sum exp(x - m), over channels or instances; shaped like ``x``.
 
     x: (N, C) or (N, C, H, W), float16, float32 or float64. ``mode``: "channel" (default) sums
@@ -68,7 +72,8 @@ def softmax(x, algo="accurate", mode="channel", *, stream=None):
     return SoftmaxArgs(x, algo, mode, s)
 
 
-def log_softmax(x, mode="channel", *, backend=None, stream=None):
+def log_softmax(x: ArrayLike, mode: str = "channel", *, backend: Backend | None = None,
+                stream: Stream = None) -> OpOutput:
     """Log-softmax, y = x - m - log(sum exp(x - m)) with m the maximum (never overflows):
     ``softmax(x, algo="log", mode=mode)``; a new array shaped like ``x``.
 
@@ -85,7 +90,9 @@ log_softmax.op_name = "softmax"
 
 
 @public_op("softmax_backward")
-def softmax_backward(y, dy, algo="accurate", mode="channel", *, stream=None):
+def softmax_backward(y: ArrayLike, dy: ArrayLike, algo: str = "accurate", mode: str = "channel",
+                     *, stream: Stream = None,
+                     backend: Backend | None = None) -> SoftmaxBackwardArgs:
     """Gradient wrt x of y = softmax(x, algo, mode), from y and dy; dx shaped like y.
 
     softmax ("accurate", "fast"): dx = y * (dy - sum(dy * y)); log-softmax ("log"): dx = dy -

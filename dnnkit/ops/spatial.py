@@ -19,6 +19,8 @@ cuDNN's sampler backward is used only when ``dnn.deterministic`` is off (its det
 not documented), and so is its grid generator backward (measured not bitwise repeatable).
 """
 
+from __future__ import annotations
+
 import math
 from typing import NamedTuple
 
@@ -28,6 +30,7 @@ from .. import arrays, config, device, reference
 from ..autograd import gradient
 from ..cudnn import spatial as cudnn_spatial
 from ..dispatch import public_op
+from ..hints import ArrayLike, Backend, Shape, Stream
 from ..registry import register
 from . import spatial_numba  # noqa: F401 - registers the Numba implementations
 
@@ -112,7 +115,8 @@ def _img_grid(op, img, grid, s):
 
 
 @public_op("affine_grid")
-def affine_grid(theta, out_shape, *, stream=None):
+def affine_grid(theta: ArrayLike, out_shape: Shape, *, stream: Stream = None,
+                backend: Backend | None = None) -> AffineGridArgs:
     """The sampling grid (N, H', W', 2) of (x, y) for theta (N, 2, 3) and ``out_shape``
     (N, C, H', W'): ``grid[n, i, j] = theta[n] @ (x_j, y_i, 1)``, x_j = -1 + 2j/(W'-1),
     y_i = -1 + 2i/(H'-1) (-1 for a 1-point dimension, as cuDNN).
@@ -124,7 +128,8 @@ def affine_grid(theta, out_shape, *, stream=None):
 
 
 @public_op("affine_grid_backward")
-def affine_grid_backward(dgrid, *, stream=None):
+def affine_grid_backward(dgrid: ArrayLike, *, stream: Stream = None,
+                         backend: Backend | None = None) -> AffineGridBackwardArgs:
     """Gradient of :func:`affine_grid`: dtheta (N, 2, 3) = sum over the grid points of
     dgrid[n, i, j] (x) (x_j, y_i, 1), from dgrid (N, H', W', 2).
     Raises ValueError for a dgrid not (N, H', W', 2) with H', W' >= 1."""
@@ -138,7 +143,8 @@ def affine_grid_backward(dgrid, *, stream=None):
 
 
 @public_op("grid_sample")
-def grid_sample(img, grid, *, stream=None):
+def grid_sample(img: ArrayLike, grid: ArrayLike, *, stream: Stream = None,
+                backend: Backend | None = None) -> GridSampleArgs:
     """Bilinear samples y (N, C, H', W') of img (N, C, H, W) at the normalized (x, y) of grid
     (N, H', W', 2): pixel u = (x + 1)(W - 1)/2, v = (y + 1)(H - 1)/2; zero outside the image.
     Raises ValueError for a grid not (N, H', W', 2) with img's N, or an empty img; TypeError for
@@ -148,7 +154,9 @@ def grid_sample(img, grid, *, stream=None):
 
 
 @public_op("grid_sample_backward")
-def grid_sample_backward(img, grid, dy, *, stream=None):
+def grid_sample_backward(img: ArrayLike, grid: ArrayLike, dy: ArrayLike, *,
+                         stream: Stream = None,
+                         backend: Backend | None = None) -> GridSampleBackwardArgs:
     """Gradients of :func:`grid_sample` wrt img (N, C, H, W) and grid (N, H', W', 2), given dy
     (N, C, H', W'): returns (dimg, dgrid). Numba adds dimg atomically, or in a fixed order under
     dnn.deterministic (bitwise repeatable).
@@ -175,7 +183,9 @@ def _scale(op, name, v):
 
 
 @public_op("spatial_transformer")
-def spatial_transformer(img, theta, *, scale_height=1.0, scale_width=1.0, stream=None):
+def spatial_transformer(img: ArrayLike, theta: ArrayLike, *, scale_height: float = 1.0,
+                        scale_width: float = 1.0, stream: Stream = None,
+                        backend: Backend | None = None) -> SpatialTransformerArgs:
     """``grid_sample(img, affine_grid(theta, (N, C, ceil(H*sh), ceil(W*sw))))`` on one backend
     (Theano's dnn_spatialtf): img (N, C, H, W), theta (N, 2, 3). ``scale_height`` (sh) and
     ``scale_width`` (sw): numbers > 0, default 1.0, the output's size over the input's.

@@ -5,7 +5,7 @@ most ``LIMIT`` = 2**31 - 1 elements (so every dimension and stride is below that
 whose arrays are larger runs as several cuDNN calls on contiguous views of them (no copy):
 
 - activation: flat pieces of the elements (``flat``);
-- softmax, pooling, convolution: pieces of the batch, dimension 0 (``batch``); an item (a
+- softmax, pooling, LRN, convolution: pieces of the batch, dimension 0 (``batch``); an item (a
   softmax row, an image) is never split, so when one item alone is over the limit the op's
   ``supports()`` returns the reason (``too_big``) and the dispatcher runs Numba under ``auto``
   and raises under ``forced``;
@@ -23,7 +23,7 @@ how many pieces the latest split call of this thread used (1: not split).
 
 import threading
 
-from ..arrays import cuda_empty, flat as flat_view
+from ..arrays import cuda_empty, flat as flat_view, rows as row_view
 from .elementwise import axpy
 
 LIMIT = 2**31 - 1     # elements per cuDNN tensor (cuDNN's INT_MAX)
@@ -77,7 +77,7 @@ def last_pieces():
 def _views(b, arrays, view):
     if len(b) == 1:         # the common case: the arrays themselves, no view built
         return (tuple(arrays),)
-    return [tuple(view(a)[start:stop] for a in arrays) for start, stop in b]
+    return [tuple(row_view(view(a), start, stop) for a in arrays) for start, stop in b]
 
 
 def batch(per_item, *arrays):

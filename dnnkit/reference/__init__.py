@@ -12,6 +12,7 @@ from .batchnorm import (batch_norm_backward, batch_norm_inference,  # noqa: F401
 from .compare import rel_error  # noqa: F401
 from .conv import (conv_backward_bias, conv_backward_data, conv_backward_filter,  # noqa: F401
                    conv_forward)
+from .lrn import lrn, lrn_backward, lrn_window  # noqa: F401
 from .pool import pool_backward, pool_forward, pool_windows  # noqa: F401
 from .rnn import rnn_backward, rnn_forward  # noqa: F401
 from .spatial import (affine_grid, affine_grid_backward, grid_sample,  # noqa: F401

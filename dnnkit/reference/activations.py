@@ -5,7 +5,9 @@ import numpy as np
 
 def activation(x, mode="relu", coef=0.0):
     x = np.asarray(x, dtype=np.float64)
-    with np.errstate(over="ignore"):
+    # IEEE arithmetic as the kernels do it: exp overflows to inf, and swish(-inf) is
+    # -inf / inf = NaN (the kernels' value too), not the limit 0
+    with np.errstate(over="ignore", invalid="ignore"):
         if mode == "relu":
             return np.where(x > 0, x, np.where(np.isnan(x), x, 0.0))
         if mode == "clipped_relu":

@@ -1,4 +1,7 @@
-"""Float64 reference of N-d pooling: direct loops over the output positions."""
+"""Float64 reference of N-d pooling: direct loops over the output positions. Output size per
+spatial dim (n, k, s, p): (n + 2p - k) // s + 1, or with ``ceil_mode`` ceil((n + 2p - k) / s)
++ 1, less one when that last window would start at or past n + p (PyTorch's
+pooling_output_shape)."""
 
 import numpy as np
 
@@ -7,14 +10,24 @@ def _pool_tuple(v, nd):
     return tuple(int(a) for a in v) if np.ndim(v) else (int(v),) * nd
 
 
-def pool_windows(x_shape, window, stride, padding):
-    """(output shape, [(output index, clipped input slices)], window size) of a pooling
-    (stride None: the window)."""
-    nd = len(x_shape) - 2
+def _out(n, k, s, p, ceil_mode):
+    if not ceil_mode:
+        return (n + 2 * p - k) // s + 1
+    o = -(-(n + 2 * p - k) // s) + 1
+    return o - 1 if (o - 1) * s >= n + p else o
+
+
+def _geometry(nd, window, stride, padding):
     window = _pool_tuple(window, nd)
     stride = window if stride is None else _pool_tuple(stride, nd)
-    padding = _pool_tuple(padding, nd)
-    out = tuple((n + 2 * p - k) // s + 1
+    return window, stride, _pool_tuple(padding, nd)
+
+
+def pool_windows(x_shape, window, stride, padding, ceil_mode=False):
+    """(output shape, [(output index, clipped input slices)], window size) of a pooling
+    (stride None: the window)."""
+    window, stride, padding = _geometry(len(x_shape) - 2, window, stride, padding)
+    out = tuple(_out(n, k, s, p, ceil_mode)
                 for n, k, s, p in zip(x_shape[2:], window, stride, padding))
     spans = [(o, tuple(slice(max(i * s - p, 0), min(i * s - p + k, n))
                        for i, n, k, s, p in zip(o, x_shape[2:], window, stride, padding)))
@@ -22,12 +35,21 @@ def pool_windows(x_shape, window, stride, padding):
     return out, spans, int(np.prod(window))
 
 
-def pool_forward(x, window, stride=None, padding=0, mode="max"):
+def _inc_divisor(o, x_shape, window, stride, padding):
+    """average_inc_pad's divisor of output o: the window clipped at the padded end n + p (the
+    full window size unless ceil mode's last window overhangs: PyTorch's rule)."""
+    window, stride, padding = _geometry(len(x_shape) - 2, window, stride, padding)
+    return int(np.prod([min(i * s - p + k, n + p) - (i * s - p)
+                        for i, n, k, s, p in zip(o, x_shape[2:], window, stride, padding)]))
+
+
+def pool_forward(x, window, stride=None, padding=0, mode="max", ceil_mode=False):
     """Direct loops over the output positions. The window is clipped to the input (padding
-    never enters a max or a sum); average_inc_pad divides by the full window size,
-    average_exc_pad by the number of inputs in the clipped window. NaN propagates."""
+    never enters a max or a sum); average_inc_pad divides by the window clipped at the padded
+    end (the full window size without ceil mode), average_exc_pad by the number of inputs in
+    the clipped window. NaN propagates."""
     x = np.asarray(x, np.float64)
-    out, spans, ksize = pool_windows(x.shape, window, stride, padding)
+    out, spans, _ = pool_windows(x.shape, window, stride, padding, ceil_mode)
     nc = x.shape[:2]
     y = np.empty(nc + out)
     for o, sl in spans:
@@ -37,17 +59,19 @@ def pool_forward(x, window, stride=None, padding=0, mode="max"):
             v = w.max(axis=-1) if w.size else np.zeros(nc)
         else:
             v = w.sum(axis=-1)
-            v = v / {"average_inc_pad": ksize, "average": ksize,
-                     "average_exc_pad": w.shape[-1], "sum": 1}[mode]
+            if mode in ("average_inc_pad", "average"):
+                v = v / _inc_divisor(o, x.shape, window, stride, padding)
+            elif mode == "average_exc_pad":
+                v = v / w.shape[-1]
         y[(slice(None), slice(None)) + o] = v
     return y
 
 
-def pool_backward(x, dy, window, stride=None, padding=0, mode="max"):
+def pool_backward(x, dy, window, stride=None, padding=0, mode="max", ceil_mode=False):
     """dx of :func:`pool_forward`. Max routes dy[o] to the window's first maximum in scan order
     (the lowest address), or to its first NaN: numpy's argmax rule."""
     x, dy = np.asarray(x, np.float64), np.asarray(dy, np.float64)
-    out, spans, ksize = pool_windows(x.shape, window, stride, padding)
+    out, spans, _ = pool_windows(x.shape, window, stride, padding, ceil_mode)
     nc = x.shape[:2]
     dx = np.zeros(x.shape)
     n_i, c_i = np.indices(nc)
@@ -62,8 +86,10 @@ def pool_backward(x, dy, window, stride=None, padding=0, mode="max"):
             at = (n_i, c_i) + tuple(t + s.start for t, s in zip(taps, sl))
             dx[at] += g      # one target per (n, c): no repeated index within this update
         else:
-            count = int(np.prod([s.stop - s.start for s in sl]))
-            div = {"average_inc_pad": ksize, "average": ksize, "average_exc_pad": count,
-                   "sum": 1}[mode]
+            div = 1
+            if mode in ("average_inc_pad", "average"):
+                div = _inc_divisor(o, x.shape, window, stride, padding)
+            elif mode == "average_exc_pad":
+                div = int(np.prod([s.stop - s.start for s in sl]))
             dx[(slice(None), slice(None)) + sl] += (g / div)[(...,) + (None,) * len(sl)]
     return dx

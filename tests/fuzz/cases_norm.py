@@ -142,9 +142,14 @@ def batchnorm_case(data, backend, op):
         rdx, rdg, rdb = _backward_ref(x64, dy.astype(np.float64), gamma, smean, sinv,
                                               mode)
         floor = float(np.abs(dy).max(initial=0))
-        compare(op + " dx", dx, rdx, 4 * tol, floor=floor, dtype=dtype)
-        compare(op + " dgamma", dg, rdg, 4 * tol, floor=floor, dtype=pdt)
-        compare(op + " dbeta", db, rdb, 4 * tol, floor=floor, dtype=pdt)
+        # dx = gamma invstd (dy - mean(dy) - xhat mean(dy xhat)) cancels where the batch is
+        # small and nearly constant: cuDNN's float32 order is seen 1.3e-5 off (N=1, C=1, 3x3)
+        compare(op + " dx", dx, rdx, 8 * tol, floor=floor, dtype=dtype)
+        # dgamma and dbeta sum M = x.size / C terms of size |dy|: random terms make a sum of
+        # size sqrt(M) |dy|, and its rounding error grows with it (cuDNN's float32 order)
+        pfloor = floor * np.sqrt(max(1, x.size // max(1, np.size(gamma))))
+        compare(op + " dgamma", dg, rdg, 4 * tol, floor=pfloor, dtype=pdt)
+        compare(op + " dbeta", db, rdb, 4 * tol, floor=pfloor, dtype=pdt)
     return expect(op, lambda: dnnkit.batch_norm_backward(xi, *args, backend=be, **kw),
                   check_bwd, mistake, present.bad)
 

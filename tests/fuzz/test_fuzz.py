@@ -28,6 +28,8 @@ from dnnkit import config
 from tests.conftest import backend_params
 from tests.fuzz import (cases_conv, cases_elementwise, cases_norm, cases_seq, cases_tensor,
                         common)
+from tests.fuzz import cases_lrn
+from tests.fuzz import cases_conv_transpose
 
 # family -> (case builder, examples per op and backend here, the ops it covers)
 FAMILIES = {
@@ -47,6 +49,9 @@ FAMILIES = {
                 ("affine_grid", "affine_grid_backward", "grid_sample", "grid_sample_backward",
                  "spatial_transformer")),
     "rnn": (cases_seq.rnn_case, 25, ("rnn_forward", "rnn_backward")),
+    "lrn": (cases_lrn.lrn_case, 40, ("lrn", "lrn_backward")),
+    "conv_transpose": (cases_conv_transpose.conv_transpose_case, 40,
+                       cases_conv_transpose.CT_OPS),
     "loss": (cases_seq.loss_case, 40, cases_seq.LOSS_OPS),
     "arith": (cases_tensor.arith_case, 40, tuple(cases_tensor.ARITH)),
     "reduce": (cases_tensor.reduce_case, 40, tuple(cases_tensor.REDUCE_MISTAKES)),

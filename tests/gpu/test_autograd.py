@@ -88,8 +88,9 @@ def test_memory_is_flat_over_100_steps(rng):
     loss_fn = nn.CrossEntropyLoss()
     x = dnnkit.tensor(rng.standard_normal((8, 3, 16, 16)).astype(np.float32))
     y = dnnkit.tensor(rng.integers(0, 10, 8).astype(np.int64))
-    for _ in range(20):         # warm up: every size the step asks for is in the pool
-        _step(model, opt, loss_fn, x, y)
+    for _ in range(20):         # warm up: every size the step asks for is in the pool (the
+        # loss kept as below: the previous step's lives while the next one makes its own)
+        loss = _step(model, opt, loss_fn, x, y)
     cuda.synchronize()
     before, free = memory.stats(), cuda.current_context().get_memory_info()[0]
     for _ in range(100):

@@ -52,6 +52,7 @@ FAMILIES = {
     "arith": ("add", "divide", "multiply", "subtract"),
     "reduce": ("broadcast_to", "mean", "mean_backward", "sum", "sum_to"),
     "shape": ("concatenate", "reshape", "split", "take_batch", "take_batch_backward"),
+    "lrn": ("lrn", "lrn_backward"),
 }
 # Cheap enough on the simulator for 20 calls each (about 1 s in all).
 SIM_OPS = ("activation", "activation_backward", "pool2d", "batch_norm_inference", "dropout",

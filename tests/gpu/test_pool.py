@@ -1,5 +1,6 @@
 """Pooling on a real GPU: cuDNN vs Numba vs float64 at realistic sizes, every mode, forward and
-backward; the tie rule of max_deterministic; what cuDNN's max does with ties and NaN."""
+backward, floor and ceil mode; the tie rule of max_deterministic; what cuDNN's max does with
+ties and NaN."""
 
 import numpy as np
 import pytest
@@ -46,6 +47,58 @@ def test_backends_agree_with_each_other_and_float64(rng, shape, mode, dtype):
     dx = assert_backends_agree(bwd, x, y, dy, k, s, p, mode).copy_to_host()
     ref = reference.pool_backward(x64, dy.astype(np.float64), k, s, p, mode)
     assert reference.rel_error(dx, ref) <= 2 * TOL[dtype]
+
+
+CEIL_SHAPES = [  # (x, window, stride, padding): ceil mode adds a window in some dim
+    ((32, 64, 112, 112), 3, 2, 0),                  # GoogLeNet's (Caffe) max pooling
+    ((16, 32, 56, 56), 3, 2, 1),
+    ((16, 32, 34, 48), (3, 2), (2, 3), (1, 0)),
+    ((8, 32, 15, 28, 28), 3, 2, 1),
+    ((4, 16, 9, 17, 13), (2, 3, 3), (2, 2, 3), (0, 1, 1)),
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("shape", CEIL_SHAPES, ids=[f"c{i}" for i in range(len(CEIL_SHAPES))])
+def test_ceil_mode_backends_agree_with_each_other_and_float64(rng, shape, mode, dtype):
+    """cuDNN pools x extended at its far edges (and rescales the average modes): both backends
+    must give the float64 reference's ceil-mode result, forward and backward."""
+    xs, k, s, p = shape
+    fwd, bwd = _fns(len(xs) - 2)
+    x = tie_free(rng, xs, dtype, period=max(4, *np.atleast_1d(k))) if mode == "max" else \
+        rng.standard_normal(xs).astype(dtype)
+    y = assert_backends_agree(fwd, x, k, s, p, mode, ceil_mode=True)
+    x64 = x.astype(np.float64)
+    ref = reference.pool_forward(x64, k, s, p, mode, ceil_mode=True)
+    assert y.shape == ref.shape and ref.shape[2:] != reference.pool_windows(xs, k, s, p)[0]
+    assert reference.rel_error(y.copy_to_host(), ref) <= TOL[dtype]
+    dy = rng.standard_normal(y.shape).astype(dtype)
+    dx = assert_backends_agree(bwd, x, y, dy, k, s, p, mode, ceil_mode=True).copy_to_host()
+    ref = reference.pool_backward(x64, dy.astype(np.float64), k, s, p, mode, ceil_mode=True)
+    assert reference.rel_error(dx, ref) <= 2 * TOL[dtype]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_ceil_mode_max_deterministic_ties_and_minus_inf_match_numba_bitwise(rng, dtype):
+    """Integer data (ties everywhere) and a block of -inf reaching into the overhanging
+    windows: the extension's -inf fill must win no maximum and draw no gradient, so cuDNN and
+    Numba agree bit for bit, and y is -inf where a window holds only -inf."""
+    xs, k, s, p = (16, 32, 56, 56), 3, 2, 0
+    x = rng.integers(-2, 3, xs).astype(dtype)
+    x[:, :4, -3:, :] = -np.inf                     # the last row of windows: all -inf
+    ys = [dnnkit.pool2d(x, k, s, p, "max_deterministic", ceil_mode=True, backend=b)
+          for b in ("cudnn", "numba")]
+    y = ys[1].copy_to_host()
+    np.testing.assert_array_equal(ys[0].copy_to_host(), y)
+    assert np.isneginf(y[:, :4, -1, :]).all()
+    dy = rng.integers(-8, 9, y.shape).astype(dtype)
+    got, want = (dnnkit.pool2d_backward(x, yb, dy, k, s, p, "max_deterministic", ceil_mode=True,
+                                        backend=b).copy_to_host()
+                 for yb, b in zip(ys, ("cudnn", "numba")))
+    finite = np.isfinite(y).all(axis=(2, 3))        # planes without -inf windows
+    np.testing.assert_array_equal(got[finite], want[finite])
+    np.testing.assert_array_equal(want, reference.pool_backward(x, dy, k, s, p, "max", True))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -37,9 +37,10 @@ def test_resnet18_trains(rng, backend):
     assert len(model.parameters()) == 62
     x = dnnkit.tensor(rng.standard_normal((2, 1, 8, 8)).astype(np.float32))
     y = dnnkit.tensor(np.array([0, 2]))
-    # a small plain step: the loss of the same batch must fall (with momentum and a large
-    # rate, two steps of this narrow net with batch statistics of 2 values can overshoot)
-    before, after = _train_two_steps(model, x, y, SGD(model.parameters(), lr=0.005))
+    # a small plain step along the gradient: the loss of the same batch must fall. (Batch
+    # statistics of 2 values -- the last stage is 1x1 -- make the loss very curved: a step of
+    # 5e-3 overshot on an H100's cuDNN path; the first-order decrease rules at 1e-4.)
+    before, after = _train_two_steps(model, x, y, SGD(model.parameters(), lr=1e-4))
     assert after < before
     assert model(x).shape == (2, 3)
 

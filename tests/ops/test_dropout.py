@@ -126,12 +126,42 @@ def test_same_seed_same_mask_other_seed_other_mask(rng, backend):
     assert np.array_equal(y1.copy_to_host(), y2.copy_to_host())
     agree = (y1.copy_to_host() != 0) == (y3.copy_to_host() != 0)
     assert 0.35 < agree.mean() < 0.65          # independent masks agree on half of them
-    # seed=None draws a fresh seed, kept in the state, which reproduces the mask
+    # seed=None: a fresh mask each call; Numba keeps the seed it drew, which reproduces it
+    # (cuDNN advances one generator per stream: no seed to keep)
     y4, s4 = dnnkit.dropout(x, 0.5, backend=backend)
     y5, s5 = dnnkit.dropout(x, 0.5, backend=backend)
-    assert s4.seed != s5.seed and not np.array_equal(y4.copy_to_host(), y5.copy_to_host())
-    y6, _ = dnnkit.dropout(x, 0.5, seed=s4.seed, backend=backend)
-    assert np.array_equal(y4.copy_to_host(), y6.copy_to_host())
+    assert not np.array_equal(y4.copy_to_host(), y5.copy_to_host())
+    if backend == "numba":
+        y6, _ = dnnkit.dropout(x, 0.5, seed=s4.seed, backend=backend)
+        assert np.array_equal(y4.copy_to_host(), y6.copy_to_host())
+    else:
+        assert s4.seed is None
+
+
+@pytest.mark.parametrize("backend", backend_params())
+def test_offsets_name_a_reproducible_sequence(rng, backend):
+    """Mask k of a seed's sequence: the same sequence twice, each mask new."""
+    x = rng.standard_normal((4, 300)).astype(np.float32) + 4
+    runs = [[dnnkit.dropout(x, 0.5, seed=11, offset=k, backend=backend)[0].copy_to_host()
+             for k in range(3)] for _ in range(2)]
+    for a, b in zip(*runs):
+        assert np.array_equal(a, b)
+    assert not np.array_equal(runs[0][0], runs[0][1])
+    assert not np.array_equal(runs[0][1], runs[0][2])
+    if backend == "numba":      # documented: Numba's mask (seed, k) is that of seed + k
+        y, _ = dnnkit.dropout(x, 0.5, seed=13, backend=backend)
+        assert np.array_equal(y.copy_to_host(), runs[0][2])
+
+
+@pytest.mark.cudnn
+def test_cudnn_offset_out_of_sequence_runs_numba_or_raises():
+    x = np.ones((4, 300), np.float32)
+    dnnkit.dropout(x, 0.5, seed=21, backend="cudnn")         # the stream's states at 1
+    chosen, why = dnnkit.select_backend("dropout", x, 0.5, seed=21, offset=5, explain=True)
+    assert chosen == "numba" and "one call at a time" in why and "stand at 1" in why, why
+    with pytest.raises(dnnkit.CudnnUnavailableError, match="one call at a time"):
+        dnnkit.dropout(x, 0.5, seed=21, offset=5, backend="cudnn")
+    assert dnnkit.select_backend("dropout", x, 0.5, seed=21, offset=1) == "cudnn"
 
 
 @pytest.mark.parametrize("backend", backend_params())
@@ -201,6 +231,9 @@ def test_state_from_another_backend_is_refused():
     (lambda x: dnnkit.dropout(x, 0.5, seed=2**64), ValueError, ["seed", str(2**64)]),
     (lambda x: dnnkit.dropout(x, 0.5, seed=1.5), TypeError, ["dropout", "seed", "1.5"]),
     (lambda x: dnnkit.dropout(x.astype(np.int16), 0.5), TypeError, ["dropout", "int16"]),
+    (lambda x: dnnkit.dropout(x, 0.5, offset=2), ValueError, ["dropout", "offset 2", "seed"]),
+    (lambda x: dnnkit.dropout(x, 0.5, seed=1, offset=-1), ValueError, ["offset", "-1"]),
+    (lambda x: dnnkit.dropout(x, 0.5, seed=1, offset=1.0), TypeError, ["offset", "1.0"]),
     (lambda x: dnnkit.dropout_backward(x, (x, 0.5)), TypeError,
      ["dropout_backward", "DropoutState", "tuple"]),
     (lambda x: dnnkit.dropout_backward(x[:1], _state(x)), ValueError,

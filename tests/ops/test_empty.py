@@ -198,6 +198,13 @@ case("global_avg_pool", "C=0", lambda b: dnnkit.global_avg_pool(_x(2, 0, 2, 2, 2
 case("global_avg_pool", "H=0", lambda b: dnnkit.global_avg_pool(_x(2, 3, 0, 2), backend=b),
      raises=ValueError)
 
+# ------------------------------------------------------------- local response normalization
+
+for shape in [(2, 5, 3), (0, 3, 2, 2), (2, 0, 2), (2, 3, 0, 2), (1, 2, 2, 0, 2)]:
+    case("lrn", f"x{shape}", lambda b, s=shape: dnnkit.lrn(_x(*s), 3, 1.0, backend=b))
+    case("lrn_backward", f"x{shape}",
+         lambda b, s=shape: dnnkit.lrn_backward(_x(*s), _x(*s), _x(*s), 4, 1.0, backend=b))
+
 # ------------------------------------------------------------- batch normalization
 
 

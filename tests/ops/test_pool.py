@@ -1,7 +1,9 @@
-"""Pooling 2-D/3-D: every mode, forward and backward, against the float64 reference; finite
-differences; the max routing and tie rule; NaN; argument errors; the cuDNN layer (stubbed)."""
+"""Pooling 2-D/3-D: every mode, forward and backward, against the float64 reference; ceil mode
+(output sizes, divisors, the cuDNN path's extension emulated); finite differences; the max
+routing and tie rule; NaN; argument errors; the cuDNN layer (stubbed)."""
 
 import ctypes
+import functools
 import glob
 import os
 import re
@@ -61,6 +63,165 @@ def test_forward_and_backward_match_float64(rng, case, mode, dtype, backend):
     assert dx.dtype == np.dtype(dtype) and dx.shape == shape
     ref = reference.pool_backward(x64, dy.astype(np.float64), k, s, p, mode)
     assert reference.rel_error(dx, ref) <= 4 * REL_TOL[dtype]
+
+
+# ---------------------------------------------------------------- ceil mode
+
+CEIL_CASES = [  # (id, x shape, window, stride, padding): ceil mode adds a window somewhere
+    ("2d-ceil-pad", (1, 2, 6, 7), 3, 2, 1),                     # H gains one, W does not
+    ("2d-ceil-nopad", (2, 1, 5, 8), (2, 3), 2, 0),              # both gain one
+    ("2d-ceil-wide", (1, 2, 2, 5), 3, 2, 0),                    # window wider than H
+    ("3d-ceil", (1, 2, 5, 4, 6), (2, 3, 3), 2, (0, 1, 1)),
+]
+
+
+def _floor_shape(shape, k, s, p):
+    return reference.pool_windows(shape, k, s, p)[0]
+
+
+@pytest.mark.parametrize("backend", backend_params())
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("case", CEIL_CASES, ids=[c[0] for c in CEIL_CASES])
+def test_ceil_mode_matches_float64(rng, case, mode, dtype, backend):
+    _, shape, k, s, p = case
+    fwd, bwd = _fns(len(shape) - 2)
+    x = _input(rng, shape, dtype, mode)
+    y = fwd(x, k, s, p, mode, ceil_mode=True, backend=backend).copy_to_host()
+    x64 = x.astype(np.float64)
+    ref = reference.pool_forward(x64, k, s, p, mode, ceil_mode=True)
+    assert y.shape == ref.shape and y.shape[2:] != _floor_shape(shape, k, s, p)
+    assert reference.rel_error(y, ref) <= REL_TOL[dtype]
+    dy = rng.standard_normal(y.shape).astype(dtype)
+    dx = bwd(x, y, dy, k, s, p, mode, ceil_mode=True, backend=backend).copy_to_host()
+    ref = reference.pool_backward(x64, dy.astype(np.float64), k, s, p, mode, ceil_mode=True)
+    assert dx.shape == shape and reference.rel_error(dx, ref) <= 4 * REL_TOL[dtype]
+
+
+@pytest.mark.parametrize("n,k,s,p,floor,ceil", [
+    (5, 2, 2, 0, 2, 3),         # the last window holds one input
+    (6, 3, 2, 1, 3, 4),         # reaches one past the padding
+    (5, 2, 2, 1, 3, 3),         # ceil would give 4, but that window starts in the padding
+    (7, 3, 2, 0, 3, 3),         # exact: no difference
+    (112, 3, 2, 0, 55, 56),     # GoogLeNet's (Caffe) 3/2 max pooling
+    (2, 3, 2, 0, None, 1),      # a window wider than x: ceil mode only (PyTorch allows it)
+])
+def test_ceil_mode_output_size_is_pytorchs(n, k, s, p, floor, ceil):
+    """PyTorch's pooling_output_shape: ceil((n + 2p - k) / s) + 1, less one when that window
+    would start at or past n + p."""
+    x = np.zeros((1, 1, n, 1), np.float32)
+    if floor is not None:
+        assert dnnkit.pool2d(x, (k, 1), (s, 1), (p, 0)).shape[2] == floor
+    assert dnnkit.pool2d(x, (k, 1), (s, 1), (p, 0), ceil_mode=True).shape[2] == ceil
+    assert reference.pool_forward(x, (k, 1), (s, 1), (p, 0), "max", True).shape[2] == ceil
+
+
+def test_ceil_mode_divisors_are_pytorchs():
+    """Hand-checked values (PyTorch's avg_pool2d, ceil_mode=True): average_inc_pad divides by
+    the window clipped at the padded end, never by the overhang past it."""
+    x = np.arange(1, 17, dtype=np.float32).reshape(1, 1, 4, 4)
+    for mode in ("average_inc_pad", "average_exc_pad"):   # no padding: the two agree
+        y = dnnkit.pool2d(x, 3, 2, 0, mode, ceil_mode=True).copy_to_host()
+        np.testing.assert_array_equal(y[0, 0], [[6, 7.5], [12, 13.5]])
+    row = np.arange(1, 6, dtype=np.float32).reshape(1, 1, 1, 5)
+    y = dnnkit.pool2d(row, (1, 2), ceil_mode=True, mode="average").copy_to_host()
+    np.testing.assert_array_equal(y.ravel(), [1.5, 3.5, 5])
+    # 6 x 6 ones, 3/2/1: windows start at -1, 1, 3, 5; inputs per dim 2, 3, 3, 1; the
+    # padded extent per dim 3, 3, 3, 2 (the last window's third position is overhang)
+    ones = np.ones((1, 1, 6, 6))
+    inc = dnnkit.pool2d(ones, 3, 2, 1, "average_inc_pad", ceil_mode=True).copy_to_host()[0, 0]
+    per = np.array([2 / 3, 1, 1, 1 / 2])
+    np.testing.assert_allclose(inc, np.outer(per, per), rtol=1e-15)
+    exc = dnnkit.pool2d(ones, 3, 2, 1, "average_exc_pad", ceil_mode=True).copy_to_host()[0, 0]
+    np.testing.assert_array_equal(exc, np.ones((4, 4)))
+    s = dnnkit.pool2d(ones, 3, 2, 1, "sum", ceil_mode=True).copy_to_host()[0, 0]
+    np.testing.assert_array_equal(s, np.outer([2, 3, 3, 1], [2, 3, 3, 1]))
+
+
+@pytest.mark.parametrize("mode", ["average_inc_pad", "average_exc_pad", "sum", "max"])
+@pytest.mark.parametrize("shape,window_args", [((1, 1, 4, 5), (3, 2, 1)),
+                                               ((1, 1, 3, 4, 3), ((2, 3, 2), 2, (0, 1, 0)))],
+                         ids=["2d", "3d"])
+def test_ceil_mode_backward_is_the_derivative(rng, shape, window_args, mode):
+    fwd, bwd = _fns(len(shape) - 2)
+    fwd, bwd = (functools.partial(f, ceil_mode=True) for f in (fwd, bwd))
+    x = pool_ops.tie_free(rng, shape, np.float64) if mode == "max" else rng.standard_normal(shape)
+    y = fwd(x, *window_args, mode, backend="numba").copy_to_host()
+    assert y.shape[2:] != _floor_shape(shape, *window_args)
+    dy = rng.standard_normal(y.shape)
+    fd = _batched_fd(fwd, x, dy, window_args, mode, 1e-3 if mode == "max" else 1e-5)
+    dx = bwd(x, y, dy, *window_args, mode, backend="numba").copy_to_host()
+    np.testing.assert_allclose(dx, fd, rtol=1e-7, atol=1e-9)
+
+
+def _emulated_cudnn(monkeypatch, limit):
+    """cuDNN's calls emulated on the simulator (tests/ops/split_fakes.py: floor-mode pooling
+    by the float64 reference, cuDNN's semantics) plus the ceil-mode helpers (fill and copy,
+    crop, rescale), each recording what it was given."""
+    from tests.ops.split_fakes import _host, _put, fake_cudnn
+    seen = fake_cudnn(monkeypatch, limit)
+    seen["extend"] = []
+
+    def extend(x, xe, fill, stream):
+        seen["extend"].append((tuple(xe.shape), fill))
+        h = np.full(xe.shape, fill)
+        h[tuple(slice(0, n) for n in x.shape)] = _host(x)[0]
+        _put(xe, h)
+
+    def crop(xe, x, stream):
+        _put(x, _host(xe)[0][tuple(slice(0, n) for n in x.shape)])
+
+    def rescale(a, scale, c, stream):
+        _put(c, _host(a)[0] * scale.copy_to_host())
+
+    for name, fn in (("extend", extend), ("crop", crop), ("rescale", rescale)):
+        monkeypatch.setattr(pool_ops.cudnn_pool, name, fn)
+    return seen
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("case", CEIL_CASES[:2] + CEIL_CASES[3:],
+                         ids=[c[0] for c in CEIL_CASES[:2] + CEIL_CASES[3:]])
+def test_cudnn_ceil_mode_path_with_emulated_cudnn(rng, monkeypatch, case, mode):
+    """The cuDNN path's arithmetic on the simulator: x extended at its far edges (-inf for max,
+    0 otherwise), cuDNN's floor-mode pooling of it (emulated), the average modes rescaled by
+    cuDNN's divisor over the true one, dx cropped; a batch of 3 in pieces of one (split)."""
+    _, shape, k, s, p = case
+    shape = (3,) + shape[1:]
+    geom = pool_ops.make_geom("t", len(shape) - 2, shape, k, s, p, True)
+    seen = _emulated_cudnn(monkeypatch, limit=pool_ops._image(geom))    # one image a piece
+    fwd, bwd = _fns(len(shape) - 2)
+    x = _input(rng, shape, "float64", mode)
+    with dnnkit.trace() as t:
+        y = fwd(x, k, s, p, mode, ceil_mode=True, backend="cudnn")
+    assert t.backends() == ["cudnn"]
+    ref = reference.pool_forward(x, k, s, p, mode, ceil_mode=True)
+    np.testing.assert_allclose(y.copy_to_host(), ref, rtol=1e-13)
+    fill = -np.inf if mode.startswith("max") else 0.0
+    assert seen["extend"] == [((1,) + geom.extended_shape[1:], fill)] * 3
+    assert seen["pool"] == [(1,) + geom.extended_shape[1:]] * 3
+    dy = rng.standard_normal(ref.shape)
+    dx = bwd(x, y, dy, k, s, p, mode, ceil_mode=True, backend="cudnn").copy_to_host()
+    np.testing.assert_allclose(dx, reference.pool_backward(x, dy, k, s, p, mode, True),
+                               rtol=1e-13, atol=1e-15)
+
+
+def test_ceil_mode_geometry_extends_only_where_a_window_overhangs():
+    g = pool_ops.make_geom("t", 2, (1, 1, 6, 7), 3, 2, 1, True)
+    assert g.y_shape == (1, 1, 4, 4) and g.overhang == (1, 0)
+    assert g.extended_shape == (1, 1, 7, 7)
+    assert pool_ops.make_geom("t", 2, (1, 1, 6, 7), 3, 2, 1).overhang == (0, 0)
+    assert pool_ops.make_geom("t", 3, (1, 1, 2, 5, 5), (3, 2, 2), 2, 0, True).overhang == \
+        (1, 1, 1)
+    # cuDNN's divisor on the extended x over the true one: 1 away from the overhang
+    inc = pool_ops._divisor_ratio(g, "average_inc_pad")[0, 0]
+    np.testing.assert_allclose(inc, np.outer([1, 1, 1, 3 / 2], [1, 1, 1, 1]))
+    exc = pool_ops._divisor_ratio(g, "average_exc_pad")[0, 0]
+    np.testing.assert_allclose(exc, np.outer([1, 1, 1, 2], [1, 1, 1, 1]))
+    for mode in ("max", "sum"):
+        assert pool_ops._divisor_ratio(g, mode) is None
+    assert pool_ops._divisor_ratio(pool_ops.make_geom("t", 2, (1, 1, 7, 7), 3, 2, 0, True),
+                                   "average_inc_pad") is None        # exact: no overhang
 
 
 def test_output_size_and_defaults():
@@ -295,6 +456,12 @@ def _x4():
      TypeError, ["pool2d_backward", "y", "float64", "float32"]),
     (lambda x: dnnkit.pool3d_backward(x, x, x, 2), ValueError, ["pool3d_backward", "5-D"]),
     (lambda x: dnnkit.pool2d(x, 2, backend="cudann"), ValueError, ["backend", "cudann"]),
+    (lambda x: dnnkit.pool2d(x, 2, ceil_mode=1), TypeError, ["pool2d", "ceil_mode", "1"]),
+    (lambda x: dnnkit.pool2d(x, 9, 2, ceil_mode=True), ValueError,
+     ["pool2d", "window 9", "6 + 2*0 = 6", "stride - 1 = 1", "ceil_mode"]),
+    (lambda x: dnnkit.pool2d_backward(x, x[:, :, :3, :3], x[:, :, :3, :3], 3, 2, 1,
+                                      ceil_mode=True), ValueError,
+     ["pool2d_backward", "y", "(2, 3, 3, 3)", "(2, 3, 4, 4)"]),
 ])
 def test_bad_arguments_name_op_and_values(call, exc, words):
     with pytest.raises(exc) as ei:
@@ -307,9 +474,11 @@ def test_bad_arguments_name_op_and_values(call, exc, words):
 
 def test_cudnn_supports_every_mode_and_big_batches_but_not_huge_images():
     g = pool_ops.make_geom("t", 2, (2, 3, 8, 8), 3, 2, 1)
+    gc = pool_ops.make_geom("t", 2, (2, 3, 8, 8), 3, 2, 0, True)       # ceil mode: extended
     small = types.SimpleNamespace(size=2 * 3 * 64, shape=(2, 3, 8, 8))
     for mode in MODES:
         assert pool_ops._cudnn_supports(small, g, mode, None) is None
+        assert pool_ops._cudnn_supports(small, gc, mode, None) is None
     batch = types.SimpleNamespace(size=2**31, shape=(2**21, 2**10, 1, 1))   # split (split.py)
     gbatch = pool_ops.make_geom("t", 2, batch.shape, 1, 1, 0)
     assert pool_ops._cudnn_supports(batch, gbatch, "max", None) is None
@@ -399,6 +568,40 @@ def test_cudnn_calls_in_order_with_the_right_arguments(recorded, mode, mode_id, 
     assert calls[8][1][1] is fwd[1] and calls[8][1][3] is fwd[3]    # the same descriptors
 
 
+def test_cudnn_ceil_helpers_describe_the_extended_corner(recorded):
+    """extend: cudnnSetTensor of the whole extended buffer, then cudnnTransformTensor of x into
+    its leading corner (x's dims, the extended buffer's strides); crop: the reverse; rescale:
+    cudnnOpTensor MUL with the factor broadcast over N and C."""
+    from dnnkit.cudnn import pool as cpool
+    calls = recorded
+    x, xe = _FakeArray((2, 3, 7, 6), "float32", 0x1000), _FakeArray((2, 3, 8, 7), "float32",
+                                                                     0x2000)
+    cpool.extend(x, xe, -np.inf, 0)
+    names = [c[0] for c in calls]
+    assert names.index("cudnnSetTensor") < names.index("cudnnTransformTensor")
+    value = calls[names.index("cudnnSetTensor")][1][3]._obj.value
+    assert value == -np.inf
+    descs = [(_ints(a[3], a[2]), _ints(a[4], a[2])) for n, a in calls
+             if n == "cudnnSetTensorNdDescriptor"]
+    assert ([2, 3, 7, 6], [126, 42, 6, 1]) in descs and ([2, 3, 7, 6], [168, 56, 7, 1]) in descs
+    tr = calls[names.index("cudnnTransformTensor")][1]
+    assert (tr[3], tr[6]) == (0x1000, 0x2000)            # from x into xe
+    del calls[:]
+    cpool.crop(xe, x, 0)
+    tr = [a for n, a in calls if n == "cudnnTransformTensor"][0]
+    assert (tr[3], tr[6]) == (0x2000, 0x1000)            # from xe's corner into x
+    del calls[:]
+    y, t = _FakeArray((2, 3, 4, 3), "float32", 0x3000), _FakeArray((2, 3, 4, 3), "float32",
+                                                                    0x4000)
+    cpool.rescale(t, _FakeArray((1, 1, 4, 3), "float32", 0x5000), y, 0)
+    op = [a for n, a in calls if n == "cudnnOpTensor"][0]
+    assert (op[4], op[7], op[10]) == (0x4000, 0x5000, 0x3000)
+    descs = [_ints(a[3], a[2]) for n, a in calls if n == "cudnnSetTensorNdDescriptor"]
+    assert [1, 1, 4, 3] in descs
+    mul = [a for n, a in calls if n == "cudnnSetOpTensorDescriptor"][0]
+    assert mul[1] == 1                                   # CUDNN_OP_TENSOR_MUL
+
+
 def _headers(real):
     inc = os.path.join(os.path.dirname(os.path.dirname(os.path.realpath(real.path))), "include")
     text = "".join(open(f).read() for f in sorted(glob.glob(os.path.join(inc, "cudnn*.h"))))
@@ -430,7 +633,8 @@ def test_selfcheck_rows_pass_on_numba():
     ops = ("pool2d", "pool3d", "pool2d_backward", "pool3d_backward")
     assert {c.op for c in selfcheck.cases()} >= set(ops)
     rows = [r for r in selfcheck.run(dtypes=("float32",), ops_=ops) if r["backend"] == "numba"]
-    assert len(rows) == 2 * (5 + 3) and all(r["status"] == "ok" for r in rows), rows
+    assert len(rows) == 2 * (5 + 3 + 3) and all(r["status"] == "ok" for r in rows), rows
+    assert sum(r["variant"].endswith(" ceil") for r in rows) == 6
 
 
 def test_deterministic_flag_makes_cudnn_max_deterministic(monkeypatch):

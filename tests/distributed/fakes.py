@@ -1,0 +1,168 @@
+"""Communicators for the simulator: two ranks in one process, without NCCL.
+
+:func:`run_pair` runs ``fn(rank, group)`` for ranks 0 and 1 in two threads that take turns:
+each holds one lock while it runs and lets go only while it waits in a collective for the
+other, so dnnkit never runs on both at once, and the collectives exchange real values (host
+copies) with the semantics NCCL has. :class:`PhantomComm` is one rank whose partner always
+holds ``factor`` times its values, and records every call."""
+
+import contextlib
+import threading
+
+import numpy as np
+
+from dnnkit.distributed import ProcessGroup
+from dnnkit.distributed.env import DistributedError, ProcessEnv
+
+WAIT = 120.0          # seconds a rank waits for the other before the test fails
+
+
+def _reduce(values, op):
+    stack = np.stack(values)
+    return {"sum": stack.sum(0), "avg": stack.mean(0), "max": stack.max(0),
+            "min": stack.min(0), "prod": stack.prod(0)}[op].astype(values[0].dtype)
+
+
+def group_of(comm, rank=0, world=2):
+    return ProcessGroup(ProcessEnv(rank, world, rank, None, None, "env"), 30.0, None, comm)
+
+
+class _Turns:
+    """The state two PairComms share: the run lock (a Condition) and the slots of the
+    exchange in progress."""
+
+    def __init__(self):
+        self.cond = threading.Condition()
+        self.slots = {}
+        self.generation = 0
+        self.taken = 0
+        self.failed = None
+        self.finished = set()
+
+
+class PairComm:
+    size = 2
+    aborted = False
+
+    def __init__(self, turns, rank):
+        self.turns, self.rank = turns, rank
+        self.lock = threading.RLock()
+        self.calls = []
+
+    def _exchange(self, value):
+        """Both ranks' host arrays, [rank 0's, rank 1's] (the caller holds the run lock)."""
+        t = self.turns
+        gen = t.generation
+        t.slots[self.rank] = value
+        t.cond.notify_all()
+        while len(t.slots) < 2 and t.generation == gen:
+            if 1 - self.rank in t.finished:
+                t.failed = f"rank {1 - self.rank} finished without this collective"
+            if t.failed or not t.cond.wait(WAIT):
+                raise DistributedError(f"fake rank {self.rank}: the other rank never came "
+                                       f"({t.failed})")
+        both = [t.slots[0], t.slots[1]]
+        t.taken += 1
+        if t.taken == 2:            # both have read: the next exchange may start
+            t.slots, t.taken = {}, 0
+            t.generation += 1
+            t.cond.notify_all()
+        else:
+            while t.generation == gen:
+                if t.failed or not t.cond.wait(WAIT):
+                    raise DistributedError(f"fake rank {self.rank}: stuck ({t.failed})")
+        return both
+
+    def all_reduce(self, x, out, op, stream):
+        self.calls.append(("all_reduce", x.size, op))
+        out.copy_to_device(_reduce(self._exchange(x.copy_to_host()), op))
+
+    def broadcast(self, x, out, root, stream):
+        self.calls.append(("broadcast", x.size, root))
+        out.copy_to_device(self._exchange(x.copy_to_host())[root])
+
+    def all_gather(self, x, out, stream):
+        self.calls.append(("all_gather", x.size))
+        both = self._exchange(x.copy_to_host())
+        out.copy_to_device(np.concatenate([b.reshape(-1) for b in both]).reshape(out.shape))
+
+    def reduce_scatter(self, x, out, op, stream):
+        self.calls.append(("reduce_scatter", x.size, op))
+        total = _reduce(self._exchange(x.copy_to_host()), op).reshape(-1)
+        n = out.size
+        out.copy_to_device(total[self.rank * n:(self.rank + 1) * n].reshape(out.shape))
+
+    @contextlib.contextmanager
+    def group(self):
+        yield self
+
+    def async_error(self):
+        return 0
+
+    def abort(self):
+        pass
+
+    def destroy(self):
+        pass
+
+
+def run_pair(fn):
+    """[fn(0, group0), fn(1, group1)], the two run in turns (module docstring)."""
+    turns = _Turns()
+    results, errors = [None, None], [None, None]
+
+    def body(rank):
+        g = group_of(PairComm(turns, rank), rank)
+        with turns.cond:
+            try:
+                results[rank] = fn(rank, g)
+            except BaseException as e:  # noqa: BLE001 - re-raised in the test's thread
+                errors[rank] = e
+                turns.failed = f"rank {rank} raised {type(e).__name__}: {e}"
+            turns.finished.add(rank)
+            turns.cond.notify_all()
+
+    threads = [threading.Thread(target=body, args=(r,), daemon=True) for r in (0, 1)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(timeout=900)
+        assert not th.is_alive(), "a fake rank did not finish"
+    for e in errors:
+        if e is not None:
+            raise e
+    return results
+
+
+class PhantomComm:
+    """Rank 0 of 2 whose partner holds ``factor`` times its values: all_reduce avg gives
+    (1 + factor) / 2 times the input. Records ("all_reduce", size, op, what the test's
+    ``probe()`` returns at that moment) for each call."""
+
+    rank, size, aborted = 0, 2, False
+
+    def __init__(self, factor=3.0, probe=None):
+        self.factor, self.probe = factor, probe
+        self.lock = threading.RLock()
+        self.calls = []
+
+    def all_reduce(self, x, out, op, stream):
+        self.calls.append(("all_reduce", x.size, op, self.probe() if self.probe else None))
+        v = x.copy_to_host()
+        out.copy_to_device(_reduce([v, (v * self.factor).astype(v.dtype)], op))
+
+    def broadcast(self, x, out, root, stream):
+        self.calls.append(("broadcast", x.size, root, None))
+
+    @contextlib.contextmanager
+    def group(self):
+        yield self
+
+    def async_error(self):
+        return 0
+
+    def abort(self):
+        pass
+
+    def destroy(self):
+        pass

@@ -1,0 +1,183 @@
+"""One rank of a GPU scenario (tests/distributed/test_gpu.py): ``gpu_worker.py SCENARIO
+[BACKEND]``, started by the launcher (or, for the faults, directly) with RANK, WORLD_SIZE,
+LOCAL_RANK, MASTER_ADDR, MASTER_PORT set. Checks its results itself (an AssertionError exits
+non-zero) and prints one JSON line {"rank": r, ...}. Needs 2 GPUs, nccl4py and libnccl."""
+
+import json
+import os
+import signal
+import sys
+import time
+
+import dnnkit.distributed as dist     # first: registers dnn.distributed.timeout (DNNKIT_FLAGS)
+import numpy as np
+
+import dnnkit
+from dnnkit import config, models, nn, optim
+
+
+def data(rank, shape, dtype):
+    return ((np.arange(int(np.prod(shape))).reshape(shape) % 7) * (rank + 1) - 3).astype(dtype)
+
+
+def collectives(g):
+    w, r = g.world_size, g.rank
+    for dtype in (np.float16, np.float32, np.float64, np.int32, np.int64):
+        ops = ("sum", "max", "min") + (("avg",) if np.dtype(dtype).kind == "f" else ())
+        for op in ops:
+            x = dnnkit.tensor(data(r, (5, 3), dtype))
+            dist.all_reduce(x, op)
+            parts = np.stack([data(k, (5, 3), dtype) for k in range(w)]).astype(np.float64)
+            want = {"sum": parts.sum(0), "avg": parts.mean(0), "max": parts.max(0),
+                    "min": parts.min(0)}[op].astype(dtype)
+            np.testing.assert_allclose(x.numpy().astype(np.float64), want.astype(np.float64),
+                                       rtol=1e-3 if dtype == np.float16 else 1e-6,
+                                       err_msg=f"all_reduce {op} {np.dtype(dtype).name}")
+        b = dnnkit.tensor(data(r, (4,), dtype)).data
+        dist.broadcast(b, src=w - 1)
+        np.testing.assert_array_equal(b.copy_to_host(), data(w - 1, (4,), dtype))
+        gathered = dist.all_gather(dnnkit.tensor(data(r, (2, 3), dtype)))
+        np.testing.assert_array_equal(gathered.numpy(), np.concatenate(
+            [data(k, (2, 3), dtype) for k in range(w)]))
+        scattered = dist.reduce_scatter(dnnkit.tensor(data(r, (2 * w, 3), dtype)), "sum")
+        total = sum(data(k, (2 * w, 3), dtype).astype(np.float64) for k in range(w))
+        np.testing.assert_allclose(scattered.numpy().astype(np.float64),
+                                   total[2 * r:2 * r + 2], rtol=1e-3)
+    # on a stream of the caller's: the collective is queued there, after the fill
+    s = dnnkit.device.numba_cuda().stream()
+    with dnnkit.stream(s):
+        x = dnnkit.tensor(np.full(1 << 16, r + 1.0, np.float32))
+        dist.all_reduce(x)
+        got = x.data.copy_to_host(stream=s)
+        s.synchronize()
+    assert (got == w * (w + 1) / 2).all()
+    dist.barrier()
+    return {"collectives": g.seq}
+
+
+def small_cnn(seed, dtype):
+    rng = np.random.default_rng(seed)
+    m = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1, dtype=dtype), nn.ReLU(),
+                      nn.MaxPool2d(2), nn.Flatten(), nn.Linear(4 * 4 * 4, 5, dtype=dtype))
+    m.load_state_dict({k: (rng.standard_normal(v.shape) * 0.3).astype(v.dtype)
+                       for k, v in m.state_dict().items()})
+    return m
+
+
+def train(model, xs, ys, steps, lr=0.05):
+    loss_fn = nn.CrossEntropyLoss()
+    opt = optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+    losses = []
+    for _ in range(steps):
+        opt.zero_grad()
+        loss = loss_fn(model(dnnkit.tensor(xs)), dnnkit.tensor(ys))
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+def compare(model, ref, rtol, atol):
+    """Every parameter and buffer of ``model`` against ``ref``'s; the largest difference."""
+    worst = 0.0
+    for (k, v), want in zip(model.state_dict().items(), ref.state_dict().values()):
+        np.testing.assert_allclose(v, want, rtol=rtol, atol=atol, err_msg=k)
+        if v.dtype.kind == "f":
+            worst = max(worst, float(np.abs(v - want).max()))
+    return worst
+
+
+def batch(g, seed, shape, classes, dtype):
+    """The global batch, and this rank's equal share of it (rows)."""
+    rng = np.random.default_rng(seed)
+    n = shape[0] * g.world_size
+    xs = rng.standard_normal((n,) + shape[1:]).astype(dtype)
+    ys = rng.integers(0, classes, n).astype(np.int64)
+    return xs, ys, slice(g.rank * shape[0], (g.rank + 1) * shape[0])
+
+
+def data_parallel(g, backend):
+    """A float64 CNN under DataParallel, each rank seeded differently (rank 0's weights are
+    broadcast), 3 SGD steps on its share: the same parameters as one model trained on the
+    whole batch on this GPU."""
+    xs, ys, part = batch(g, 42, (4, 3, 8, 8), 5, np.float64)
+    dp = dist.DataParallel(nn.convert(small_cnn(g.rank, "float64"), backend), bucket_mb=1e-3)
+    assert len(dp.buckets) > 1
+    train(dp, xs[part], ys[part], 3)
+    ref = nn.convert(small_cnn(0, "float64"), backend)
+    train(ref, xs, ys, 3)
+    return {"worst": compare(dp.module, ref, 1e-10, 1e-12), "buckets": len(dp.buckets)}
+
+
+def resnet(g, backend):
+    """ResNet-18 (CIFAR form, width 16, float32) with SyncBatchNorm under DataParallel, 2
+    steps, against the same model with BatchNorm on the whole batch on one GPU."""
+    with config.change_flags({"dnn.deterministic": True}):
+        xs, ys, part = batch(g, 7, (8, 3, 32, 32), 10, np.float32)
+        model = dist.SyncBatchNorm.convert(models.resnet18(width=16, seed=g.rank))
+        dp = dist.DataParallel(nn.convert(model, backend))
+        train(dp, xs[part], ys[part], 2, lr=0.02)
+        ref = nn.convert(models.resnet18(width=16, seed=0), backend)
+        train(ref, xs, ys, 2, lr=0.02)
+        return {"worst": compare(dp.module, ref, 2e-3, 2e-4)}
+
+
+def sync_bn(g, backend):
+    w, r = g.world_size, g.rank
+    out = {}
+    for dtype, tol in (("float64", 1e-10), ("float32", 2e-4)):
+        rng = np.random.default_rng(3)
+        x = (rng.standard_normal((4 * w, 6, 5, 5)) * 2 + 1).astype(dtype)
+        gy = rng.standard_normal(x.shape).astype(dtype)
+        part = slice(4 * r, 4 * r + 4)
+        sbn = nn.convert(dist.SyncBatchNorm(6, dtype=dtype), backend)
+        bn = nn.convert(nn.BatchNorm2d(6, dtype=dtype), backend)
+        xt, xr = dnnkit.tensor(x[part], requires_grad=True), dnnkit.tensor(x, requires_grad=True)
+        y, yr = sbn(xt), bn(xr)
+        (y * dnnkit.tensor(gy[part])).sum().backward()
+        (yr * dnnkit.tensor(gy)).sum().backward()
+        np.testing.assert_allclose(y.numpy(), yr.numpy()[part], rtol=tol, atol=tol)
+        np.testing.assert_allclose(xt.grad.numpy(), xr.grad.numpy()[part], rtol=tol, atol=tol)
+        dgamma = dnnkit.tensor(sbn.weight.grad.numpy().copy())
+        dist.all_reduce(dgamma)           # the ranks' shares add up to the whole batch's
+        np.testing.assert_allclose(dgamma.numpy(), bn.weight.grad.numpy(), rtol=tol, atol=tol)
+        np.testing.assert_allclose(sbn.running_var.numpy(), bn.running_var.numpy(), rtol=tol)
+        out[dtype] = True
+    return out
+
+
+def fault(g, how):
+    """Train; after 3 steps rank 1 dies (SIGKILL) or hangs (sleeps). Rank 0 must fail with
+    a DistributedError naming rank 1 (caught here only to report it) within the timeout."""
+    model = dist.DataParallel(small_cnn(g.rank, "float32"), bucket_mb=1e-3)
+    rng = np.random.default_rng(g.rank)
+    xs = rng.standard_normal((4, 3, 8, 8)).astype(np.float32)
+    ys = rng.integers(0, 5, 4).astype(np.int64)
+    opt = optim.SGD(model.parameters(), lr=0.01)
+    loss_fn = nn.CrossEntropyLoss()
+    t_fault = None
+    for step in range(10 ** 6):
+        if g.rank == 1 and step == 3:
+            if how == "kill":
+                os.kill(os.getpid(), signal.SIGKILL)
+            time.sleep(3600)
+        if step == 3:
+            t_fault = time.monotonic()
+        opt.zero_grad()
+        loss_fn(model(dnnkit.tensor(xs)), dnnkit.tensor(ys)).backward()
+        opt.step()
+        model.module[0].weight.numpy()          # waits for the GPU: hangs until the abort
+        if t_fault is not None and time.monotonic() - t_fault > 10 * g.timeout:
+            raise AssertionError("no fault detected")
+
+
+SCENARIOS = {"collectives": collectives, "data_parallel": data_parallel, "resnet": resnet,
+             "sync_bn": sync_bn, "fault": fault}
+
+if __name__ == "__main__":
+    g = dist.init()
+    t0 = time.monotonic()
+    result = SCENARIOS[sys.argv[1]](g, *sys.argv[2:])
+    print(json.dumps({"rank": g.rank, "result": result, "elapsed": time.monotonic() - t0}),
+          flush=True)
+    dist.destroy()

@@ -1,0 +1,70 @@
+"""cProfile of whole training steps (host path): where the host's time per step goes.
+
+    python -m validation.profile_step [vgg|resnet18|lm] [cudnn|numba] [batch] [--steps N]
+
+Builds the model as validation/train_bench.py does (SGD with momentum, cross-entropy), warms up,
+then profiles N steps (default 20) without waiting on the GPU inside the loop. Prints the
+functions by own time and by cumulative time, and the calls per step of the busiest ones."""
+
+import argparse
+import cProfile
+import pstats
+
+import numpy as np
+
+import dnnkit
+from dnnkit import models, nn, optim
+
+
+def build(name, backend, batch, rng):
+    if name == "lm":
+        model = models.LSTMLanguageModel(10000, 650, 650, 2, dropout=0.0, seed=0)
+        x = dnnkit.tensor(rng.integers(0, 10000, (35, batch)))
+        y = dnnkit.tensor(rng.integers(0, 10000, (35 * batch,)))
+    else:
+        model = models.vgg_cnn(seed=0) if name == "vgg" else models.resnet18(seed=0)
+        x = dnnkit.tensor(rng.standard_normal((batch, 3, 32, 32)).astype(np.float32))
+        y = dnnkit.tensor(rng.integers(0, 10, (batch,)))
+    nn.convert(model, backend)
+    opt = optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    loss_fn = nn.convert(nn.CrossEntropyLoss(), backend)
+
+    def step():
+        opt.zero_grad()
+        out = model(x)
+        if name == "lm":
+            out = out.reshape((-1, out.shape[-1]))
+        loss = loss_fn(out, y)
+        loss.backward()
+        opt.step()
+        return loss
+    return step
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("model", nargs="?", default="vgg")
+    ap.add_argument("backend", nargs="?", default="cudnn")
+    ap.add_argument("batch", nargs="?", type=int, default=32)
+    ap.add_argument("--steps", type=int, default=20)
+    a = ap.parse_args()
+    from numba import cuda
+    step = build(a.model, a.backend, a.batch, np.random.default_rng(0))
+    for _ in range(5):
+        step()
+    cuda.synchronize()
+    pr = cProfile.Profile()
+    pr.enable()
+    for _ in range(a.steps):
+        step()
+    pr.disable()
+    cuda.synchronize()
+    st = pstats.Stats(pr)
+    print(f"== {a.model} {a.backend} batch {a.batch}: {a.steps} steps; "
+          f"{st.total_tt * 1e3 / a.steps:.2f} ms of host time per step (profiled)")
+    st.sort_stats("tottime").print_stats(45)
+    st.sort_stats("cumulative").print_stats(60)
+
+
+if __name__ == "__main__":
+    main()
