@@ -58,8 +58,10 @@ def cmd_check(args):
 
 
 def cmd_demo(args):
+    if args.gpus > 1 and "RANK" not in os.environ:
+        return demo.launch(args.gpus, args.argv)
     results = demo.run(backend=args.backend, crosscheck=args.crosscheck, plot=args.plot,
-                       seed=args.seed)
+                       seed=args.seed, data_parallel="RANK" in os.environ)
     return 0 if demo.finite(results) else 1
 
 
@@ -115,6 +117,10 @@ def build_parser(prog="python -m dnnkit"):
     d.add_argument("--crosscheck", action="store_true",
                    help="train a cuDNN and a Numba copy side by side; report their divergence")
     d.add_argument("--plot", metavar="PNG", help="write the loss curves (needs matplotlib)")
+    d.add_argument("--gpus", type=_positive, default=1,
+                   help="train data-parallel on N GPUs of this host (dnnkit.distributed: one "
+                   "process per GPU, each batch split between them, gradients averaged "
+                   "over NCCL; needs the dist extra); default: %(default)s")
     d.add_argument("--seed", type=int, default=0,
                    help="seed of the data and the initial weights; default: %(default)s")
     c = sub.add_parser("check", help="cross-check every op on every backend vs float64 NumPy",
@@ -142,6 +148,9 @@ def main(argv=None, prog="python -m dnnkit"):
     if args.cmd is None:
         p.print_help()
         return 2
+    if args.cmd == "demo" and args.gpus > 1 and args.crosscheck:
+        p.error("demo: --crosscheck trains two copies on one GPU; it does not combine with "
+                "--gpus")
     try:
         config.get("dnn.enabled")        # a bad DNNKIT_FLAGS or rc file: say so before anything
         if args.cmd == "demo" and args.backend == "cudnn":
@@ -151,6 +160,7 @@ def main(argv=None, prog="python -m dnnkit"):
                 raise DnnkitError(f"--backend cudnn needs cuDNN, which cannot run here: "
                                   f"{st.cudnn_reason}")
         _ensure_device(argv)
+        args.argv = argv
         return COMMANDS[args.cmd](args)
     except (DnnkitError, config.ConfigError) as e:
         # dnnkit's own errors (the environment, a library, a flag): the reason, not a traceback

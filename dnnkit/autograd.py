@@ -118,32 +118,45 @@ def location():
 # ---------------------------------------------------------------- rules
 
 class Rule:
-    __slots__ = ("fn", "outputs", "inputs")
+    __slots__ = ("fn", "outputs", "inputs", "reads_out")
 
-    def __init__(self, fn, outputs, inputs):
+    def __init__(self, fn, outputs, inputs, reads_out):
         self.fn = fn
         self.outputs = outputs                 # differentiable output indices (None: all)
         self.inputs = inputs                   # names that may get a gradient (None: any)
+        self.reads_out = reads_out             # outputs whose values g.out gives (None: all)
 
 
-def gradient(op, *, outputs=None, inputs=None):
+def gradient(op, *, outputs=None, inputs=None, reads_out=None):
     """Decorator: the gradient rule of public op ``op``, written beside the op in its family
     file. ``outputs``: which outputs are differentiable when the op returns several (default:
     every array output); ``inputs``: the parameter names a gradient can flow to (default:
-    every Tensor argument). The rule is called as ``fn(g, *grads)`` with one gradient array
-    per differentiable output (None where no gradient reached it) and returns
+    every Tensor argument); ``reads_out``: the indices of the outputs whose values the rule
+    reads through ``g.out`` (default: every array output; ``()`` for none), the ones whose
+    change in place makes backward refuse. The rule is called as ``fn(g, *grads)`` with one
+    gradient array per differentiable output (None where no gradient reached it) and returns
     ``{parameter name: gradient array}`` for the inputs that need one (``g.needs(name)``);
     ``g`` reads the forward call (:class:`GradContext`)."""
     def deco(fn):
-        GRADIENTS[op] = Rule(fn, outputs, inputs)
+        GRADIENTS[op] = Rule(fn, outputs, inputs, reads_out)
         return fn
     return deco
+
+
+def modified(op, what, shape, saved, now):
+    return RuntimeError(
+        f"{op}: its {what} (shape {shape}) was changed in place after the forward call "
+        f"(version {saved}, now {now}): one of the values needed for gradient computation "
+        f"was modified by an in-place operation; clone it before changing it, or run the "
+        f"in-place op out of place")
 
 
 class GradContext:
     """What a rule sees of the forward call: its arguments by name (``g.x``, Tensors as their
     arrays), ``g.out`` (the op's return value, arrays), ``g.backend`` (where the forward ran:
-    pass it to the backward ops) and ``g.needs(name)``."""
+    pass it to the backward ops), ``g.needs(name)`` and ``g.wrote_into(name)``. Reading a
+    Tensor argument or ``g.out`` checks that its array was not changed in place since the
+    forward call (one integer compare): a rule that never reads a value does not need it."""
 
     __slots__ = ("_node",)
 
@@ -153,14 +166,23 @@ class GradContext:
     def __getattr__(self, name):
         node = self._node
         try:
-            return node.args[name]
+            value = node.args[name]
         except KeyError:
             raise AttributeError(f"{node.op}: the gradient rule reads {name!r}, which is not a "
                                  f"parameter of {node.op} ({', '.join(node.args)})") from None
+        t = node.tensors.get(name)
+        if t is not None and t.counter[0] != node.versions[name]:
+            raise modified(node.op, f"input {name!r}", t.shape, node.versions[name], t.version)
+        return value
 
     @property
     def out(self):
-        return self._node.out
+        node = self._node
+        for i, counter, saved in node.saved_out:
+            if counter[0] != saved:
+                outs = node.out if isinstance(node.out, tuple) else (node.out,)
+                raise modified(node.op, f"output {i}", tuple(outs[i].shape), saved, counter[0])
+        return node.out
 
     @property
     def backend(self):
@@ -171,26 +193,36 @@ class GradContext:
         return self._node.op
 
     def needs(self, name):
-        t = self._node.tensors.get(name)
-        return t is not None and t.requires_grad
+        node = self._node
+        t = node.tensors.get(name)
+        return t is not None and node.edge(name, t)[2]
+
+    def wrote_into(self, name):
+        """Whether the forward call wrote its result over argument ``name`` (``out=`` that
+        array): its value is gone, only the output's is left."""
+        args = self._node.args
+        dest = args.get("out")
+        return dest is not None and dest is args.get(name)
 
 
 # ---------------------------------------------------------------- nodes
 
 class Node:
-    """One recorded op call. ``args``: the call's arguments by parameter name (Tensors as
-    their arrays, defaults filled in); ``tensors``: {parameter name: the Tensor passed};
-    ``versions``: their version counters when the call was made (an in-place change before
-    backward is an error, not a silently wrong gradient)."""
+    """One recorded op call. ``args``: the call's arguments by parameter name (Tensors as their
+    arrays, defaults filled in); ``tensors``: {parameter name: the Tensor passed};
+    ``versions``: their version counters when the call was made, and ``saved_out`` those of
+    the outputs the rule reads [(index, counter, version)]: a value changed in place before
+    backward reads it is an error, not a silently wrong gradient (GradContext)."""
 
-    __slots__ = ("op", "backend", "rule", "args", "out", "tensors", "versions", "n_out", "seq",
-                 "module", "released")
+    __slots__ = ("op", "backend", "rule", "args", "out", "tensors", "versions", "saved_out",
+                 "n_out", "seq", "module", "released")
 
     def __init__(self, op, backend, rule, args, out, tensors, n_out):
         self.op, self.backend, self.rule = op, backend, rule
         self.args, self.out = args, out          # args: {parameter name: value}
         self.tensors = tensors
-        self.versions = {n: t.version for n, t in tensors.items()}
+        self.versions = {n: t.counter[0] for n, t in tensors.items()}
+        self.saved_out = ()                      # set by the recorder once outputs exist
         self.n_out = n_out
         self.seq = next(_seq)
         self.module = current_module()
@@ -200,34 +232,80 @@ class Node:
     def name(self):
         return self.op
 
+    def edge(self, name, t):
+        """(grad_fn, output_nr, requires_grad) of input ``t`` as they were when this node was
+        recorded. An op that wrote into ``t`` in place since gave ``t`` a new history
+        (``rebase``); the history it replaced is kept on ``t`` with the version it ended
+        at."""
+        h = t.history
+        if h is not None:
+            v = self.versions[name]
+            for changed, fn, nr, rg in h:
+                if changed > v:
+                    return fn, nr, rg
+        return t.grad_fn, t.output_nr, t.requires_grad
+
     def inputs(self):
-        """The Tensors that require a gradient, by parameter name."""
+        """{parameter name: (Tensor, grad_fn, output_nr)} of the inputs that require a
+        gradient, as recorded."""
         allowed = self.rule.inputs
-        return {n: t for n, t in self.tensors.items()
-                if t.requires_grad and (allowed is None or n in allowed)}
+        res = {}
+        for n, t in self.tensors.items():
+            fn, nr, rg = self.edge(n, t)
+            if rg and (allowed is None or n in allowed):
+                res[n] = (t, fn, nr)
+        return res
 
     def apply(self, grads):
         if self.released:
             raise RuntimeError(
                 f"backward through {self.op} a second time: its saved arrays were freed by the "
                 f"first backward(); call backward(retain_graph=True) the first time to keep them")
-        for n, t in self.tensors.items():
-            if t.version != self.versions[n]:
-                raise RuntimeError(
-                    f"{self.op}: its input {n!r} (shape {t.shape}) was changed in place after "
-                    f"the forward call (version {self.versions[n]}, now {t.version}); the "
-                    f"gradient needs the value it had: clone it before changing it")
         return self.rule.fn(GradContext(self), *grads) or {}
 
     def release(self):
         """Drop what the node saved (the arrays, and the input Tensors with theirs): memory
         goes back to the pool as soon as backward has used it."""
         self.args = self.out = None
-        self.tensors, self.versions = {}, {}
+        self.tensors, self.versions, self.saved_out = {}, {}, ()
         self.released = True
 
     def __repr__(self):
         return f"<Node {self.op} on {self.backend}>"
+
+
+# ---------------------------------------------------------------- in-place writes
+
+def check_destination(op, dest, inputs_require_grad):
+    """Refuse an in-place write (``out=dest``) whose history change cannot be followed: into
+    a leaf that requires grad, or, when a gradient is involved, into an array other Tensors
+    view (a reshape, an index, a detach: their histories would go stale without an error)."""
+    if dest.requires_grad and dest.grad_fn is None:
+        raise RuntimeError(
+            f"{op}(out=...): out is a leaf Tensor that requires grad (a parameter, say): "
+            f"writing into it in place would lose the value its gradient is taken at; "
+            f"write into another array, or inside dnnkit.no_grad()")
+    if dest.counter[1] > 1 and (dest.requires_grad or inputs_require_grad):
+        raise RuntimeError(
+            f"{op}(out=...): out shares its array with another Tensor (a view made by "
+            f"reshape, indexing or detach()); an in-place write through one would leave the "
+            f"other's gradient history stale: write into a copy, or run it out of place")
+
+
+def rebase(t, node, output_nr):
+    """``t``'s array was just overwritten in place by an op call: bump its version and, when
+    the call was recorded (``node``), make ``t`` that node's output (PyTorch's rebase of an
+    in-place op's history). The history it had is kept on ``t`` under the new version, so
+    nodes recorded before resolve their edge to ``t`` as it was (Node.edge). Recorded with no
+    input requiring grad while gradients are on, the value is a constant of the graph now;
+    inside no_grad, ``t`` keeps its history (as PyTorch's in-place ops under no_grad)."""
+    t.bump_version()
+    if node is None and (not is_grad_enabled() or (t.grad_fn is None and not t.requires_grad)):
+        return
+    if t.history is None:
+        t.history = []
+    t.history.append((t.counter[0], t.grad_fn, t.output_nr, t.requires_grad))
+    t.grad_fn, t.output_nr, t.requires_grad = node, output_nr, node is not None
 
 
 # ---------------------------------------------------------------- backward
@@ -262,10 +340,11 @@ def run_backward(roots, retain_graph, accumulate):
         if n in nodes:
             continue
         nodes.add(n)
-        for t in n.tensors.values():
-            if t.grad_fn is not None and t.requires_grad and t.grad_fn not in nodes:
-                stack.append(t.grad_fn)
-            elif t.grad_fn is None and t.requires_grad and t.post_accumulate_grad_hooks:
+        for name, t in n.tensors.items():
+            fn, _, rg = n.edge(name, t)
+            if fn is not None and rg and fn not in nodes:
+                stack.append(fn)
+            elif fn is None and rg and t.post_accumulate_grad_hooks:
                 hooked.expect(n, t)
     settle_roots(hooked, roots)
     with no_grad():
@@ -285,19 +364,19 @@ def run_backward(roots, retain_graph, accumulate):
             if not retain_graph:
                 n.release()
             for name, g in got.items():
-                t = inputs.get(name)
-                if g is None or t is None:
+                edge = inputs.get(name)
+                if g is None or edge is None:
                     continue
                 if hasattr(g, "grad_fn"):    # a rule may return a Tensor: its array
                     g = g.data
-                if t.grad_fn is None:
+                t, fn, k = edge
+                if fn is None:
                     accumulate(t, g, id(g) in handed)
                     handed.add(id(g))
                     if hooked:
                         hooked.got(t)
                 else:
-                    slot = pending.setdefault(t.grad_fn, [None] * t.grad_fn.n_out)
-                    k = t.output_nr
+                    slot = pending.setdefault(fn, [None] * fn.n_out)
                     slot[k] = g if slot[k] is None else _sum(slot[k], g)
             if hooked:
                 hooked.settle(n)

@@ -16,6 +16,8 @@ log = logging.getLogger("dnnkit")
 def crosscheck(op, chosen, out, args, kw):
     """Run the call again on the backend other than ``chosen`` and ``compare`` the outputs; a
     warning (once per op) when that backend cannot run it here."""
+    if getattr(args, "out", None) is not None:
+        return      # written into out= (perhaps over an input): a rerun would write it again
     other = "numba" if chosen == "cudnn" else "cudnn"
     if other == "cudnn" and policy.cudnn_reason(op, args, kw)[0] is not None:
         key = ("crosscheck", op)

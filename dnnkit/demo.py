@@ -24,7 +24,8 @@ import numpy as np
 
 from . import backends, nn
 from .autograd import no_grad
-from .device import simulator
+from .device import numba_cuda, simulator
+from .errors import DnnkitError
 from .models import ResNet
 from .nn.loss import CrossEntropyLoss
 from .optim import Adam
@@ -139,11 +140,17 @@ def accuracy(model, x, y, batch, axis=0):
     return right / max(1, len(y))
 
 
-def train(name, models, data, cfg, rng, log, read_every=10):
-    """Train each of ``models`` ({label: model}) on the same batches. The losses are summed on
+def shard(idx, rank, world):
+    """This rank's share of a batch's indices: ``world`` nearly equal consecutive parts."""
+    return np.array_split(idx, world)[rank] if world > 1 else idx
+
+
+def train(name, models, data, cfg, rng, log, read_every=10, rank=0, world=1):
+    """Train each of ``models`` ({label: model}) on the same batches (rank ``rank`` of
+    ``world`` data-parallel processes takes its share of each). The losses are summed on
     the device and read (``item()``, which waits for the GPU) every ``read_every`` steps and
-    at the end of an epoch. Returns the loss curves ({label: [per-epoch mean loss]}) and the
-    held-out accuracies."""
+    at the end of an epoch. Returns the loss curves ({label: [per-epoch mean loss of this
+    rank's shares]}) and the held-out accuracies."""
     (xtr, ytr), (xte, yte), axis = data
     opts = {k: Adam(m.parameters(), lr=cfg["lr"]) for k, m in models.items()}
     loss_fn = {k: nn.convert(CrossEntropyLoss(), k) for k in models}
@@ -154,9 +161,10 @@ def train(name, models, data, cfg, rng, log, read_every=10):
         t0 = time.perf_counter()
         # the epoch's batches go to the device before its first step (a copy from pageable
         # host memory waits for the GPU: inside the loop it would stall every step)
+        parts = [shard(idx, rank, world) for idx in batches]
         dev = [(tensor(np.ascontiguousarray(xtr[idx] if axis == 0 else xtr[:, idx])),
-                tensor(ytr[idx])) for idx in batches]
-        bar = _bar(dev, len(dev), f"{name} epoch {epoch + 1}")
+                tensor(ytr[idx])) for idx in parts]
+        bar = _bar(dev, len(dev), f"{name} epoch {epoch + 1}") if rank == 0 else dev
         for i, (xb, yb) in enumerate(bar):
             for k, m in models.items():
                 loss = step(m, loss_fn[k], opts[k], xb, yb)
@@ -210,8 +218,41 @@ def datasets(rng, cfg, tiny):
     return data_cnn, data_lstm, len(np.unique(y)), summary
 
 
-def run(backend="auto", crosscheck=False, plot=None, seed=0, log=print):
-    """The demo; returns {model name: held-out accuracy per trained copy}."""
+def run(backend="auto", crosscheck=False, plot=None, seed=0, log=print, data_parallel=False):
+    """The demo; returns {model name: held-out accuracy per trained copy}. With
+    ``data_parallel`` this process is one rank of a ``dnnkit.distributed`` job (the launcher's
+    environment; alone, rank 0 of 1): each model is wrapped in ``DataParallel``, each batch is
+    split between the ranks, and only rank 0 reports."""
+    if not data_parallel:
+        return _run(backend, crosscheck, plot, seed, log)
+    if crosscheck:
+        raise ValueError("demo: crosscheck trains two copies on one GPU; it does not combine "
+                         "with data-parallel training")
+    import dnnkit.distributed as dist     # deferred: the optional NCCL binding
+    dist.init()
+    try:
+        rank, world = dist.get_rank(), dist.get_world_size()
+        return _run(backend, False, plot if rank == 0 else None, seed,
+                    log if rank == 0 else (lambda *_: None),
+                    parallel=(rank, world, dist.DataParallel))
+    finally:
+        dist.destroy()
+
+
+def launch(gpus, argv):
+    """``demo --gpus N`` outside a job: start N ranks of ``python -m dnnkit`` with ``argv``
+    through dnnkit.distributed's launcher; their exit status."""
+    import subprocess
+    have = 0 if simulator() else len(numba_cuda().gpus)
+    if have < gpus:
+        raise DnnkitError(f"demo: --gpus {gpus} needs {gpus} GPUs; this machine has {have}"
+                         f"{' (Numba CUDA simulator)' if simulator() else ''}")
+    return subprocess.call([sys.executable, "-m", "dnnkit.distributed.run", "--gpus",
+                            str(gpus), "-m", "dnnkit", *argv])
+
+
+def _run(backend, crosscheck, plot, seed, log, parallel=None):
+    rank, world, wrap = parallel or (0, 1, None)
     st = backends.status()
     log(str(st) + "\n")
     tiny = simulator()
@@ -239,7 +280,12 @@ def run(backend="auto", crosscheck=False, plot=None, seed=0, log=print):
                 ("lstm", lambda: lstm(cfg["lstm"]["hidden"], seed), data_lstm, cfg["lstm"])):
             models = {k: nn.convert(make(), k) for k in labels}
             log(f"{name}: {models[labels[0]]}")
-            curves[name], results[name] = train(name, models, data, c, rng, log)
+            if wrap is not None:
+                models = {k: wrap(m) for k, m in models.items()}
+                log(f"{name}: DataParallel over {world} GPU(s), "
+                    f"{len(models[labels[0]].buckets)} gradient bucket(s)")
+            curves[name], results[name] = train(name, models, data, c, rng, log,
+                                                rank=rank, world=world)
             if len(labels) == 2:
                 a, b = (np.array(curves[name][k]) for k in labels)
                 gap = np.abs(a - b).max()

@@ -20,8 +20,9 @@ Anything else (host arrays) is not memoised: such calls always take the full pat
 Entries are dropped when any flag changes process-wide (the flags' merged dict is replaced),
 when ``invalidate()`` is called (cuDNN caches cleared, algorithm cache reset), and when this
 thread enters or leaves a ``change_flags`` block; they are never used inside traces, the
-profiler, cross-checking, DEBUG logging, or on machines with several GPUs (there the full path
-picks the device). ``dnn.memo = False`` turns it off.
+profiler, cross-checking or DEBUG logging. On a machine with several GPUs the signature holds
+the current device, and a call whose arrays are on another device takes the full path (which
+switches to theirs). ``dnn.memo = False`` turns it off.
 """
 
 import threading
@@ -107,11 +108,12 @@ def _other(a, t):
     return k
 
 
-def signature(op, args, backend, kw):
+def signature(op, args, backend, kw, dev=None):
     """The call's signature (hashable); FOREIGN when an argument is another library's array;
-    None when it cannot be memoised."""
+    None when it cannot be memoised. ``dev``: the device the call runs on, on a machine with
+    several (None on one GPU)."""
     arrays = _arrays or _array_types()
-    k = [op, backend, stream_state.__dict__.get("key")]
+    k = [op, backend, stream_state.__dict__.get("key"), dev]
     for a in args:
         t = type(a)
         if t in arrays:
@@ -137,10 +139,10 @@ def signature(op, args, backend, kw):
     return tuple(k)
 
 
-def find(op, args, backend, kw):
+def find(op, args, backend, kw, dev=None):
     """(signature, memoised entry or None); (None, None) when the call cannot be memoised.
     (_memo()'s check inlined: this runs on every call.)"""
-    sig = signature(op, args, backend, kw)
+    sig = signature(op, args, backend, kw, dev)
     if sig is None or sig is FOREIGN:
         return sig, None
     try:

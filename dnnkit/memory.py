@@ -325,6 +325,7 @@ def _new(key, attrs, stream):
     d = arr.__dict__
     d.update(attrs)
     d["gpu_data"], d["stream"], d["_dnnkit_ptr"] = mem, stream, lend[1]
+    d["_dnnkit_device"] = key[0]       # device.device_of: the memo's check on several GPUs
     return arr
 
 

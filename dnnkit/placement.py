@@ -4,7 +4,7 @@ an error. On one GPU (or the simulator) nothing is checked: every array is on it
 
 import contextlib
 
-from .device import device_count, device_of, foreign_device, numba_cuda
+from .device import device_count, device_id, device_of, foreign_device, numba_cuda
 
 # True: one GPU, the simulator or no driver; False: several GPUs; None: not asked yet. CUDA
 # does not add devices to a running process, so the answer is kept (read on every call).
@@ -70,6 +70,22 @@ def call_device(op, args):
                     f"current device: pass device arrays of one device, or make that device "
                     f"current (with numba.cuda.gpus[{d}]: ...)")
     return dev
+
+
+def memo_device(args, kw):
+    """On several GPUs: the current device when every Numba array among the call's arguments
+    is on it (or its device is unknown), else None. A memoised runner is bound to the device
+    it was made on (its cuDNN handle, its pool, its kernels), so its signature carries the
+    device, and a call whose arrays are elsewhere takes the full path, which switches to
+    their device. Cost: one driver call and a dict lookup per array (device_of keeps the
+    answer on the array; the pool's arrays are born with it)."""
+    cur = device_id()
+    for a in (*args, *kw.values()) if kw else args:
+        if array_kind(type(a)) == NUMBA:
+            d = device_of(a)
+            if d is not None and d != cur:
+                return None
+    return cur
 
 
 @contextlib.contextmanager

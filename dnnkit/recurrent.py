@@ -9,6 +9,12 @@ buffer that both backends read (docs/rnn.md). The ops under it: dnnkit.rnn_forwa
 On arrays (no Tensor among the inputs) ``forward`` returns arrays and ``out.state``, and
 ``backward`` is the explicit call of ``rnn_backward`` -- the same op the gradient rule runs.
 
+``proj_size`` (LSTM): h, hy and each direction's output are projected to proj_size units by
+W_hr (cuDNN's projSize). ``dropout``: applied to the output of every layer but the last in a
+training forward; ``forward(..., seed=, offset=)`` names the masks (seed None: fresh ones).
+``algo``: cuDNN's RNN algorithm ("auto", "standard", "persist_static",
+"persist_static_small_h", "persist_dynamic"; docs/rnn.md), ignored by the Numba backend.
+
 ``batch_first`` swaps the first two axes of x on the way in and of y on the way out. On
 arrays it is one transpose kernel; on a Tensor that requires grad it is the time steps cut
 apart (``split``) and joined along the first axis (``concatenate``), ops with gradient rules,
@@ -22,6 +28,7 @@ import numpy as np
 from . import arrays, ops
 from .autograd import is_grad_enabled
 from .ops import rnn as rnn_ops, shape as shape_ops
+from .ops.rnn_common import ALGOS
 from .ops.rnn_numba import transpose01
 from .rnn_layout import param_layout, param_size
 from .tensors import Tensor
@@ -35,22 +42,31 @@ class RNNResult(collections.namedtuple("RNNResult", "y hy cy")):
 class RNN:
     """mode: rnn_relu | rnn_tanh | lstm | gru; input_mode: linear | skip (no input matrix:
     input_size must equal hidden_size); x is (T, N, I), or (N, T, I) with ``batch_first``
-    (y likewise); hx/hy/cx/cy are (num_layers*directions, N, H)."""
+    (y likewise); hx/hy are (num_layers*directions, N, P) and cx/cy (num_layers*directions,
+    N, H), P = proj_size (LSTM, 0 < proj_size < H) or H; dropout in [0, 1) between layers
+    (training forwards); algo: the cuDNN algorithm of every forward (module docstring)."""
 
     def __init__(self, mode, input_size, hidden_size, num_layers=1, *, bidirectional=False,
-                 input_mode="linear", batch_first=False, dtype="float32", name="RNN"):
+                 input_mode="linear", batch_first=False, dtype="float32", proj_size=0,
+                 dropout=0.0, algo="auto", name="RNN"):
         self.cfg = rnn_ops.make_config(mode, input_size, hidden_size, num_layers,
                                        bidirectional=bidirectional, input_mode=input_mode,
-                                       dtype=dtype, op=name)
+                                       dtype=dtype, proj_size=proj_size, dropout=dropout,
+                                       op=name)
         if not isinstance(batch_first, (bool, np.bool_)):
             raise TypeError(f"{name}: batch_first must be a bool; got {batch_first!r}")
-        self.batch_first = bool(batch_first)
+        if not isinstance(algo, str) or algo not in ALGOS:
+            raise ValueError(f"{name}: algo must be one of {', '.join(ALGOS)}; got {algo!r}")
+        self.batch_first, self.algo = bool(batch_first), algo
 
     def __repr__(self):
         c = self.cfg
         return (f"RNN({c.mode!r}, {c.input_size}, {c.hidden_size}, {c.num_layers}, "
                 f"bidirectional={c.bidirectional}, input_mode={c.input_mode!r}, "
-                f"batch_first={self.batch_first}, dtype={c.dtype!r})")
+                f"batch_first={self.batch_first}, dtype={c.dtype!r}"
+                + (f", proj_size={c.proj_size}" if c.proj_size else "")
+                + (f", dropout={c.dropout}" if c.dropout else "")
+                + (f", algo={self.algo!r}" if self.algo != "auto" else "") + ")")
 
     @property
     def param_size(self):
@@ -72,8 +88,9 @@ class RNN:
     def split_params(self, w, layer, direction=0):
         """[(W, b), ...] for every linear layer of (layer, direction) in cuDNN's linear-layer
         order (rnn: input, recurrent; lstm: input {i, f, g, o} then recurrent {i, f, g, o};
-        gru: input {r, z, n} then recurrent {r, z, n}). W (H x in, row-major) and b (H,) are
-        views into ``w`` (no copy); W is None for the input layers of a skip layer 0."""
+        gru: input {r, z, n} then recurrent {r, z, n}); with proj_size, one more: (W_hr, None),
+        the projection (P x H, no bias). W (H x in, row-major) and b (H,) are views into ``w``
+        (no copy); W is None for the input layers of a skip layer 0."""
         c = self.cfg
         for name, v, hi in (("layer", layer, c.num_layers), ("direction", direction,
                                                                c.directions)):
@@ -89,7 +106,7 @@ class RNN:
             if (l_, d) == (layer, direction):
                 view = w[off:off + int(np.prod(shape))].reshape(shape)
                 (mats if kind == "matrix" else biases)[lin] = view
-        return [(mats.get(lin), biases[lin]) for lin in range(2 * c.gates)]
+        return [(mats.get(lin), biases.get(lin)) for lin in range(c.lin_layers)]
 
     # ------------------------------------------------------------ passes
 
@@ -114,16 +131,18 @@ class RNN:
             return _swap01(a, stream)
         return transpose01(a, stream)
 
-    def forward(self, w, x, hx=None, cx=None, *, training=False, lengths=None, backend=None,
-                stream=None):
+    def forward(self, w, x, hx=None, cx=None, *, training=False, lengths=None, seed=None,
+                offset=0, backend=None, stream=None):
         """Returns ``RNNResult(y, hy, cy)`` (unpacks as ``y, hy, cy``; cy None unless lstm)
         with ``.state`` set when ``training`` (for :meth:`backward`). ``lengths``: host ints,
-        one per sequence, in [1, T], any order. With Tensors (``w``, ``x``, ``hx``, ``cx``)
-        the outputs are Tensors and, with ``training=True``, the call is recorded for
-        ``backward()`` (rnn_forward's gradient rule)."""
+        one per sequence, in [1, T], any order. ``training`` also applies the dropout between
+        layers, masks ``offset*(L-1) + l`` of ``seed`` (None: fresh masks). With Tensors
+        (``w``, ``x``, ``hx``, ``cx``) the outputs are Tensors and, with ``training=True``,
+        the call is recorded for ``backward()`` (rnn_forward's gradient rule)."""
         s = arrays.as_stream(stream)
         y, hy, cy, state = rnn_ops.rnn_forward(self.cfg, w, self._time_major(x, s), hx, cx,
-                                               lengths=lengths, training=training,
+                                               lengths=lengths, training=training, seed=seed,
+                                               offset=offset, algo=self.algo,
                                                backend=backend, stream=s)
         out = RNNResult(self._batch_major(y, s), hy, cy)
         out.state = state

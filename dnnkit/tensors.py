@@ -15,8 +15,8 @@ from typing import Any, Callable, Optional, Sequence
 import numpy as np
 
 from . import arrays, device, dlpack, foreign
-from .autograd import (GRADIENTS, PUBLIC, HookHandle, Node, current_module, is_grad_enabled,
-                       no_grad, recorder, run_backward, set_location)
+from .autograd import (GRADIENTS, PUBLIC, HookHandle, Node, check_destination, current_module,
+                       is_grad_enabled, no_grad, rebase, recorder, run_backward, set_location)
 
 class Tensor:
     """A device array (``data``, a Numba device array) with a gradient record.
@@ -27,14 +27,15 @@ class Tensor:
     first dimension run dnnkit ops. ``__cuda_array_interface__`` exports the array without a
     copy (CuPy, PyTorch, Numba read it)."""
 
-    __slots__ = ("data", "requires_grad", "grad", "grad_fn", "output_nr", "version",
+    __slots__ = ("data", "requires_grad", "grad", "grad_fn", "output_nr", "counter", "history",
                  "post_accumulate_grad_hooks", "__weakref__")
     data: Any
     requires_grad: bool
     grad: Optional[Tensor]
     grad_fn: Optional[Node]
     output_nr: int
-    version: int
+    counter: list[int]
+    history: Optional[list[tuple[int, Optional[Node], int, bool]]]
     post_accumulate_grad_hooks: Optional[dict[int, Callable[[Tensor], None]]]
     __array_priority__ = 1000        # NumPy scalars and arrays defer to Tensor's operators
 
@@ -45,7 +46,10 @@ class Tensor:
         self.grad = None
         self.grad_fn = grad_fn
         self.output_nr = output_nr
-        self.version = 0
+        # [version, Tensors sharing it]: one list shared by the Tensors that view one array
+        # (detach(), reshape, indexing), so a change through any of them is seen by all
+        self.counter = [0, 1]
+        self.history = None       # what rebase() replaced: [(version, grad_fn, nr, rg)]
         self.post_accumulate_grad_hooks = None      # {id: hook}, made by the first register
 
     # ------------------------------------------------------------ what it holds
@@ -109,8 +113,12 @@ class Tensor:
         return self.data.copy_to_host()
 
     def detach(self) -> "Tensor":
-        """The same array, cut from the graph (no copy)."""
-        return Tensor(self.data)
+        """The same array, cut from the graph (no copy); it shares the version counter, so a
+        change in place through either is seen by a graph that saved the other."""
+        t = Tensor(self.data)
+        t.counter = self.counter
+        self.counter[1] += 1
+        return t
 
     def requires_grad_(self, flag: bool = True) -> "Tensor":
         if not self.is_leaf and not flag:
@@ -118,9 +126,15 @@ class Tensor:
         self.requires_grad = bool(flag)
         return self
 
+    @property
+    def version(self) -> int:
+        """How many times the array was changed in place (a node of the graph saves it and
+        refuses to differentiate a value changed since)."""
+        return self.counter[0]
+
     def bump_version(self) -> None:
         """Mark ``data`` changed in place (optimizers and in-place ops call it)."""
-        self.version += 1
+        self.counter[0] += 1
 
     # ------------------------------------------------------------ gradients
 
@@ -261,18 +275,49 @@ def unwrap(a):
 def call(op, plain, args, kw, backend):
     """Run public op ``op`` on the arrays of the Tensors among ``args``/``kw`` (``plain(args,
     kw, backend)`` returns the output and the backend that ran it) and record a node when a
-    gradient can flow. Array outputs come back as Tensors."""
+    gradient can flow. Array outputs come back as Tensors; a Tensor passed as ``out=`` (the op
+    wrote its result into that array) comes back itself, changed in place (``rebase``)."""
+    dest = kw.get("out") if kw else None
+    if dest is not None:
+        if not isinstance(dest, Tensor):
+            dest = None
+        else:
+            kw = dict(kw)
+            del kw["out"]           # written, not read: no gradient flows to it
+            if is_grad_enabled():
+                check_destination(op, dest, any(t.requires_grad for _, t in _named(
+                    enumerate((*args, *kw.values())))))
     plain_args = [_plain(a) for a in args]
     plain_kw = {k: (a.data if isinstance(a, Tensor) else a) for k, a in kw.items()} if kw else kw
+    if dest is not None:
+        plain_kw["out"] = dest.data
     rec = recorder()
     if rec is not None:
         set_location("forward", op, current_module())
     out, ran_on = plain(plain_args, plain_kw, backend)
     if rec is not None:
         rec("forward", op, ran_on, current_module(), (plain_args, plain_kw), out)
-    if not is_grad_enabled() or not any(t.requires_grad for _, t in
-                                         _named(enumerate((*args, *kw.values())))):
-        return _wrap(out, None, None)
+    node = diff = None
+    if is_grad_enabled() and any(t.requires_grad for _, t in
+                                 _named(enumerate((*args, *kw.values())))):
+        node, diff = _record(op, out, ran_on, plain_args, plain_kw, args, kw)
+    res = _wrap(out, node, diff)
+    if op in VIEWS and isinstance(args[0], Tensor) and isinstance(res, Tensor):
+        res.counter = args[0].counter      # one array: one version counter
+        res.counter[1] += 1
+    if dest is not None:
+        res = _into(dest, res)
+    if node is not None:
+        _save_outputs(node, res)
+    return res
+
+
+VIEWS = ("reshape", "take_batch")   # ops whose output views their first argument's array
+
+
+def _record(op, out, ran_on, plain_args, plain_kw, args, kw):
+    """(the node of this call, its differentiable output indices), or (None, None) when no
+    input a gradient can flow to requires one."""
     rule = GRADIENTS.get(op)
     if rule is None:
         raise RuntimeError(
@@ -287,12 +332,31 @@ def call(op, plain, args, kw, backend):
         tensors.update((k, a) for k, a in kw.items() if isinstance(a, Tensor))
     if rule.inputs is not None and not any(
             tensors[n].requires_grad for n in rule.inputs if n in tensors):
-        return _wrap(out, None, None)
+        return None, None
     outputs = out if isinstance(out, tuple) else (out,)
     diff = rule.outputs if rule.outputs is not None else \
         tuple(i for i, o in enumerate(outputs) if arrays.is_device_array(o))
-    node = Node(op, ran_on, rule, bound, out, tensors, len(diff))
-    return _wrap(out, node, diff)
+    return Node(op, ran_on, rule, bound, out, tensors, len(diff)), diff
+
+
+def _save_outputs(node, res):
+    """Record the version of each output the rule reads (after an in-place write's bump)."""
+    outs = res if isinstance(res, tuple) else (res,)
+    which = node.rule.reads_out
+    node.saved_out = tuple((i, outs[i].counter, outs[i].counter[0])
+                           for i in (range(len(outs)) if which is None else which)
+                           if isinstance(outs[i], Tensor))
+
+
+def _into(dest, res):
+    """``res`` with the Tensor made for ``dest``'s array replaced by ``dest`` itself, rebased."""
+    if isinstance(res, tuple):
+        parts = [_into(dest, r) if isinstance(r, Tensor) else r for r in res]
+        return tuple(parts) if type(res) is tuple else type(res)(*parts)
+    if isinstance(res, Tensor) and res.data is dest.data:
+        rebase(dest, res.grad_fn, res.output_nr)
+        return dest
+    return res
 
 
 def _plain(a):
@@ -348,8 +412,6 @@ def _wrap(out, node, diff):
             return Tensor(out, True, grad_fn=node, output_nr=0)
         return Tensor(out)
     return out
-
-
 
 
 def _accumulate(t, g, shared):

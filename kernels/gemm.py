@@ -46,39 +46,24 @@ row padding keeps the transposing stores of k-fast operands free of bank conflic
 Traffic: A is read ceil(n/BN) times and B ceil(m/BM) times (mostly from L2), C written once
 (read too where beta != 0). Accumulation in acc's type (float32 for float16 data).
 
-Tensor cores (``tc=True``, the tc_ configurations): the same staging, slabs TC_BK deep and rows
-padded by TC_PAD; the multiply is ``mma_slab``, 3xTF32 mma (kernels/tensorcore.py) with each
-8-deep k-step's sum added to the accumulators in float32, and ``_store`` maps the mma fragment
-layout to C.
+Tensor cores (``tc``, the configurations named tc_, tf32_ and hmma_): the same staging, slabs
+TC_BK (HMMA_BK) deep and rows padded by TC_PAD; the multiply is kernels/tensorcore.py's
+``slab_mma`` in one of its modes, "3xtf32" (each 8-deep k-step's sum of three TF32 mma added to
+the accumulators in float32), "tf32" (one TF32 mma) or "f16" (float16 data: ``mma.m16n8k16``
+with float32 accumulators, the slab kept in float16, each pair of consecutive k in one 32-bit
+word: ``stash``), and ``_store`` maps the mma fragment layout to C.
 """
 
 import functools
 
-from numba import config, cuda, int64, uint32, uint64
+from numba import cuda, int64, uint64
+from numba.core.types import float16
 
 from .bounds import bounded_jit
-from .tensorcore import mma_tf32, tf32_split
-
-BK = 8      # slab depth
-SIMT_PAD = 4    # shared row padding (words): k-fast staging stores hit 32 distinct banks
-# With tensor cores (tc), lanes 4g + q read rows q (and q+4) at column g: rows 8 words apart
-# (mod 32) put the 32 lanes on 32 distinct banks.
-TC_PAD = 8
-TC_BK = 16  # two mma k-steps per slab
-
-
-def _pad(tc):
-    """Shared row padding (words) of the FP32 FMA or the tensor-core kernel."""
-    return TC_PAD if tc else SIMT_PAD
-# 16-byte aligned shared memory for vector loads; the simulator takes no alignment
-SMEM_ALIGN = None if config.ENABLE_CUDASIM else 16
-
-
-def shared_bytes(wm, wn, tx, ty, itemsize, bk=BK, tc=False):
-    """Dynamic shared memory of one block: two stages of an A and a B slab (``bk`` deep), and
-    one row of padding that the fragment prefetch reads past the last slab."""
-    sa, sb = ty * wm + _pad(tc), tx * wn + _pad(tc)
-    return (2 * bk + 1) * (sa + sb) * itemsize
+# the tiles, re-exported: the ops read them from here
+from .gemm_tiles import (BK, CONFIGS, SMEM_ALIGN, TC_PREFIXES, config_options, pad,  # noqa: F401
+                         shared_bytes, tc_mode)
+from .tensorcore import slab_mma
 
 
 @cuda.jit(device=True, inline=True)
@@ -116,16 +101,20 @@ def gemm_kernel(ta, tb, wm, wn, tx, ty, min_blocks=1, implicit=False, bk=BK, tc=
     per SM the register allocation must leave room for (CUDA launch bounds). ``implicit``: B
     is a convolution's input read as its im2col matrix (layout 00; module docstring). ``bk``:
     the slab depth (even; below, BK stands for it). ``tc``: the products on tensor cores
-    (3xTF32, kernels/tensorcore.py; float32 accumulation only): warp w of the 8 computes
-    a (wm*8) x (wn*4) piece of the tile, fragment layouts of ``mma.m16n8k8``."""
+    (``tc_mode``: "3xtf32" or "tf32" for float32 data, "f16" for float16 data;
+    kernels/tensorcore.py; float32 accumulation only): warp w of the 8 computes a
+    (wm*8) x (wn*4) piece of the tile, fragment layouts of ``mma.m16n8k8`` / ``m16n8k16``."""
     BK = bk     # noqa: N806 -- the closures below take it as a compile-time constant
-    PAD = _pad(tc)  # noqa: N806
-    if bk % (8 if tc else 2):
-        raise ValueError(f"gemm_kernel: slab depth {bk} is not a multiple of {8 if tc else 2}")
+    mode = tc_mode(tc)
+    tc, pairs = mode is not None, mode == "f16"     # pairs: float16 slabs in k pairs
+    PAD = pad(tc)  # noqa: N806
+    step = 16 if pairs else 8 if tc else 2
+    if bk % step:
+        raise ValueError(f"gemm_kernel: slab depth {bk} is not a multiple of {step}")
     if tc and (tx, ty) != (16, 16):
         raise ValueError(f"gemm_kernel: tensor cores take 16 x 16 threads, not {tx} x {ty}")
     wmt, wnt = wm // 2, wn // 2     # tc: a warp's 16 x 8 mma tiles down and across
-    nfa, nfb = 4 * wmt, 2 * wnt     # tc: a lane's A and B fragment words per k-step
+    ew = 2 if pairs else 1          # shared elements per slab_mma offset unit
     if implicit and ta != 0:
         raise ValueError("gemm_kernel: the implicit convolution operand needs layout 00 or 01")
     if implicit and tb == 0 and tx * ty < tx * wn:
@@ -240,7 +229,11 @@ def gemm_kernel(ta, tb, wm, wn, tx, ty, min_blocks=1, implicit=False, bk=BK, tc=
                 r, kk = t // BK + (nt // BK) * q, t % BK
             else:
                 r, kk = t % tile, t // tile + (nt // tile) * q
-            sh[uint64(base + kk * (tile + PAD) + r)] = reg[q]    # to the accumulation type
+            if pairs:   # k pairs: (kk, r) at half (kk // 2)*2*(tile + PAD) + 2r + kk % 2
+                at = base + (kk // 2) * (2 * (tile + PAD)) + 2 * r + kk % 2
+            else:
+                at = base + kk * (tile + PAD) + r
+            sh[uint64(at)] = reg[q]    # to the accumulation type (float16 for "f16")
 
     @cuda.jit(device=True, inline=True)
     def frag(sh, p, half, count, reg):
@@ -258,52 +251,25 @@ def gemm_kernel(ta, tb, wm, wn, tx, ty, min_blocks=1, implicit=False, bk=BK, tc=
             for j in range(wn):
                 c_reg[i, j] += av[i] * bv[j]
 
-    @cuda.jit(device=True, inline=True)
-    def mma_slab(sh, pa, pb, c_reg, zero):
-        """tc: c_reg += this warp's piece of the slab's product, 3xTF32 (kernels/tensorcore.py).
-        ``pa`` / ``pb``: shared offsets of A's row g of the warp's rows and of B's column g of
-        its columns, both at k row q of the slab (lane 4g + q). The warp's wmt x wnt tiles of
-        16 x 8 (c_reg[2mt:2mt+2, 2nt:2nt+2]) take wmt + wnt fragment loads per k-step and
-        3*wmt*wnt mma."""
-        ah = cuda.local.array(nfa, dtype=uint32)    # big and small halves of A, B
-        al = cuda.local.array(nfa, dtype=uint32)
-        bh = cuda.local.array(nfb, dtype=uint32)
-        bl = cuda.local.array(nfb, dtype=uint32)
-        for ks in range(0, BK, 8):
-            for mt in range(wmt):
-                for r in range(4):      # A[g + 8*(r%2), q + 4*(r//2)]
-                    v = sh[uint64(pa + (ks + (r // 2) * 4) * sa + mt * 16 + (r % 2) * 8)]
-                    ah[4 * mt + r], al[4 * mt + r] = tf32_split(v)
-            for nt in range(wnt):
-                for r in range(2):      # B[q + 4*r, g]
-                    v = sh[uint64(pb + (ks + r * 4) * sb + nt * 8)]
-                    bh[2 * nt + r], bl[2 * nt + r] = tf32_split(v)
-            for mt in range(wmt):
-                for nt in range(wnt):
-                    i, j, e, f = 2 * mt, 2 * nt, 4 * mt, 2 * nt
-                    # A k-step's sum starts from zero, the small terms first, and is added
-                    # to c_reg in IEEE float32: the tensor core's own accumulation truncates,
-                    # which into the running sum would bias it by ~2^-23 of |c| per mma
-                    # (measured: errors growing with k, 10x float32's at k = 4608).
-                    d0, d1, d2, d3 = mma_tf32(al[e], al[e + 1], al[e + 2], al[e + 3], bh[f],
-                                              bh[f + 1], zero, zero, zero, zero)
-                    d0, d1, d2, d3 = mma_tf32(ah[e], ah[e + 1], ah[e + 2], ah[e + 3], bl[f],
-                                              bl[f + 1], d0, d1, d2, d3)
-                    d0, d1, d2, d3 = mma_tf32(ah[e], ah[e + 1], ah[e + 2], ah[e + 3], bh[f],
-                                              bh[f + 1], d0, d1, d2, d3)
-                    c_reg[i, j] += d0
-                    c_reg[i, j + 1] += d1
-                    c_reg[i + 1, j] += d2
-                    c_reg[i + 1, j + 1] += d3
+    mma_slab = slab_mma(mode, BK, sa, sb, wmt, wnt) if tc else None
 
     @cuda.jit(device=True, inline=True)
     def koffset(k, grp, gstride):
         q, r = _split(k, grp)
         return q * gstride + r
 
+    if pairs:
+        @cuda.jit(device=True, inline=True)
+        def scratch(acc):
+            return cuda.shared.array(0, dtype=float16, alignment=SMEM_ALIGN)
+    else:
+        @cuda.jit(device=True, inline=True)
+        def scratch(acc):
+            return cuda.shared.array(0, dtype=acc.dtype, alignment=SMEM_ALIGN)
+
     def kernel(a, b, c, bias, dims, lds, grps, batch, beta, use_bias, acc, table, cg):
         # 16-byte aligned, so the fragment reads can be vector loads
-        sh = cuda.shared.array(0, dtype=acc.dtype, alignment=SMEM_ALIGN)
+        sh = scratch(acc)
         cols = cuda.shared.array(ncols, dtype=int64)
         zero = acc[0]
         m, n, kdim = dims
@@ -372,10 +338,10 @@ def gemm_kernel(ta, tb, wm, wn, tx, ty, min_blocks=1, implicit=False, bk=BK, tc=
                                   bm, a_buf)
                             fetch_b(b, offb, roffb, ldb, bq, gsb, br, k0 + BK, kdim, n, j0,
                                     cols, table, cg, b_buf)
-                        if tc:
-                            mma_slab(sh, phase * stage + q * sa + wy * (wmt * 16) + g,
-                                     phase * stage + BK * sa + q * sb + wx * (wnt * 8) + g,
-                                     c_reg, zero)
+                        if tc:      # offsets in slab_mma's unit (ew elements)
+                            mma_slab(sh, phase * (stage // ew) + q * sa + wy * (wmt * 16) + g,
+                                     phase * (stage // ew) + (BK // ew) * sa + q * sb
+                                     + wx * (wnt * 8) + g, c_reg, zero)
                         else:
                             # Register double buffering: the fragments of row kk+1 are read
                             # while row kk multiplies (the last read runs one row past the
@@ -431,19 +397,6 @@ def gemm_kernel(ta, tb, wm, wn, tx, ty, min_blocks=1, implicit=False, bk=BK, tc=
     return bounded_jit(kernel, nt, min_blocks)
 
 
-# Tile configurations (wm, wn, tx, ty, min_blocks) the ops choose from (dnnkit/ops/gemm.py);
-# "sim" keeps the CUDA simulator (one Python thread per CUDA thread) to 16 threads a block.
-# The tc_ ones multiply on tensor cores (3xTF32, slabs TC_BK deep; float32 accumulation, sm_80
-# and later, not in the simulator); the large one needs 255 registers, so 1 block per SM.
-CONFIGS = {"large": (8, 8, 16, 16, 2), "small": (4, 8, 16, 16, 2), "sim": (2, 2, 4, 4, 1),
-           "tc_large": (8, 8, 16, 16, 1), "tc_small": (4, 8, 16, 16, 2)}
-
-
-def config_options(name):
-    """gemm_kernel's and shared_bytes's keyword arguments beyond the tile for config ``name``."""
-    return dict(bk=TC_BK, tc=True) if name.startswith("tc_") else {}
-
-
 LAYOUTS = ((0, 0), (1, 0), (0, 1))
 VARIANTS = {f"gemm_{ta}{tb}_{cfg}_kernel": gemm_kernel(ta, tb, *CONFIGS[cfg],
                                                        **config_options(cfg))
@@ -453,16 +406,19 @@ VARIANTS.update({f"gemm_0{tb}_{cfg}_implicit_kernel":
                  for tb in (0, 1) for cfg in CONFIGS})
 # The split-k forward (ops/conv_numba.py) writes layout 00's C into an accumulation-type
 # workspace: the same kernels again under these names, so that the PTX checks compile them
-# with that signature too (float16 data, float32 C).
+# with that signature too (float16 data, float32 C; float32-only variants need none).
 VARIANTS.update({f"gemm_00_{cfg}_acc_kernel": VARIANTS[f"gemm_00_{cfg}_kernel"]
-                 for cfg in CONFIGS if cfg != "sim"})
-# Tensor cores take float32 only: these have no float64 signature.
-NO_FLOAT64 = tuple(name for name in VARIANTS if "_tc_" in name)
+                 for cfg in CONFIGS if cfg != "sim"
+                 and TC_PREFIXES.get(cfg.split("_")[0], ("", "float16"))[1] == "float16"})
+# A tensor-core variant serves one data type (TC_PREFIXES): it has no signature for the others.
+ONLY_DTYPES = {name: (TC_PREFIXES[p][1],) for name in VARIANTS for p in TC_PREFIXES
+               if f"_{p}_" in name}
+NO_FLOAT64 = tuple(ONLY_DTYPES)
 CG_LEN = 13     # the implicit convolution's cg tuple
 
 
 def SIGNATURES(t, acc):
-    from numba import float64, int32, int64
+    from numba import int32, int64
     from numba.core.types import UniTuple
     a, z = t[::1], acc[::1]
     ints = (UniTuple(int64, 3), UniTuple(int64, 3), UniTuple(int64, 6), UniTuple(int64, 8))
@@ -473,4 +429,4 @@ def SIGNATURES(t, acc):
     def c(name):
         return a if name.startswith("gemm_00") and not name.endswith("_acc_kernel") else z
     return {name: (a, a, c(name), a) + ints + (acc, int64, z) + conv for name in VARIANTS
-            if not (acc == float64 and name in NO_FLOAT64)}
+            if str(t) in ONLY_DTYPES.get(name, (str(t),))}

@@ -21,6 +21,12 @@ and lstm, 4 for gru):
     dgx  (D, T, N, G*H) acc, time-indexed: gradient of the input pre-activations
     dgr  (D, T, N, G*H) acc, step-indexed: gradient of the recurrent pre-activations (for gru
          the n slot holds d(hn), which differs from the input side's d(n pre-activation))
+An LSTM with a projection (P = proj_size) adds, with h P wide (hp, h0, hy, y, dh):
+    hc   (D, T or 1, N, H) data: o*tanh(c') of each step (training keeps all T), which the
+         projection GEMM reads: pr (D, N, P) acc = hc_s . W_hr^T, turned into h', y and hy by
+         rnn_proj_fwd_kernel
+    dpr  (D, T, N, P) acc, step-indexed: dL/dh' (rnn_proj_bwd_kernel), from which a GEMM gives
+         d(hc) (D, N, H), the E the cell backward reads with PROJB
 Weights and biases are read from the flat parameter buffer w (layout: dnnkit/rnn_layout.py):
 a direction's 2G biases are contiguous, input ones first, from ``boff + d*pstride``.
 
@@ -35,9 +41,9 @@ from .common import REDUCE_SUM, block_reduce, sigmoid
 
 RELU, TANH, LSTM, GRU = 0, 1, 2, 3
 # forward flags
-SKIP, REC, H0, C0 = 1, 2, 4, 8
+SKIP, REC, H0, C0, PROJ = 1, 2, 4, 8, 16
 # backward flags
-DHY, DCY = 1, 2
+DHY, DCY, PROJB = 1, 2, 4
 
 
 @cuda.jit(device=True, inline=True)
@@ -69,29 +75,39 @@ def rnn_cell_fwd_kernel(ws, gr, w, x, h0, c0, hp, cp, y, hy, cy, lens, geo, acc)
         rnn:  h' = act(a)                       lstm: c' = f*c + i*g,  h' = o*tanh(c')
         gru:  r, z = sigmoid(.), hn = R_n h + b_Rn, n = tanh(W_n x + b_Wn + r*hn),
               h' = (1 - z)*n + z*h
+    With PROJ (an LSTM with a projection, h P wide: hp, h0 and hy hold P units per sequence)
+    the kernel writes o*tanh(c') into ``y`` as the buffer hc (D, T or 1, N, H) (0 past a
+    sequence's end) for the projection GEMM, and leaves hp, y and hy to rnn_proj_fwd_kernel;
+    at step 0 of a training forward it still copies h0 into hp's slot 0 (its first P units).
     Thread mapping: one thread per (d, n, unit) element, unit fastest (coalesced), in a
     grid-stride loop over D*N*H. Traffic per element: reads G pre-activations, P*G partial
     recurrent products, 2G biases (cached), h (and c); writes S stored values, y, h (and c).
-    geo = (mode, s, T, N, H, D, S, flags, hin, hout, slots, boff, pstride, P)."""
+    geo = (mode, s, T, N, H, D, S, flags, hin, hout, slots, boff, pstride, P, Hp), Hp the
+    width of h (H, or the projection's)."""
     zero = acc[0]
     one = zero + float32(1)
-    mode, s, nt, nb, nh, nd, ns, flags, hin, hout, slots, boff, pstride, parts = geo
+    mode, s, nt, nb, nh, nd, ns, flags, hin, hout, slots, boff, pstride, parts, np_ = geo
     g = _gates(mode)
     gh = g * nh
+    proj = flags & PROJ
     for e in range(cuda.grid(1), nd * nb * nh, cuda.gridsize(1)):
         u, n, d, ln, k = _element(e, nh, nb, lens)
-        st = d * slots * nb * nh + n * nh + u          # (d, slot 0, n, u) in hp/cp
+        st = d * slots * nb * nh + n * nh + u          # (d, slot 0, n, u) in cp (and hp)
+        stp = d * slots * nb * np_ + n * np_ + u       # the same in a P-wide hp
+        kp = (d * nb + n) * np_ + u                    # (d, n, u) in h0 / hy
         if s == 0:
-            hprev = h0[k] + zero if flags & H0 else zero
+            hprev = h0[kp] + zero if (flags & H0 and u < np_) else zero
             cprev = c0[k] + zero if (mode == LSTM and flags & C0) else zero
             if hin != hout:                            # training: keep h_prev, c_prev of step 0
-                hp[st + hin * nb * nh] = hprev
+                if u < np_:
+                    hp[stp + hin * nb * np_] = hprev
                 if mode == LSTM:
                     cp[st + hin * nb * nh] = cprev
         else:
-            hprev = hp[st + hin * nb * nh] + zero
+            hprev = hp[st + hin * nb * nh] + zero if not proj else zero
             cprev = cp[st + hin * nb * nh] + zero if mode == LSTM else zero
         hnew, cnew = hprev, cprev
+        hc = zero
         if s < ln:
             t = _time(d, s, ln)
             row = ((d * nt + t) * nb + n) * ns * nh + u
@@ -133,6 +149,7 @@ def rnn_cell_fwd_kernel(ws, gr, w, x, h0, c0, hp, cp, y, hy, cy, lens, geo, acc)
                 gg, go = math.tanh(a2), sigmoid(a3, one)
                 cnew = gf * cprev + gi * gg
                 hnew = go * math.tanh(cnew)
+                hc = hnew
                 ws[row] = gi
                 ws[row + nh] = gf
                 ws[row + 2 * nh] = gg
@@ -145,16 +162,77 @@ def rnn_cell_fwd_kernel(ws, gr, w, x, h0, c0, hp, cp, y, hy, cy, lens, geo, acc)
                 ws[row + nh] = gz
                 ws[row + 2 * nh] = gn
                 ws[row + 3 * nh] = a3
-            y[(t * nb + n) * nd * nh + d * nh + u] = hnew
-        else:
+            if not proj:
+                y[(t * nb + n) * nd * nh + d * nh + u] = hnew
+        elif not proj:
             y[(s * nb + n) * nd * nh + d * nh + u] = zero   # past the end: every s >= len once
-        hp[st + hout * nb * nh] = hnew
+        if proj:                                       # hc (D, T or 1, N, H)
+            hs = s if hin != hout else 0
+            y[((d * (nt if hin != hout else 1) + hs) * nb + n) * nh + u] = hc
+        else:
+            hp[st + hout * nb * nh] = hnew
         if mode == LSTM:
             cp[st + hout * nb * nh] = cnew
         if s == nt - 1:                                # carried past the end: own last step
-            hy[k] = hnew
+            if not proj:
+                hy[k] = hnew
             if mode == LSTM:
                 cy[k] = cnew
+
+
+@cuda.jit(cache=True)
+def rnn_proj_fwd_kernel(pr, hp, y, hy, lens, geo):
+    """The projected LSTM's step, after the projection GEMM wrote pr (D, N, P) = hc . W_hr^T:
+    h' = pr for a sequence still running (to y at its time, the state's slot ``hout``, and hy
+    at the last step), else h carried from slot ``hin`` and y 0 (every s >= len once).
+    One thread per (d, n, unit) element, unit fastest. Traffic: reads pr (or h), writes h, y.
+    geo = (s, T, N, P, D, hin, hout, slots)."""
+    s, nt, nb, np_, nd, hin, hout, slots = geo
+    for e in range(cuda.grid(1), nd * nb * np_, cuda.gridsize(1)):
+        u, n, d, ln, k = _element(e, np_, nb, lens)
+        st = d * slots * nb * np_ + n * np_ + u
+        if s < ln:
+            v = pr[k]
+            hp[st + hout * nb * np_] = v
+            y[(_time(d, s, ln) * nb + n) * nd * np_ + d * np_ + u] = v
+        else:
+            hp[st + hout * nb * np_] = hp[st + hin * nb * np_]
+            y[(s * nb + n) * nd * np_ + d * np_ + u] = 0
+        if s == nt - 1:
+            hy[k] = hp[st + hout * nb * np_]
+
+
+@cuda.jit(cache=True)
+def rnn_proj_bwd_kernel(dy, dh, dhy, dhx, dpr, lens, geo, acc):
+    """The projected LSTM's backward step, first of the step's launches: E = the gradient
+    reaching h' (dhy at s = T-1, else dh's slot 0 plus the split-k partial sums of the later
+    step's dgr . R) + dy at the step's time, written to dpr (D, T, N, P) step-indexed (then
+    d(hc) = dpr_s . W_hr by a GEMM, dW_hr = dpr^T . hc after the loop); the part of d(h_prev)
+    not through R (0 for a running sequence, E itself carried past its end, where dpr is 0)
+    goes to dh's slot 0 (at s = 0 to dhx). One thread per (d, n, unit), unit fastest.
+    Traffic: reads the carries and dy, writes dpr and the carry. geo = (s, T, N, P, D, flags,
+    parts)."""
+    zero = acc[0]
+    s, nt, nb, np_, nd, flags, parts = geo
+    for e in range(cuda.grid(1), nd * nb * np_, cuda.gridsize(1)):
+        u, n, d, ln, k = _element(e, np_, nb, lens)
+        if s == nt - 1:
+            ein = dhy[k] + zero if flags & DHY else zero
+        else:
+            ein = dh[k]
+            for p in range(parts):
+                ein += dh[(p + 1) * nd * nb * np_ + k]
+        row = ((d * nt + s) * nb + n) * np_ + u
+        direct = zero
+        if s < ln:
+            dpr[row] = ein + dy[(_time(d, s, ln) * nb + n) * nd * np_ + d * np_ + u]
+        else:
+            dpr[row] = zero
+            direct = ein
+        if s == 0:
+            dhx[k] = direct
+        else:
+            dh[k] = direct
 
 
 @cuda.jit(cache=True)
@@ -172,7 +250,9 @@ def rnn_cell_bwd_kernel(ws, hp, cp, dy, dh, dc, dhy, dcy, dhx, dcx, dgx, dgr, le
         gru:  dn = E*(1 - z)*(1 - n^2); dr = dn*hn*r*(1 - r); dz = E*(h - n)*z*(1 - z);
               input side [dr, dz, dn], recurrent side [dr, dz, dn*r]; d(h_prev) direct = E*z
     dh is (1 + P, D, N, H): slot 0 the direct part, slots 1..P the GEMM's split-k partial
-    sums of dgr . R (summed here). Thread mapping as the forward kernel. Traffic per element:
+    sums of dgr . R (summed here). With PROJB (a projected LSTM) E is dh itself, (D, N, H):
+    d(o*tanh(c')) from rnn_proj_bwd_kernel and the GEMM after it, and the kernel writes only
+    the c carry (dc, at s = 0 dcx). Thread mapping as the forward kernel. Traffic per element:
     reads S stored values, dy, h or c, the carries; writes 2G gradients and the carries.
     geo = (mode, s, T, N, H, D, S, flags, slots, P)."""
     zero = acc[0]
@@ -180,15 +260,20 @@ def rnn_cell_bwd_kernel(ws, hp, cp, dy, dh, dc, dhy, dcy, dhx, dcx, dgx, dgr, le
     mode, s, nt, nb, nh, nd, ns, flags, slots, parts = geo
     g = _gates(mode)
     gh = g * nh
+    proj = flags & PROJB
     for e in range(cuda.grid(1), nd * nb * nh, cuda.gridsize(1)):
         u, n, d, ln, k = _element(e, nh, nb, lens)
-        if s == nt - 1:
+        if proj:
+            ein = dh[k] + zero
+        elif s == nt - 1:
             ein = dhy[k] + zero if flags & DHY else zero
-            cin = dcy[k] + zero if (mode == LSTM and flags & DCY) else zero
         else:
             ein = dh[k]
             for p in range(parts):
                 ein += dh[(p + 1) * nd * nb * nh + k]
+        if s == nt - 1:
+            cin = dcy[k] + zero if (mode == LSTM and flags & DCY) else zero
+        else:
             cin = dc[k] if mode == LSTM else zero
         rrow = ((d * nt + s) * nb + n) * gh + u        # step-indexed dgr row
         dout, cout = ein, cin
@@ -198,7 +283,7 @@ def rnn_cell_bwd_kernel(ws, hp, cp, dy, dh, dc, dhy, dcy, dhx, dcx, dgx, dgr, le
                 dgx[rrow + q * nh] = zero              # time s >= len: every such t once
         else:
             t = _time(d, s, ln)
-            E = ein + dy[(t * nb + n) * nd * nh + d * nh + u]
+            E = ein if proj else ein + dy[(t * nb + n) * nd * nh + d * nh + u]
             row = ((d * nt + t) * nb + n) * ns * nh + u
             xrow = ((d * nt + t) * nb + n) * gh + u
             st = (d * slots + s) * nb * nh + n * nh + u
@@ -244,11 +329,13 @@ def rnn_cell_bwd_kernel(ws, hp, cp, dy, dh, dc, dhy, dcy, dhx, dcx, dgx, dgr, le
                 dgr[rrow + 2 * nh] = dn * gr_
                 dout = E * gz
         if s == 0:
-            dhx[k] = dout
+            if not proj:
+                dhx[k] = dout
             if mode == LSTM:
                 dcx[k] = cout
         else:
-            dh[k] = dout
+            if not proj:
+                dh[k] = dout
             if mode == LSTM:
                 dc[k] = cout
 
@@ -314,7 +401,9 @@ def SIGNATURES(t, acc):
     from numba import int32, int64
     from numba.core.types import UniTuple
     a, z, i = t[::1], acc[::1], int32[::1]
-    return {"rnn_cell_fwd_kernel": (z, z, a, a, a, a, a, z, a, a, a, i, UniTuple(int64, 14), z),
+    return {"rnn_cell_fwd_kernel": (z, z, a, a, a, a, a, z, a, a, a, i, UniTuple(int64, 15), z),
+            "rnn_proj_fwd_kernel": (z, a, a, a, i, UniTuple(int64, 8)),
+            "rnn_proj_bwd_kernel": (a, z, a, a, z, i, UniTuple(int64, 7), z),
             "rnn_cell_bwd_kernel": (z, a, z, a, z, z, a, a, a, a, z, z, i,
                                     UniTuple(int64, 10), z),
             "rnn_bias_bwd_kernel": (z, z, a, UniTuple(int64, 5), z),

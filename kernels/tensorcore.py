@@ -1,5 +1,13 @@
-"""Tensor-core intrinsics for the GEMM (kernels/gemm.py, ``tc=True``): inline PTX, sm_80 and
-later. Numba has no warp-matrix API, so these emit the two instructions the GEMM needs.
+"""Tensor-core intrinsics for the GEMM (kernels/gemm.py, ``tc``): inline PTX, sm_80 and later.
+Numba has no warp-matrix API, so these emit the instructions the GEMM needs, and ``slab_mma``
+builds the GEMM's multiply of one shared-memory slab in each of its three tensor-core modes:
+
+  - "3xtf32": float32 data, errors of float32's order (below);
+  - "tf32": float32 data, one TF32 product (A and B rounded to 10 mantissa bits: a relative
+    error up to 2^-11 per product, as cuDNN's and cuBLAS's TF32), 3x fewer mma;
+  - "f16": float16 data on ``mma.m16n8k16`` (HMMA) with float32 accumulators: the products of
+    two float16 are exact in float32, so the only rounding is the float32 accumulation. Twice
+    the k of a TF32 mma per instruction.
 
 3xTF32. A float32 x splits into big = tf32(x) (rounded to nearest, 10 mantissa bits) and
 small = x - big; then a*b = big_a*big_b + big_a*small_b + small_a*big_b + small_a*small_b, where
@@ -15,8 +23,10 @@ Not in the CUDA simulator: it runs kernels as Python threads and has no warp-wid
 instruction; the GEMM takes these only on a real GPU (ops/gemm.py).
 """
 
+import functools
+
 from llvmlite import ir
-from numba import types
+from numba import cuda, types, uint32, uint64
 from numba.cuda.extending import intrinsic
 
 
@@ -72,6 +82,140 @@ def mma_tf32(typingctx, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
     return sig, codegen
 
 
+@intrinsic
+def mma_f16(typingctx, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
+    """(d0, d1, d2, d3) = A.B + C for one warp: ``mma.sync.aligned.m16n8k16.row.col`` with
+    float16 A (16 x 16) and B (16 x 8), float32 C, D (16 x 8). Each A and B register holds two
+    float16 of consecutive k (the lower k in the low 16 bits). Lane l = 4g + q holds the pairs
+    A[g, 2q:2q+2], A[g+8, 2q:2q+2], A[g, 2q+8:2q+10], A[g+8, 2q+8:2q+10];
+    B[2q:2q+2, g], B[2q+8:2q+10, g]; C and D as in ``mma_tf32`` (PTX ISA, "Matrix Fragments
+    for mma.m16n8k16 with floating point type"). In pairs of k (p = k // 2) the lane's
+    registers sit where ``mma_tf32``'s elements do: A[g, p = q], A[g+8, q], A[g, q+4], ..."""
+    u, f = types.uint32, types.float32
+    if any(v != u for v in (a0, a1, a2, a3, b0, b1)) or any(v != f for v in (c0, c1, c2, c3)):
+        return None
+    sig = types.UniTuple(f, 4)(u, u, u, u, u, u, f, f, f, f)
+
+    def codegen(context, builder, signature, args):
+        f32 = ir.FloatType()
+        ret = ir.LiteralStructType([f32] * 4)
+        out = _asm(builder, ret, list(args),
+                   "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {$0, $1, $2, $3}, "
+                   "{$4, $5, $6, $7}, {$8, $9}, {$10, $11, $12, $13};",
+                   "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f")
+        return context.make_tuple(builder, signature.return_type,
+                                  [builder.extract_value(out, i) for i in range(4)])
+
+    return sig, codegen
+
+
+MODES = ("3xtf32", "tf32", "f16")
+
+
+@functools.lru_cache(maxsize=None)
+def slab_mma(mode, bk, sa, sb, wmt, wnt):
+    """The device function ``mma_slab(sh, pa, pb, c_reg, zero)`` of kernels/gemm.py: c_reg +=
+    this warp's piece of one ``bk``-deep shared slab's product, A stored k-major with rows of
+    ``sa`` and B with rows of ``sb`` (the unit below). ``pa`` / ``pb``: the offsets of A's row
+    g of the warp's rows and of B's column g of its columns at k row q of the slab (lane
+    4g + q). The warp's wmt x wnt tiles of 16 x 8 (c_reg[2mt:2mt+2, 2nt:2nt+2]) take
+    wmt + wnt fragment loads per k-step and 3*wmt*wnt ("3xtf32") or wmt*wnt mma.
+
+    "3xtf32" / "tf32": ``sh`` holds float32, unit one element, k-steps of 8. "f16": the slab
+    is float16 stored in pairs of consecutive k (element (k, r) at half
+    (k // 2)*2*rows + 2r + k % 2), read as 32-bit words (the unit: one word = one pair =
+    one mma register, a single ld.shared.b32) from the dynamic shared memory's uint32 alias;
+    k-steps of 16 (8 pair rows). Pair rows sa words apart with sa = 8 (mod 32) put lanes
+    4g + q on 32 distinct banks, as the float32 rows do."""
+    if mode not in MODES:
+        raise ValueError(f"slab_mma: mode must be one of {MODES}, got {mode!r}")
+    nfa, nfb = 4 * wmt, 2 * wnt     # a lane's A and B fragment words per k-step
+    BK = bk     # noqa: N806 -- compile-time constants of the closures
+
+    @cuda.jit(device=True, inline=True)
+    def mma_3xtf32(sh, pa, pb, c_reg, zero):
+        ah = cuda.local.array(nfa, dtype=uint32)    # big and small halves of A, B
+        al = cuda.local.array(nfa, dtype=uint32)
+        bh = cuda.local.array(nfb, dtype=uint32)
+        bl = cuda.local.array(nfb, dtype=uint32)
+        for ks in range(0, BK, 8):
+            for mt in range(wmt):
+                for r in range(4):      # A[g + 8*(r%2), q + 4*(r//2)]
+                    v = sh[uint64(pa + (ks + (r // 2) * 4) * sa + mt * 16 + (r % 2) * 8)]
+                    ah[4 * mt + r], al[4 * mt + r] = tf32_split(v)
+            for nt in range(wnt):
+                for r in range(2):      # B[q + 4*r, g]
+                    v = sh[uint64(pb + (ks + r * 4) * sb + nt * 8)]
+                    bh[2 * nt + r], bl[2 * nt + r] = tf32_split(v)
+            for mt in range(wmt):
+                for nt in range(wnt):
+                    i, j, e, f = 2 * mt, 2 * nt, 4 * mt, 2 * nt
+                    # A k-step's sum starts from zero, the small terms first, and is added
+                    # to c_reg in IEEE float32: the tensor core's own accumulation truncates,
+                    # which into the running sum would bias it by ~2^-23 of |c| per mma
+                    # (measured: errors growing with k, 10x float32's at k = 4608).
+                    d0, d1, d2, d3 = mma_tf32(al[e], al[e + 1], al[e + 2], al[e + 3], bh[f],
+                                              bh[f + 1], zero, zero, zero, zero)
+                    d0, d1, d2, d3 = mma_tf32(ah[e], ah[e + 1], ah[e + 2], ah[e + 3], bl[f],
+                                              bl[f + 1], d0, d1, d2, d3)
+                    d0, d1, d2, d3 = mma_tf32(ah[e], ah[e + 1], ah[e + 2], ah[e + 3], bh[f],
+                                              bh[f + 1], d0, d1, d2, d3)
+                    c_reg[i, j] += d0
+                    c_reg[i, j + 1] += d1
+                    c_reg[i + 1, j] += d2
+                    c_reg[i + 1, j + 1] += d3
+
+    @cuda.jit(device=True, inline=True)
+    def mma_1xtf32(sh, pa, pb, c_reg, zero):
+        # TF32's own error (2^-11 per product) dwarfs the tensor core's truncating
+        # accumulation (~2^-23 of |c| per mma), so the mma accumulates into c_reg directly
+        af = cuda.local.array(nfa, dtype=uint32)
+        bf = cuda.local.array(nfb, dtype=uint32)
+        for ks in range(0, BK, 8):
+            for mt in range(wmt):
+                for r in range(4):
+                    v = sh[uint64(pa + (ks + (r // 2) * 4) * sa + mt * 16 + (r % 2) * 8)]
+                    af[4 * mt + r] = tf32_split(v)[0]
+            for nt in range(wnt):
+                for r in range(2):
+                    v = sh[uint64(pb + (ks + r * 4) * sb + nt * 8)]
+                    bf[2 * nt + r] = tf32_split(v)[0]
+            for mt in range(wmt):
+                for nt in range(wnt):
+                    i, j, e, f = 2 * mt, 2 * nt, 4 * mt, 2 * nt
+                    c_reg[i, j], c_reg[i, j + 1], c_reg[i + 1, j], c_reg[i + 1, j + 1] = \
+                        mma_tf32(af[e], af[e + 1], af[e + 2], af[e + 3], bf[f], bf[f + 1],
+                                 c_reg[i, j], c_reg[i, j + 1], c_reg[i + 1, j],
+                                 c_reg[i + 1, j + 1])
+
+    @cuda.jit(device=True, inline=True)
+    def mma_hmma(sh, pa, pb, c_reg, zero):
+        # the float16 slab as words (dynamic shared arrays all start at the same address)
+        words = cuda.shared.array(0, dtype=uint32, alignment=16)
+        af = cuda.local.array(nfa, dtype=uint32)
+        bf = cuda.local.array(nfb, dtype=uint32)
+        for ks in range(0, BK // 2, 8):     # pair rows of one k-step of 16
+            for mt in range(wmt):
+                for r in range(4):      # pairs A[g + 8*(r%2), p = q + 4*(r//2)]
+                    af[4 * mt + r] = words[uint64(pa + (ks + (r // 2) * 4) * sa + mt * 16
+                                                  + (r % 2) * 8)]
+            for nt in range(wnt):
+                for r in range(2):      # pairs B[p = q + 4*r, g]
+                    bf[2 * nt + r] = words[uint64(pb + (ks + r * 4) * sb + nt * 8)]
+            for mt in range(wmt):
+                for nt in range(wnt):
+                    # float32 accumulation straight into c_reg (as cuDNN's HMMA kernels): the
+                    # tensor core's accumulation error (~2^-23 of |c| per mma) is far below
+                    # float16's 2^-11
+                    i, j, e, f = 2 * mt, 2 * nt, 4 * mt, 2 * nt
+                    c_reg[i, j], c_reg[i, j + 1], c_reg[i + 1, j], c_reg[i + 1, j + 1] = \
+                        mma_f16(af[e], af[e + 1], af[e + 2], af[e + 3], bf[f], bf[f + 1],
+                                c_reg[i, j], c_reg[i, j + 1], c_reg[i + 1, j],
+                                c_reg[i + 1, j + 1])
+
+    return {"3xtf32": mma_3xtf32, "tf32": mma_1xtf32, "f16": mma_hmma}[mode]
+
+
 def _stable_uuid(fn, name):
     """Give intrinsic ``fn`` a fixed uuid. Numba keys a kernel's on-disk cache by the pickled
     bytes of its closure (numba.core.caching, ``_index_key``), and an intrinsic pickles with a
@@ -87,3 +231,4 @@ def _stable_uuid(fn, name):
 
 _stable_uuid(tf32_split, "tf32_split")
 _stable_uuid(mma_tf32, "mma_tf32")
+_stable_uuid(mma_f16, "mma_f16")

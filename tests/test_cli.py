@@ -9,7 +9,7 @@ import pytest
 
 import dnnkit
 from dnnkit import __main__ as cli
-from tests.conftest import HAVE_DRIVER, cudnn_ok
+from tests.conftest import HAVE_DRIVER, SIMULATOR, cudnn_ok
 
 
 def _run(*args, env=None):
@@ -159,7 +159,18 @@ def test_check_ops_lists_the_valid_names():
     (("check", "--dtypes", "float8"), "unknown dtype 'float8'; valid: float16, float32, float64"),
     (("check", "--reps", "0"), "must be >= 1; got 0"),
     (("demo", "--backend", "cuda"), "invalid choice: 'cuda'"),
+    (("demo", "--gpus", "0"), "must be >= 1; got 0"),
+    (("demo", "--gpus", "2", "--crosscheck"), "--crosscheck trains two copies on one GPU"),
 ])
 def test_bad_arguments_are_usage_errors(args, message):
     r = _run(*args)
     assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def test_demo_on_more_gpus_than_the_machine_has_is_one_line():
+    from numba import cuda
+    have = 0 if SIMULATOR else len(cuda.gpus)
+    n = max(2, have + 1)
+    r = _run("demo", "--gpus", str(n))
+    line = _one_line_error(r)
+    assert f"demo: --gpus {n} needs {n} GPUs; this machine has {have}" in line

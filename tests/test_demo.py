@@ -14,9 +14,13 @@ from tests.conftest import SIMULATOR
 
 
 def test_demo_runs_end_to_end_and_reports(capsys):
+    """The whole demo, as one rank of a data-parallel job (alone here: rank 0 of 1, so the
+    DataParallel wrapping and the batch sharding run; ``python -m dnnkit demo`` in
+    tests/test_cli.py runs it without them)."""
     lines = []
-    results = demo.run(backend="numba", log=lines.append)
+    results = demo.run(backend="numba", log=lines.append, data_parallel=True)
     text = "\n".join(lines)
+    assert "cnn: DataParallel over 1 GPU(s), 1 gradient bucket(s)" in text
     assert set(results) == {"cnn", "resnet", "lstm"} and demo.finite(results)
     for name in ("cnn", "resnet", "lstm"):
         assert f"{name} [numba] epoch 2: loss" in text
@@ -34,6 +38,14 @@ def test_demo_runs_end_to_end_and_reports(capsys):
     except ImportError:
         return
     assert "resnet epoch 1" in out.err
+
+
+def test_shards_cover_a_batch_once():
+    idx = np.arange(10)
+    parts = [demo.shard(idx, r, 3) for r in range(3)]
+    assert [len(p) for p in parts] == [4, 3, 3]
+    np.testing.assert_array_equal(np.concatenate(parts), idx)
+    assert demo.shard(idx, 0, 1) is idx
 
 
 def test_generated_data():

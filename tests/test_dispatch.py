@@ -315,3 +315,31 @@ def test_a_call_on_another_device_runs_inside_that_device(monkeypatch, two_devic
     seen.clear()
     assert dispatch.dispatch("relu", FakeDeviceArray(0)) == 7
     assert seen == ["relu"]            # already current: no switch
+
+
+def test_memo_device_is_the_current_one_when_the_arrays_are_on_it(monkeypatch):
+    monkeypatch.setattr(placement, "device_id", lambda: 1)
+    assert placement.memo_device((FakeDeviceArray(1), "relu", 0.0), {}) == 1
+    assert placement.memo_device(("no arrays",), {"x": 2}) == 1
+    assert placement.memo_device((FakeDeviceArray(1),), {"y": FakeDeviceArray(0)}) is None
+    assert placement.memo_device((FakeDeviceArray(0),), {}) is None
+
+
+def test_the_memo_serves_a_machine_with_several_gpus(monkeypatch, two_devices):
+    """Several GPUs: repeated calls whose arrays are on the current device are memoised under
+    a signature holding that device; a call with an array elsewhere takes the full path."""
+    from dnnkit import fastpath
+    monkeypatch.setattr(placement, "one_device", False)
+    monkeypatch.setattr(placement, "device_id", lambda: 0)
+    from numba import cuda
+    x = cuda.to_device(np.linspace(-1, 1, 8, dtype=np.float32))
+    dnnkit.activation(x, "relu", backend="numba")
+    hits = fastpath.stats["hits"]
+    y = dnnkit.activation(x, "relu", backend="numba").copy_to_host()
+    assert fastpath.stats["hits"] == hits + 1
+    np.testing.assert_array_equal(y, np.maximum(np.linspace(-1, 1, 8, dtype=np.float32), 0))
+    sig0 = fastpath.signature("activation", (x,), None, {}, 0)
+    assert sig0 != fastpath.signature("activation", (x,), None, {}, 1)
+    monkeypatch.setattr(placement, "memo_device", lambda args, kw: None)   # an array elsewhere
+    dnnkit.activation(x, "relu", backend="numba")
+    assert fastpath.stats["hits"] == hits + 1

@@ -2,6 +2,12 @@
 first, then time; the device's two ceilings; the targets (docs/performance.md). Needs a GPU.
 
     python -m validation.bench [--reps 20] [--only conv,pool,...] [--out DIR]
+    python -m validation.bench --set deepbench [--reps 10]     # the second convolution set
+
+``--set resnet50`` (the default) runs the op families of validation/bench_cases.py (the
+convolutions on ResNet-50's layers; ``mixed``: float16 and TF32); ``--set deepbench`` runs the
+DeepBench-style convolutions of validation/deepbench_cases.py instead, float32 and float16,
+and reports their geometric means and worst rows.
 
 Per case (validation/bench_cases.py): each backend's outputs against a float64 reference
 (PyTorch in float64 on the same inputs: max|got - ref| / max|ref|, the worst output; a NaN
@@ -33,6 +39,7 @@ import numpy as np
 import dnnkit
 from dnnkit.timing import median_ms, median_ms_each
 from validation import bench_cases as bc
+from validation import deepbench_cases
 
 INNER = 5
 BACKENDS = ("numba", "cudnn", "torch")
@@ -237,8 +244,11 @@ def targets(rows, ceil, over, cold):
     def rows_of(prefix, dtype="float32"):
         return [r for r in rows if r["op"].startswith(prefix) and r["dtype"] == dtype]
     for d, goal in (("fwd", 0.5), ("bwd_data", 0.4), ("bwd_filter", 0.4)):
-        g = _gmean([r.get("numba_vs_cudnn") for r in rows_of(f"conv2d {d}")
-                    if "tf32" not in r["op"]])
+        picked = [r.get("numba_vs_cudnn") for r in rows_of(f"conv2d {d}")
+                  if "tf32" not in r["op"]]
+        if not picked:        # the conv family did not run (--only, --set deepbench)
+            continue
+        g = _gmean(picked)
         t.append((f"conv Numba/cuDNN throughput, {d} (geomean)", f">= {goal}", g, g >= goal))
     bw = ceil["copy_gbps"]
     for r in rows:
@@ -268,6 +278,13 @@ def targets(rows, ceil, over, cold):
         t.append(("import dnnkit (s)", "< 1", cold[1][0], cold[1][0] < 1.0))
         t.append(("first Numba conv, fresh process: compiling / from the disk cache (s)",
                   "cached", f"{cold[0][1]:.2f} / {cold[1][1]:.2f}", cold[1][1] < cold[0][1] / 3))
+    for r in rows:       # float16 on HMMA, TF32: every ResNet-50 row within 0.8 of cuDNN's
+        if (r["dtype"] == "float16" or "tf32" in r["op"]) and r["op"].startswith("conv2d") \
+                and r.get("numba_vs_cudnn"):
+            x = r["numba_vs_cudnn"]
+            t.append((f"{r['op']} {r['dtype']} {r['shape']}: Numba/cuDNN throughput",
+                      ">= 0.80", x, x >= 0.8))
+    t += deepbench_cases.summary(rows)
     for r in rows:
         if r["dtype"] == "float16" or "tf32" in r["op"]:
             if "torch_rate" in r and "cudnn_rate" in r:
@@ -305,6 +322,9 @@ def main():
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--only", default="", help="families: conv,pool,bn,relu,softmax,dropout,"
                                               "rnn,spatial,mixed")
+    p.add_argument("--set", default="resnet50", choices=("resnet50", "deepbench"),
+                   help="resnet50: the op families (--only picks); deepbench: the second "
+                        "convolution set (validation/deepbench_cases.py)")
     p.add_argument("--out", default=".")
     p.add_argument("--no-cold", action="store_true", help="skip the cold-start processes")
     p.add_argument("--no-overhead", action="store_true", help="skip the host time per call")
@@ -317,7 +337,9 @@ def main():
           f"{ceil.get('sgemm_tflops', float('nan')):.1f} TFLOP/s\n", flush=True)
     rng = np.random.default_rng(int(time.time()))   # fresh inputs every run
     rows = []
-    for case in bc.all_cases(a.only.split(",") if a.only else None):
+    cases = (deepbench_cases.deepbench_cases() if a.set == "deepbench" else
+             bc.all_cases(a.only.split(",") if a.only else None))
+    for case in cases:
         t0 = time.perf_counter()
         try:
             rows.append(run_case(case, a.reps, T, rng))

@@ -1,6 +1,7 @@
 """GPU cross-check and benchmark of the RNN family: Numba vs cuDNN vs PyTorch nn.LSTM/nn.GRU.
 
     python -m validation.rnn_bench [--reps 20] [--dtype float32] [--no-reference] [--json f]
+    python -m validation.rnn_bench --algos [--reps 20] [--dtype float32] [--json f]
 
 Shapes (the benchmark's; one layer, unidirectional, input size = hidden size):
 LSTM H=512 N=64 T=50, GRU H=1024 N=32 T=50, LSTM H=1024 N=16 T=100.
@@ -16,6 +17,14 @@ Times: dnnkit.timing.median_ms (CUDA events on the default stream, after a warm-
 ``forward`` (inference) and ``forward+backward`` (training forward, then backward; for
 PyTorch the module call and autograd.backward with the same upstream gradients, weight
 gradients included). Target (docs/performance.md): Numba within 2.5x of cuDNN on forward.
+
+``--algos``: cuDNN's RNN algorithms side by side (standard, persist_static,
+persist_static_small_h, persist_dynamic, and what "auto" picks) at batch N = 1, 4 and 16 for
+LSTM and GRU, H = 256, 512, 1024 (and 2048 for the upper limit), T = 50, one layer: per algorithm
+the inference forward and the training forward+backward times, the worst relative difference
+from "standard" (y, hy, dx, dw), or why cuDNN refused it. The last column names the fastest
+forward+backward; ops/rnn_cudnn.py's AUTO_PERSIST_MAX_BATCH and AUTO_PERSIST_MAX_HIDDEN (the
+"auto" rule) are read off these rows.
 """
 
 import argparse
@@ -25,6 +34,7 @@ import numpy as np
 
 import dnnkit
 from dnnkit import arrays, reference
+from dnnkit.errors import CudnnError, CudnnUnavailableError
 from dnnkit.timing import median_ms
 
 SHAPES = [("lstm", 512, 64, 50), ("gru", 1024, 32, 50), ("lstm", 1024, 16, 100)]
@@ -174,6 +184,62 @@ def table(rows, device):
     return "\n".join(out)
 
 
+ALGOS = ("standard", "persist_static", "persist_static_small_h", "persist_dynamic", "auto")
+ALGO_SHAPES = [(m, h, n, 50) for m in ("lstm", "gru") for h in (256, 512, 1024, 2048)
+               for n in (1, 4, 16)]
+
+
+def algo_rows(dt, reps):
+    """One row per (shape, algorithm): times, difference from standard, or the refusal."""
+    from numba import cuda
+    rows = []
+    for mode, h, n, t in ALGO_SHAPES:
+        rng = np.random.default_rng(0)
+        name = f"{mode} H={h} N={n} T={t}"
+        base = None
+        # one problem per shape, every algorithm on it: "vs standard" compares like with like
+        x = cuda.to_device(rng.standard_normal((t, n, h)).astype(dt))
+        dy = cuda.to_device(rng.standard_normal((t, n, h)).astype(dt))
+        for algo in ALGOS:
+            rnn = dnnkit.RNN(mode, h, h, dtype=dt, algo=algo)
+            w = rnn.init_params(seed=1)
+            try:
+                with dnnkit.trace() as tr:
+                    out = rnn.forward(w, x, training=True, backend="cudnn")
+                grads = rnn.backward(w, x, out.y, dy, state=out.state, backend="cudnn")
+            except (CudnnUnavailableError, CudnnError) as e:
+                rows.append(dict(shape=name, algo=algo, error=str(getattr(e, "reason", e))))
+                continue
+            outs = (out.y, out.hy, grads[0], grads[3])
+            if base is None:
+                base = outs
+            rows.append(dict(
+                shape=name, algo=algo, ran=str(tr[0].algo), diff=_worst(outs, base),
+                fwd_ms=median_ms(lambda i: rnn.forward(w, x, backend="cudnn"), reps),
+                fwdbwd_ms=median_ms(lambda i: _fwd_bwd(rnn, w, x, dy, "cudnn"), reps)))
+    return rows
+
+
+def algo_table(rows, device):
+    out = [f"device: {device}", "",
+           f"{'shape':<24} {'algo':<23} {'ran':<16} {'fwd ms':>8} {'f+b ms':>8} "
+           f"{'vs standard':>11}"]
+    best = {}
+    for r in rows:
+        if "error" not in r and r["algo"] != "auto":
+            b = best.get(r["shape"])
+            if b is None or r["fwdbwd_ms"] < b["fwdbwd_ms"]:
+                best[r["shape"]] = r
+    for r in rows:
+        if "error" in r:
+            out.append(f"{r['shape']:<24} {r['algo']:<23} refused: {r['error'][:70]}")
+            continue
+        mark = "  <- fastest f+b" if best.get(r["shape"]) is r else ""
+        out.append(f"{r['shape']:<24} {r['algo']:<23} {r['ran']:<16} {r['fwd_ms']:8.3f} "
+                   f"{r['fwdbwd_ms']:8.3f} {r['diff']:11.2e}{mark}")
+    return "\n".join(out)
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--reps", type=int, default=20)
@@ -181,9 +247,20 @@ def main():
     p.add_argument("--no-reference", action="store_true",
                    help="skip the (slow) float64 NumPy reference")
     p.add_argument("--json")
+    p.add_argument("--algos", action="store_true",
+                   help="time cuDNN's RNN algorithms side by side (module docstring)")
     a = p.parse_args()
     from numba import cuda
     print(dnnkit.backends.status(), "\n")
+    if a.algos:
+        rows = algo_rows(a.dtype, a.reps)
+        device = cuda.get_current_device().name
+        device = device.decode() if isinstance(device, bytes) else device
+        print(algo_table(rows, device))
+        if a.json:
+            with open(a.json, "w") as f:
+                json.dump(dict(device=device, rows=rows), f, indent=1)
+        return
     torch = _torch()
     rows = []
     for mode, h, n, t in SHAPES:

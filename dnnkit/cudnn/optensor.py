@@ -16,10 +16,11 @@ cuDNN's 32-bit limit); ``stream`` is the raw cudaStream_t.
 """
 
 import ctypes
-from ctypes import POINTER, c_double, c_float, c_int, c_size_t, c_uint16, c_void_p
+from ctypes import POINTER, c_double, c_float, c_int, c_size_t, c_void_p
 
 import numpy as np
 
+from .. import arrays
 from . import api, handle, workspace
 from . import conv  # noqa: F401  (declares cudnnAddTensor's prototype, used by add_tensor)
 from .api import ptr
@@ -171,12 +172,18 @@ def add_tensor(alpha, a, a_dims, beta, c, c_dims, stream):
 
 
 def set_tensor(c, dims, value, stream):
-    """c = value everywhere (the value in c's own type, as cudnnSetTensor reads it)."""
+    """c = value everywhere. float16 takes cudnnAddTensor of a one-element constant broadcast
+    over c (beta = 0: c is only written): cudnnSetTensor, whose header says the value has c's
+    type, filled a float16 tensor with 0 when handed float16 -inf on an H100 (cuDNN 9.19), as
+    if it read a float; the broadcast add has no such ambiguity (its alpha is a float, its
+    operand a float16 array)."""
     dt = np.dtype(c.dtype)
     if dt == np.float16:
-        v = c_uint16(int(np.array(value, np.float16).view(np.uint16)))
-    else:
-        v = (c_double if dt == np.float64 else c_float)(value)
+        ones = (1,) * len(dims)
+        add_tensor(1.0, arrays.constant(np.full(ones, value, np.float16), np.float16), ones,
+                   0.0, c, dims, stream)
+        return
+    v = (c_double if dt == np.float64 else c_float)(value)
     api.call("cudnnSetTensor", handle.get(stream), tensor(dims, dt), ptr(c), ctypes.byref(v),
              context=lambda: f"set_tensor: c {dims} {dt.name} = {value}")
 

@@ -112,9 +112,32 @@ def _stop(procs, grace):
         p.wait()
 
 
+_VALUED = ("--gpus", "--nnodes", "--node-rank", "--master-addr", "--master-port", "--grace")
+
+
+def _split_module(argv):
+    """(the launcher's arguments, the module's) for ``... -m module args``: everything after
+    the module's name belongs to it (as with ``python -m``), options included, which argparse
+    alone would take for the launcher's. The launcher's options end at ``-m`` or at the first
+    positional argument (the script, whose arguments argparse keeps as they are)."""
+    i = 0
+    while i < len(argv):
+        a = argv[i]
+        if a == "-m":
+            return argv[:i + 2], argv[i + 2:]
+        if not a.startswith("-"):
+            break
+        i += 2 if a in _VALUED else 1
+    return argv, []
+
+
 def main(argv=None):
     p = _parser()
-    args = p.parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    head, module_args = _split_module(argv)
+    args = p.parse_args(head)
+    if args.module:
+        args.args = module_args + list(args.args)
     _check(p, args)
     if args.master_port is not None:
         port = args.master_port

@@ -185,4 +185,4 @@ def _backward(g, dy):
     return out
 
 
-SYNC_RULE = Rule(_backward, None, None)
+SYNC_RULE = Rule(_backward, None, None, None)

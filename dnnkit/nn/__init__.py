@@ -8,12 +8,13 @@
 "auto"; each op's gradient runs on the backend its forward ran on.
 """
 
+from .activation import (ELU, ClippedReLU, LogSoftmax, ReLU, Sigmoid,  # noqa: F401
+                         Softmax, Tanh)
 from .containers import ModuleList, Sequential  # noqa: F401
 from .conv_transpose import ConvTranspose2d, ConvTranspose3d  # noqa: F401
-from .layers import (ELU, AdaptiveAvgPool2d, AvgPool2d, AvgPool3d, ClippedReLU,  # noqa: F401
-                     Conv2d, Conv3d, Dropout, Embedding, Flatten, GlobalAvgPool2d, Identity,
-                     Linear, LogSoftmax, MaxPool2d, MaxPool3d, ReLU, Sigmoid, Softmax,
-                     SpatialTransformer, Tanh)
+from .layers import (AdaptiveAvgPool2d, AvgPool2d, AvgPool3d, Conv2d, Conv3d,  # noqa: F401
+                     Dropout, Embedding, Flatten, GlobalAvgPool2d, Identity, Linear, MaxPool2d,
+                     MaxPool3d, SpatialTransformer)
 from .loss import CrossEntropyLoss, MSELoss, NLLLoss  # noqa: F401
 from .lrn import LocalResponseNorm  # noqa: F401
 from .module import Module, convert  # noqa: F401

@@ -17,14 +17,15 @@ from ..ops.conv_transpose import output_size as transposed_size
 from ..tensors import Tensor
 from . import checks
 from .checks import as_input
-from .layers import conv_channels, conv_parameters, conv_repr
+from .layers import conv_channels, conv_options, conv_parameters, conv_repr
 from .module import Module
 
 
 class _ConvTransposeNd(Module):
     def __init__(self, nd: int, in_channels: int, out_channels: int, kernel_size: Size,
                  stride: Size, padding: Size, output_padding: Size, groups: int, bias: bool,
-                 dilation: Size, dtype: DType, seed: int | None) -> None:
+                 dilation: Size, dtype: DType, seed: int | None, mode: str, algo: str | None,
+                 precision: str | None) -> None:
         super().__init__()
         cls = f"ConvTranspose{nd}d"
         cin, cout, k, g = ch = conv_channels(cls, nd, in_channels, out_channels, kernel_size,
@@ -37,7 +38,8 @@ class _ConvTransposeNd(Module):
                              f"dilation) in every spatial dim; got output_padding={op}, "
                              f"stride={s}, dilation={d}")
         self.conv = dict(stride=s, padding=checks.sizes(cls, "padding", padding, nd, 0),
-                         output_padding=op, dilation=d, groups=g)
+                         output_padding=op, dilation=d, groups=g,
+                         **conv_options(cls, mode, algo, precision, "bwd_data"))
         # PyTorch's layout (in, out/groups, *kernel); its fan-in is weight.size(1) * kernel
         conv_parameters(self, cls, nd, ch, (cin, cout // g) + k, cout // g * math.prod(k),
                         bias, dtype, seed)
@@ -80,23 +82,30 @@ class _ConvTransposeNd(Module):
 class ConvTranspose2d(_ConvTransposeNd):
     """2-D transposed convolution of (N, C_in, H, W); weight (in, out/groups, kh, kw), bias
     (out,): ``dnnkit.conv_transpose2d``. PyTorch's arguments in PyTorch's order; padding and
-    output_padding are ints or pairs."""
+    output_padding are ints or pairs. ``mode`` ("cross" or "conv": the kernel flipped),
+    ``algo`` (a backward-data algorithm: the op's forward is one) and ``precision`` are passed
+    to the op (None: the ``dnn.conv`` flags)."""
 
     def __init__(self, in_channels: int, out_channels: int, kernel_size: Size,
                  stride: Size = 1, padding: Size = 0, output_padding: Size = 0, groups: int = 1,
                  bias: bool = True, dilation: Size = 1, *, dtype: DType = "float32",
-                 seed: int | None = None) -> None:
+                 seed: int | None = None, mode: str = "cross", algo: str | None = None,
+                 precision: str | None = None) -> None:
         super().__init__(2, in_channels, out_channels, kernel_size, stride, padding,
-                         output_padding, groups, bias, dilation, dtype, seed)
+                         output_padding, groups, bias, dilation, dtype, seed, mode, algo,
+                         precision)
 
 
 class ConvTranspose3d(_ConvTransposeNd):
     """3-D transposed convolution of (N, C_in, D, H, W); weight (in, out/groups, kd, kh, kw),
-    bias (out,): ``dnnkit.conv_transpose3d``, with PyTorch's arguments in PyTorch's order."""
+    bias (out,): ``dnnkit.conv_transpose3d``, with PyTorch's arguments in PyTorch's order;
+    ``mode``, ``algo`` and ``precision`` as ConvTranspose2d's."""
 
     def __init__(self, in_channels: int, out_channels: int, kernel_size: Size,
                  stride: Size = 1, padding: Size = 0, output_padding: Size = 0, groups: int = 1,
                  bias: bool = True, dilation: Size = 1, *, dtype: DType = "float32",
-                 seed: int | None = None) -> None:
+                 seed: int | None = None, mode: str = "cross", algo: str | None = None,
+                 precision: str | None = None) -> None:
         super().__init__(3, in_channels, out_channels, kernel_size, stride, padding,
-                         output_padding, groups, bias, dilation, dtype, seed)
+                         output_padding, groups, bias, dilation, dtype, seed, mode, algo,
+                         precision)

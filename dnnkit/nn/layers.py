@@ -17,6 +17,7 @@ import numpy as np
 
 from .. import ops
 from ..hints import ArrayLike, DType, Padding, Size
+from ..ops.conv_args import ALGOS, PRECISIONS
 from ..tensors import Tensor
 from . import checks
 from .checks import as_input
@@ -59,6 +60,30 @@ def conv_parameters(m: Module, cls: str, nd: int, channels: tuple[int, int, tupl
         if checks.flag(cls, "bias", bias) else None
 
 
+CONV_MODES = ("cross", "conv")
+# the options a convolution layer passes to its op, and their defaults (not in repr when unset)
+CONV_OPTIONS = {"mode": "cross", "algo": None, "precision": None}
+
+
+def conv_options(cls: str, mode: str, algo: str | None, precision: str | None,
+                 direction: str) -> dict[str, Any]:
+    """A convolution layer's op options, checked: ``mode`` "cross" (PyTorch's and
+    cudnn.torch's) or "conv" (the filter flipped: Theano's default conv_mode); ``algo`` one of
+    the op's ``direction`` algorithms ("fwd"; "bwd_data" for the transposed layers, whose
+    forward is a backward-data convolution) or None for the ``dnn.conv.algo_*`` flag;
+    ``precision`` one of PRECISIONS or None for the ``dnn.conv.precision`` flag. Plain
+    attributes, not state: a state dict is the same whatever they are."""
+    def pick(name, value, allowed):
+        if not isinstance(value, str) or value not in allowed:
+            raise ValueError(f"{cls}: {name} must be one of {', '.join(allowed)}; got "
+                             f"{value!r}")
+        return value
+    return {"mode": pick("mode", mode, CONV_MODES),
+            "algo": None if algo is None else pick("algo", algo, ALGOS[direction]),
+            "precision": None if precision is None else pick("precision", precision,
+                                                             PRECISIONS)}
+
+
 def conv_repr(m: Module, defaults: dict[str, Any]) -> str:
     """``in, out, kernel_size=, stride=, padding=`` and the options in ``defaults`` (name:
     default value) that differ from their default, as PyTorch prints a convolution layer."""
@@ -68,13 +93,18 @@ def conv_repr(m: Module, defaults: dict[str, Any]) -> str:
     for name, default in defaults.items():
         if c[name] != default:
             s += f", {name}={c[name]}"
-    return s + ("" if m.bias is not None else ", bias=False")
+    s += "" if m.bias is not None else ", bias=False"
+    for name, default in CONV_OPTIONS.items():
+        if c.get(name, default) != default:
+            s += f", {name}={c[name]!r}"
+    return s
 
 
 class _ConvNd(Module):
     def __init__(self, nd: int, in_channels: int, out_channels: int, kernel_size: Size,
                  stride: Size, padding: Padding, dilation: Size, groups: int, bias: bool,
-                 dtype: DType, seed: int | None) -> None:
+                 dtype: DType, seed: int | None, mode: str, algo: str | None,
+                 precision: str | None) -> None:
         super().__init__()
         cls = f"Conv{nd}d"
         cin, cout, k, g = ch = conv_channels(cls, nd, in_channels, out_channels, kernel_size,
@@ -82,7 +112,8 @@ class _ConvNd(Module):
         self.conv = dict(stride=checks.sizes(cls, "stride", stride, nd, 1),
                          padding=padding if isinstance(padding, str) else
                          checks.sizes(cls, "padding", padding, nd, 0),
-                         dilation=checks.sizes(cls, "dilation", dilation, nd, 1), groups=g)
+                         dilation=checks.sizes(cls, "dilation", dilation, nd, 1), groups=g,
+                         **conv_options(cls, mode, algo, precision, "fwd"))
         if isinstance(padding, str) and padding not in ("valid", "full", "half"):
             raise ValueError(f"{cls}: padding must be an int, a tuple or one of 'valid', "
                              f"'full', 'half'; got {padding!r}")
@@ -99,23 +130,27 @@ class _ConvNd(Module):
 
 
 class Conv2d(_ConvNd):
-    """2-D convolution of (N, C, H, W); weight (out, in/groups, kh, kw), bias (out,)."""
+    """2-D convolution of (N, C, H, W); weight (out, in/groups, kh, kw), bias (out,).
+    ``mode`` ("cross" or "conv"), ``algo`` and ``precision``: the op's (None: the flags)."""
 
     def __init__(self, in_channels: int, out_channels: int, kernel_size: Size, stride: Size = 1,
                  padding: Padding = 0, dilation: Size = 1, groups: int = 1, bias: bool = True,
-                 *, dtype: DType = "float32", seed: int | None = None) -> None:
+                 *, dtype: DType = "float32", seed: int | None = None, mode: str = "cross",
+                 algo: str | None = None, precision: str | None = None) -> None:
         super().__init__(2, in_channels, out_channels, kernel_size, stride, padding, dilation,
-                         groups, bias, dtype, seed)
+                         groups, bias, dtype, seed, mode, algo, precision)
 
 
 class Conv3d(_ConvNd):
-    """3-D convolution of (N, C, D, H, W); weight (out, in/groups, kd, kh, kw)."""
+    """3-D convolution of (N, C, D, H, W); weight (out, in/groups, kd, kh, kw).
+    ``mode`` ("cross" or "conv"), ``algo`` and ``precision``: the op's (None: the flags)."""
 
     def __init__(self, in_channels: int, out_channels: int, kernel_size: Size, stride: Size = 1,
                  padding: Padding = 0, dilation: Size = 1, groups: int = 1, bias: bool = True,
-                 *, dtype: DType = "float32", seed: int | None = None) -> None:
+                 *, dtype: DType = "float32", seed: int | None = None, mode: str = "cross",
+                 algo: str | None = None, precision: str | None = None) -> None:
         super().__init__(3, in_channels, out_channels, kernel_size, stride, padding, dilation,
-                         groups, bias, dtype, seed)
+                         groups, bias, dtype, seed, mode, algo, precision)
 
 
 class Linear(Module):
@@ -260,115 +295,22 @@ class AdaptiveAvgPool2d(GlobalAvgPool2d):
         return ops.reshape(y, tuple(y.shape) + (1, 1), backend=self.backend)
 
 
-class _Activation(Module):
-    mode, coef = "relu", 0.0
-
-    def forward(self, x: ArrayLike) -> Tensor:
-        x = as_input(type(self).__name__, x)
-        return ops.activation(x, self.mode, self.coef, backend=self.backend)
-
-
-class ReLU(_Activation):
-    mode = "relu"
-
-
-class Tanh(_Activation):
-    mode = "tanh"
-
-
-class Sigmoid(_Activation):
-    mode = "sigmoid"
-
-
-class ClippedReLU(_Activation):
-    """min(max(x, 0), ceiling)."""
-    mode = "clipped_relu"
-
-    def __init__(self, ceiling: float) -> None:
-        super().__init__()
-        self.coef = checks.real("ClippedReLU", "ceiling", ceiling, low=0.0, low_open=True)
-
-    def extra_repr(self) -> str:
-        return f"ceiling={self.coef}"
-
-
-class ELU(_Activation):
-    mode = "elu"
-
-    def __init__(self, alpha: float = 1.0) -> None:
-        super().__init__()
-        self.coef = checks.real("ELU", "alpha", alpha)
-
-    def extra_repr(self) -> str:
-        return f"alpha={self.coef}"
-
-
-class Softmax(Module):
-    """Softmax over the channels ("channel": dim 1 at every position) or over everything but
-    the batch ("instance"), of (N, C) or (N, C, H, W) (``dnnkit.softmax``).
-
-    ``algo``: "accurate" (default; the maximum is subtracted first, so it never overflows),
-    "fast" (no subtraction, cuDNN's FAST: overflows for logits above ~88 in float32) or "log"
-    (log-softmax, as LogSoftmax). ``dim``: PyTorch's spelling of the channel mode, 1 (or -1 of
-    a 2-D input): the one dimension the op normalises alone; None (default) follows ``mode``."""
-    ALGOS = ("fast", "accurate", "log")
-    DEFAULT_ALGO = "accurate"
-
-    def __init__(self, mode: str = "channel", *, algo: str | None = None,
-                 dim: int | None = None) -> None:
-        super().__init__()
-        cls = type(self).__name__
-        if not isinstance(mode, str) or mode not in ("channel", "instance"):
-            raise ValueError(f"{cls}: mode must be 'channel' or 'instance'; got {mode!r}")
-        algo = self.DEFAULT_ALGO if algo is None else algo
-        if not isinstance(algo, str) or algo not in self.ALGOS:
-            raise ValueError(f"{cls}: algo must be {' or '.join(map(repr, self.ALGOS))}; got "
-                             f"{algo!r}")
-        if dim is not None:
-            if isinstance(dim, (bool, np.bool_)) or not isinstance(dim, (int, np.integer)):
-                raise TypeError(f"{cls}: dim must be an int or None; got {dim!r}")
-            if (dim >= 0 and dim != 1) or mode != "channel":
-                raise ValueError(f"{cls}: dim={dim!r} with mode={mode!r}: the op normalises "
-                                 f"over dim 1 (the channels; -1 of a 2-D input) or, with "
-                                 f"mode='instance' and no dim, over all but the batch")
-            dim = int(dim)
-        self.mode, self.algo, self.dim = mode, algo, dim
-
-    def extra_repr(self) -> str:
-        dim = "" if self.dim is None else f", dim={self.dim}"
-        return f"mode={self.mode!r}, algo={self.algo!r}{dim}"
-
-    def forward(self, x: ArrayLike) -> Tensor:
-        cls = type(self).__name__
-        x = as_input(cls, x)
-        if self.dim is not None:
-            d = self.dim + x.ndim if self.dim < 0 else self.dim
-            if d != 1:
-                which = f"dimension {d}" if 0 <= d < x.ndim else "out of range"
-                raise ValueError(f"{cls}: dim={self.dim} of a {x.ndim}-D input is {which}; the "
-                                 f"op normalises over dim 1 (the channels) only")
-        return ops.softmax(x, self.algo, self.mode, backend=self.backend)
-
-
-class LogSoftmax(Softmax):
-    """Log-softmax (``dnnkit.softmax(x, "log", mode)``); ``mode`` and ``dim`` as Softmax's."""
-    ALGOS = ("log",)
-    DEFAULT_ALGO = "log"
-
-
 class Dropout(Module):
     """Drops with probability p in training (scaling the rest by 1/(1-p)); identity in eval.
     ``seed``: the k-th training call draws mask k of the seed's sequence (``dnnkit.dropout``'s
     ``offset``: reproducible masks, and on cuDNN one RNG initialisation per run); None draws a
-    fresh mask on every call."""
+    fresh mask on every call. ``inplace=True`` writes the result over the input (its gradient
+    needs only the mask)."""
 
-    def __init__(self, p: float = 0.5, *, seed: int | None = None) -> None:
+    def __init__(self, p: float = 0.5, inplace: bool = False, *,
+                 seed: int | None = None) -> None:
         super().__init__()
         self.p = checks.real("Dropout", "p", p, low=0.0, high=1.0, high_open=True)
         self.seed, self._calls = checks.seed("Dropout", seed), 0
+        self.inplace = checks.flag("Dropout", "inplace", inplace)
 
     def extra_repr(self) -> str:
-        return f"p={self.p}"
+        return f"p={self.p}" + (", inplace=True" if self.inplace else "")
 
     def forward(self, x: ArrayLike) -> Tensor:
         x = as_input("Dropout", x)
@@ -376,7 +318,8 @@ class Dropout(Module):
             return x
         offset = 0 if self.seed is None else self._calls
         self._calls += 1
-        y, _state = ops.dropout(x, self.p, seed=self.seed, offset=offset, backend=self.backend)
+        y, _state = ops.dropout(x, self.p, seed=self.seed, offset=offset,
+                                out=x if self.inplace else None, backend=self.backend)
         return y
 
 

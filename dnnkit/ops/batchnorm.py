@@ -37,6 +37,7 @@ from ..tensors import unwrap
 from ..dispatch import public_op
 from ..hints import ArrayLike, Backend, OpOutput, Stream
 from ..registry import register
+from . import inplace
 from .args import choice
 from .batchnorm_numba import flat_copy, ncs
 
@@ -68,6 +69,7 @@ class BatchNormInferenceArgs(NamedTuple):
     mode: str
     epsilon: float
     stream: object
+    out: object = None
 
 
 class BatchNormBackwardArgs(NamedTuple):
@@ -221,7 +223,7 @@ def _write_back(dst, src, stream):
 @public_op("batch_norm_inference")
 def batch_norm_inference(x: ArrayLike, gamma: ArrayLike, beta: ArrayLike, mean: ArrayLike,
                          var: ArrayLike, *, mode: str = "spatial", epsilon: float = 1e-5,
-                         stream: Stream = None,
+                         out: ArrayLike = None, stream: Stream = None,
                          backend: Backend | None = None) -> BatchNormInferenceArgs:
     """Normalize x with given statistics (e.g. the running ones): returns
     ``y = (x - mean) / sqrt(var + epsilon) * gamma + beta``, shaped like x (N, C, *spatial;
@@ -229,15 +231,17 @@ def batch_norm_inference(x: ArrayLike, gamma: ArrayLike, beta: ArrayLike, mean: 
 
     ``gamma``, ``beta``, ``mean``, ``var``: the parameters and statistics, shaped by ``mode``.
     {BN_OPTIONS}
-    Raises ValueError for a mode not listed, a bad epsilon or parameters of the wrong shape;
-    TypeError for parameters of the wrong dtype."""
+    ``out``: a device array shaped like x to write y into (x itself: in place; ops/inplace.py).
+    Raises ValueError for a mode not listed, a bad epsilon, parameters of the wrong shape or an
+    out overlapping x in part; TypeError for parameters or an out of the wrong dtype."""
     op = "batch_norm_inference"
     eps = _check(op, mode, epsilon)
     s = arrays.as_stream(stream)
     x = _x(op, x, s)
     p = [_param(op, name, a, x, mode, s) for name, a in
          (("gamma", gamma), ("beta", beta), ("mean", mean), ("var", var))]
-    return BatchNormInferenceArgs(x, *p, mode, eps, s)
+    out = inplace.output(op, out, x, s, x=x, gamma=p[0], beta=p[1], mean=p[2], var=p[3])
+    return BatchNormInferenceArgs(x, *p, mode, eps, s, out)
 
 
 @public_op("batch_norm_backward")
@@ -286,7 +290,7 @@ def _supports_train(x, gamma, beta, mode, epsilon, momentum, running_mean, runni
     return _cudnn_reason(x, epsilon)
 
 
-def _supports_inference(x, gamma, beta, mean, var, mode, epsilon, stream):
+def _supports_inference(x, gamma, beta, mean, var, mode, epsilon, stream, out=None):
     return _cudnn_reason(x, epsilon)
 
 
@@ -306,12 +310,12 @@ def _train_cudnn(x, gamma, beta, mode, epsilon, momentum, running_mean, running_
 
 
 @register("batch_norm_inference", "cudnn", supports=_supports_inference)
-def _inference_cudnn(x, gamma, beta, mean, var, mode, epsilon, stream):
-    y = arrays.empty_like(x, stream)
-    if x.size:   # (cuDNN rejects empty tensors)
-        cudnn_bn.forward_inference(x, y, gamma, beta, mean, var, mode, epsilon,
-                                   device.stream_pointer(stream))
-    return y
+def _inference_cudnn(x, gamma, beta, mean, var, mode, epsilon, stream, out=None):
+    def write(y):   # (cuDNN rejects empty tensors; in place is not documented: through_copy)
+        if x.size:
+            cudnn_bn.forward_inference(x, y, gamma, beta, mean, var, mode, epsilon,
+                                       device.stream_pointer(stream))
+    return inplace.through_copy(out, x, stream, write)
 
 
 @register("batch_norm_backward", "cudnn", supports=_supports_backward)
@@ -402,7 +406,7 @@ def selfcheck_cases(Case):
 
 # ---------------------------------------------------------------- autograd
 
-@gradient("batch_norm_train", outputs=(0,), inputs=("x", "gamma", "beta"))
+@gradient("batch_norm_train", outputs=(0,), inputs=("x", "gamma", "beta"), reads_out=(1, 2))
 def _batch_norm_grad(g, dy):
     _, mean, invstd = g.out[:3]
     dx, dgamma, dbeta = batch_norm_backward(g.x, dy, g.gamma, mean, invstd, mode=g.mode,
@@ -419,7 +423,7 @@ def _batch_norm_inference_grad(g, dy):
     call's backend; the statistics' dtype must be x's (float32 statistics of float16 data
     would need mixed-dtype arithmetic)."""
     from . import arith, reduce, shape as shape_ops
-    x = g.x
+    x = g.out if g.wrote_into("x") else g.x     # (out=x: x's value only for dgamma, below)
     if np.dtype(x.dtype) != np.dtype(g.gamma.dtype):
         raise RuntimeError(
             f"batch_norm_inference: the gradient of {x.dtype} data with {g.gamma.dtype} "
@@ -444,8 +448,8 @@ def _batch_norm_inference_grad(g, dy):
         out["x"] = arith.multiply(dy, arith.multiply(
             r, shape_ops.reshape(g.gamma, bshape, **kw), **kw), **kw)
     if g.needs("gamma"):
-        xhat = arith.multiply(arith.subtract(x, shape_ops.reshape(g.mean, bshape, **kw), **kw),
-                              r, **kw)
+        xhat = arith.multiply(arith.subtract(g.x, shape_ops.reshape(g.mean, bshape, **kw),
+                                             **kw), r, **kw)
         out["gamma"] = shape_ops.reshape(reduce.sum(arith.multiply(dy, xhat, **kw), axes,
                                                     **kw), g.gamma.shape, **kw)
     if g.needs("beta"):

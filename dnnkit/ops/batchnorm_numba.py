@@ -12,6 +12,7 @@ import numpy as np
 from .. import arrays, device
 from ..launch import launch, pow2_at_most
 from ..registry import register
+from . import inplace
 
 THREADS = 256               # block size, at most: <= kernels.batchnorm.MAX_THREADS
 MAX_GRID_Y = 65535
@@ -104,11 +105,11 @@ def _train_numba(x, gamma, beta, mode, epsilon, momentum, running_mean, running_
 
 
 @register("batch_norm_inference", "numba", tolerance=TOL)
-def _inference_numba(x, gamma, beta, mean, var, mode, epsilon, stream):
+def _inference_numba(x, gamma, beta, mean, var, mode, epsilon, stream, out=None):
     from ..kernels import batch_norm_apply_fwd_kernel
     n, c, s = ncs(x.shape, mode)
     acc = arrays.acc_array(x.dtype)
-    y = arrays.empty_like(x, stream)
+    y = inplace.result(out, x, stream)       # elementwise: each x[i] read before y[i] written
     if x.size:
         p = plan(n, c, s)
         launch(batch_norm_apply_fwd_kernel, p.grid, p.threads, stream,

@@ -180,21 +180,21 @@ def _five(a, shape5):
 
 def _numba_forward(x, w, bias, geom, opts, stream):
     y, algo = conv_numba.forward(_five(x, geom.x_shape), _five(w, geom.w_shape), bias, geom,
-                                 stream)
+                                 stream, conv_numba.gemm_math(opts))
     note_algo(algo)
     return arrays.reshaped(y, geom.user_shape(geom.y_shape))
 
 
 def _numba_backward_data(dy, w, geom, opts, stream):
     dx, algo = conv_numba.backward_data(_five(dy, geom.y_shape), _five(w, geom.w_shape), geom,
-                                        stream)
+                                        stream, conv_numba.gemm_math(opts))
     note_algo(algo)
     return arrays.reshaped(dx, geom.user_shape(geom.x_shape))
 
 
 def _numba_backward_filter(x, dy, geom, opts, stream):
     dw, algo = conv_numba.backward_filter(_five(x, geom.x_shape), _five(dy, geom.y_shape),
-                                          geom, stream)
+                                          geom, stream, conv_numba.gemm_math(opts))
     note_algo(algo)
     return arrays.reshaped(dw, geom.user_shape(geom.w_shape))
 

@@ -21,6 +21,11 @@ with the bias by conv_partsum_fwd_kernel). The forward and the filter gradient k
 buffer in the data type (im2col only copies, so this is exact); the data gradient's buffer, a
 GEMM result, is in the accumulation type.
 
+Tensor cores (ops/gemm.py): float16 runs on HMMA with float32 accumulation whatever
+``dnn.conv.precision`` says (a float16 compute type is met with more precision, as cuDNN's
+float16 paths with float32 accumulation do); float32 runs 3xTF32, or one TF32 product where
+``dnn.conv.allow_tf32`` is on (``gemm_math``; the ops layer passes it as ``math``).
+
 The filter gradient is a reduction over the chunk's (image, position) columns: they are split
 into ``parts`` equal slices of whole images reduced by separate blocks (enough to fill the GPU
 when K x rows alone does not) into a float32/float64 workspace (parts x w.size, within the
@@ -172,15 +177,32 @@ def _implicit_operand(geom, sz, dgrad=False):
     return got
 
 
-def forward(x, w, bias, geom, stream):
-    """(y, the algorithm's name): y = conv(x, w) (+ bias), shaped geom.y_shape."""
+def gemm_math(opts):
+    """The GEMM's ``math`` (ops/gemm.py) for a call's options (ops/conv_args.resolve_opts):
+    "tf32" for float32 data computed in float32 with ``allow_tf32`` on, else "3xtf32"."""
+    tf32 = opts["allow_tf32"] and opts["dtype"] == "float32" == opts["compute_dtype"]
+    return "tf32" if tf32 else "3xtf32"
+
+
+def _winograd(geom, dtype, math):
+    """conv_winograd.pays, whatever the direct GEMM's math: on an H100 the 3x3 rows of the
+    ResNet-50 set ran faster through Winograd (its GEMM on 3xTF32) than through the direct
+    GEMM on HMMA (float16: 30.6 against 15.8 TFLOP/s at 128->128 28^2) or on one TF32 product
+    (float32 with allow_tf32: 14.6 TFLOP/s direct), so the rule measured against 3xTF32
+    stands. Its products are 3xTF32 either way: no less accurate than the direct GEMM."""
+    return conv_winograd.pays(geom, dtype)
+
+
+def forward(x, w, bias, geom, stream, math="3xtf32"):
+    """(y, the algorithm's name): y = conv(x, w) (+ bias), shaped geom.y_shape. ``math``:
+    float32's tensor-core products (``gemm_math``)."""
     y = arrays.cuda_empty(geom.y_shape, x.dtype, stream)
     sz = ConvSizes(geom, x.dtype.itemsize)
     if sz.empty():
         if y.size:       # a sum over no input channels: y = 0 (+ bias)
             _fill_bias(y, bias, sz, stream)
         return y, "im2col+gemm"
-    if conv_winograd.pays(geom, x.dtype):
+    if _winograd(geom, x.dtype, math):
         return conv_winograd.forward(x, w, bias, geom, y, stream), "winograd"
     conv = (None if sz.pointwise or not implicit_pays(geom, sz, False)
             else _implicit_operand(geom, sz))
@@ -192,7 +214,7 @@ def forward(x, w, bias, geom, stream):
                   (sz.kg, sz.n * o, sz.rows), (sz.rows, 0, o), gemm.PLAIN * 2 + (o, ko),
                   (sz.groups, 1, sz.kg * sz.rows, 0, sz.image // sz.groups, 0,
                    sz.kg * o, 0), bias=None if bias is None else arrays.flat(bias), stream=stream,
-                  conv=conv)
+                  conv=conv, math=math)
         return y, "implicit_gemm"
     col = None if sz.pointwise else arrays.cuda_empty(
         (sz.groups * sz.rows * sz.chunk * sz.out,), x.dtype, stream)
@@ -216,7 +238,7 @@ def forward(x, w, bias, geom, stream):
                   (sz.kg, nc * o, kp), (sz.rows, ldb, o), gemm.PLAIN + gb + (o, ko),
                   (sz.groups, parts, sz.kg * sz.rows, kp, b1, kp * ldb, sz.kg * o, y.size),
                   bias=None if bias is None or ws is not None else arrays.flat(bias),
-                  stream=stream)
+                  stream=stream, math=math)
     if ws is not None:
         _elementwise(_kernels().conv_partsum_fwd_kernel, y.size, stream,
                      (ws, yf, parts, y.size, yf if bias is None else arrays.flat(bias),
@@ -285,9 +307,9 @@ def _fill_bias(y, bias, sz, stream):
                  (acc, arrays.flat(y), 0, y.size, arrays.flat(bias), sz.out, sz.k, acc))
 
 
-def backward_data(dy, w, geom, stream):
+def backward_data(dy, w, geom, stream, math="3xtf32"):
     """(dx, the algorithm's name): dx = the gradient of sum(conv(x, w) * dy) wrt x, shaped
-    geom.x_shape."""
+    geom.x_shape (``math``: as ``forward``'s)."""
     dx = arrays.cuda_empty(geom.x_shape, dy.dtype, stream)
     acc = arrays.acc_array(dy.dtype)
     sz = ConvSizes(geom, acc.dtype.itemsize)
@@ -295,7 +317,7 @@ def backward_data(dy, w, geom, stream):
         return dx, "gemm+col2im"
     if sz.empty():
         return arrays.zero_fill(dx, stream), "gemm+col2im"
-    if conv_winograd.pays(geom, dy.dtype):
+    if _winograd(geom, dy.dtype, math):
         return conv_winograd.backward_data(dy, w, geom, dx, stream), "winograd"
     conv = (None if sz.pointwise or not implicit_pays(geom, sz, True)
             else _implicit_operand(geom, sz, dgrad=True))
@@ -309,7 +331,7 @@ def backward_data(dy, w, geom, stream):
                   (cg_, sz.n * dhw, sz.kg * trs), (trs, 0, dhw),
                   (trs, cg_ * trs) + gemm.PLAIN + (dhw, sz.image),
                   (sz.groups, 1, sz.kg * sz.rows, 0, sz.kg * sz.out, 0, cg_ * dhw, 0),
-                  stream=stream, conv=conv)
+                  stream=stream, conv=conv, math=math)
         return dx, "implicit_gemm"
     dcol = None if sz.pointwise else arrays.cuda_empty(
         (sz.groups * sz.rows * sz.chunk * sz.out,), acc.dtype, stream)
@@ -324,7 +346,8 @@ def backward_data(dy, w, geom, stream):
         # B's column j = (n, o) at (j // O)*K*O + j % O. One batch entry per group.
         gemm.gemm("10", wf, at(dyf, n0 * ko), c, (sz.rows, nc * o, sz.kg), (sz.rows, o, ldc),
                   gemm.PLAIN + (o, ko) + gc,
-                  (sz.groups, 1, sz.kg * sz.rows, 0, sz.kg * o, 0, c1, 0), stream=stream)
+                  (sz.groups, 1, sz.kg * sz.rows, 0, sz.kg * o, 0, c1, 0), stream=stream,
+                  math=math)
         if not sz.pointwise:
             _elementwise(_kernels().conv_col2im_bwd_kernel, nc * sz.image, stream,
                          (dcol, at(dxf, n0 * sz.image), _kernel_geo(geom), nc, acc))
@@ -356,23 +379,23 @@ def filter_parts(sz, dw_bytes, images=None):
     return _fill_parts(sz.kg, sz.rows, sz.groups, total, top)
 
 
-def backward_filter(x, dy, geom, stream):
+def backward_filter(x, dy, geom, stream, math="3xtf32"):
     """(dw, the algorithm's name): dw = the gradient of sum(conv(x, w) * dy) wrt w, shaped
-    geom.w_shape."""
+    geom.w_shape (``math``: as ``forward``'s)."""
     dw = arrays.cuda_empty(geom.w_shape, x.dtype, stream)
     sz = ConvSizes(geom, x.dtype.itemsize)
     if dw.size == 0:
         return dw, "im2col+gemm"
     if sz.empty():
         return arrays.zero_fill(dw, stream), "im2col+gemm"
-    if conv_winograd.pays(geom, x.dtype):
+    if _winograd(geom, x.dtype, math):
         return conv_winograd.backward_filter(x, dy, geom, dw, stream), "winograd"
     acc = arrays.acc_array(x.dtype)
     # the filter gradient: implicit only when asked for (settings.implicit True; implicit_pays)
     conv = None if sz.pointwise or settings.implicit is not True \
         else _implicit_operand(geom, sz)
     if conv is not None:
-        return _implicit_filter(x, dy, dw, conv, sz, acc, stream), "implicit_gemm"
+        return _implicit_filter(x, dy, dw, conv, sz, acc, stream, math), "implicit_gemm"
     parts = filter_parts(sz, dw.size * acc.dtype.itemsize)
     ws = arrays.cuda_empty((parts * dw.size,), acc.dtype, stream)
     col = None if sz.pointwise else arrays.cuda_empty(
@@ -395,13 +418,13 @@ def backward_filter(x, dy, geom, stream):
         gemm.gemm("01", at(dyf, n0 * ko), b, ws, (sz.kg, sz.rows, per * o), (o, ldb, sz.rows),
                   (o, ko) + gb + gemm.PLAIN,
                   (sz.groups, p, sz.kg * o, per * ko, b1, b2, sz.kg * sz.rows, dw.size),
-                  beta=0.0 if i == 0 else 1.0, stream=stream)
+                  beta=0.0 if i == 0 else 1.0, stream=stream, math=math)
     _elementwise(_kernels().conv_partsum_fwd_kernel, dw.size, stream,
                  (ws, arrays.flat(dw), parts, dw.size, arrays.flat(dw), 0, 1, acc))
     return dw, "im2col+gemm"
 
 
-def _implicit_filter(x, dy, dw, conv, sz, acc, stream):
+def _implicit_filter(x, dy, dw, conv, sz, acc, stream, math):
     """The filter gradient through the implicit GEMM (layout 01: B = im2col(x)^T read from x,
     its k = (image, position) walked with ``gb`` = O): every image at once, in ``parts``
     slices of whole images reduced by separate blocks and summed as in the column path."""
@@ -414,7 +437,7 @@ def _implicit_filter(x, dy, dw, conv, sz, acc, stream):
     gemm.gemm("01", arrays.flat(dy), arrays.flat(x), ws, (sz.kg, sz.rows, per * o),
               (o, 0, sz.rows), (o, ko) + (o, sz.image) + gemm.PLAIN,
               (sz.groups, parts, sz.kg * o, per * ko, sz.image // sz.groups, per * sz.image,
-               sz.kg * sz.rows, dw.size), stream=stream, conv=conv)
+               sz.kg * sz.rows, dw.size), stream=stream, conv=conv, math=math)
     _elementwise(_kernels().conv_partsum_fwd_kernel, dw.size, stream,
                  (ws, arrays.flat(dw), parts, dw.size, arrays.flat(dw), 0, 1, acc))
     return dw

@@ -28,6 +28,11 @@ Masks differ between backends by design, each reproducible from its seed:
 A state made by one backend cannot be used by the other: under ``auto`` the backward follows the
 state; ``backend="numba"`` with a cuDNN state raises ValueError, ``forced``/``"cudnn"`` with a
 Numba state raises CudnnUnavailableError, both saying why.
+
+``out=`` writes y into a given array (x itself for in place; ops/inplace.py): the Numba kernel
+reads each element before writing it; cuDNN's reference does not promise cudnnDropoutForward
+in place, so there y == x goes through a pool array and a copy. The gradient needs only the
+mask, never x: backward through an in-place dropout is exact.
 """
 
 from __future__ import annotations
@@ -48,6 +53,7 @@ from ..dispatch import public_op
 from ..hints import ArrayLike, Backend, DType, Shape, Stream
 from ..launch import launch
 from ..registry import register
+from . import inplace
 
 
 class DropoutState:
@@ -77,6 +83,7 @@ class DropoutArgs(NamedTuple):
     seed: object
     offset: int
     stream: object
+    out: object = None
 
 
 class DropoutBackwardArgs(NamedTuple):
@@ -110,7 +117,8 @@ def _check_seed(op, seed):
 
 @public_op("dropout", memo=False)      # seed=None draws a fresh seed on every call
 def dropout(x: ArrayLike, p: float, *, seed: int | None = None, offset: int = 0,
-            stream: Stream = None, backend: Backend | None = None) -> DropoutArgs:
+            out: ArrayLike = None, stream: Stream = None,
+            backend: Backend | None = None) -> DropoutArgs:
     """Zero each element of x with probability p and scale the rest by 1 / (1 - p):
     y = x * mask / (1 - p), shaped like x; returns ``(y, state)`` (a :class:`DropoutState`: pass it
     to :func:`dropout_backward`).
@@ -121,9 +129,11 @@ def dropout(x: ArrayLike, p: float, *, seed: int | None = None, offset: int = 0,
     seed starts (a layer's call count: nn.Dropout passes it); on cuDNN, offset k + 1 must follow
     offset k on the stream (or be 0), else ``auto`` runs Numba and ``forced`` raises. The
     backends draw different masks for one seed, each reproducible.
-    x: float16, float32 or float64, any shape.
-    Raises ValueError for p, seed or offset out of range or an offset without a seed;
-    TypeError for a p, seed or offset of the wrong type."""
+    x: float16, float32 or float64, any shape. ``out``: a device array of x's shape and dtype
+    to write y into (x itself: in place), returned as y; None (default): a new array.
+    Raises ValueError for p, seed or offset out of range, an offset without a seed, or an out
+    of another shape or overlapping x in part; TypeError for a p, seed or offset of the wrong
+    type or an out of another dtype."""
     p = _check_p("dropout", p)
     s = arrays.as_stream(stream)
     if p:
@@ -139,7 +149,8 @@ def dropout(x: ArrayLike, p: float, *, seed: int | None = None, offset: int = 0,
         raise ValueError(f"dropout: offset {offset} names a mask of a seed's sequence; "
                          "pass the seed too")
     x = arrays.device_input("dropout", "x", x, s)
-    return DropoutArgs(x, p, seed, int(offset), s)
+    out = inplace.output("dropout", out, x, s, x=x)
+    return DropoutArgs(x, p, seed, int(offset), s, out)
 
 
 @public_op("dropout_backward")
@@ -185,11 +196,12 @@ def _quiet_on_the_simulator():
                                 category=RuntimeWarning, module=r".*kernels[./]dropout$")
 
 
-def _apply_numba(a, state, stream):
-    """a * mask / (1 - p) with the mask of ``state`` (forward: a = x, backward: a = dy)."""
+def _apply_numba(a, state, stream, out=None):
+    """a * mask / (1 - p) with the mask of ``state`` (forward: a = x, backward: a = dy), into
+    ``out`` when given (the kernel reads each element before writing it: out may be a)."""
     from ..kernels import dropout_fwd_kernel
     from ..kernels.dropout import mask_key
-    out = arrays.empty_like(a, stream)
+    out = inplace.result(out, a, stream)
     if a.size:
         _quiet_on_the_simulator()
         acc = arrays.acc_array(a.dtype)
@@ -202,10 +214,10 @@ def _apply_numba(a, state, stream):
 
 
 @register("dropout", "numba", crosscheck=False)
-def _dropout_numba(x, p, seed, offset, stream):
+def _dropout_numba(x, p, seed, offset, stream, out=None):
     seed = secrets.randbits(64) if seed is None else (seed + offset) % 2**64
     state = DropoutState("numba", p, seed, x.shape, x.dtype)
-    return _apply_numba(x, state, stream), state
+    return _apply_numba(x, state, stream, out), state
 
 
 @register("dropout_backward", "numba", crosscheck=False)
@@ -227,7 +239,7 @@ def cudnn_scale_error(p):
     return abs(p32 - p) / (1.0 - p32) if p32 < 1.0 else float("inf")
 
 
-def _supports_forward(x, p, seed, offset, stream):
+def _supports_forward(x, p, seed, offset, stream, out=None):
     err, eps = cudnn_scale_error(p), float(np.finfo(x.dtype).eps)
     if err > 4 * eps:
         return (f"cuDNN takes p as a float32: its scale 1/(1 - p) for p = {p!r} is off by "
@@ -247,11 +259,14 @@ def _supports_backward(dy, state, stream):
 
 
 @register("dropout", "cudnn", supports=_supports_forward, crosscheck=False)
-def _dropout_cudnn(x, p, seed, offset, stream):
-    y = arrays.empty_like(x, stream)
-    # an empty x has nothing to drop (and cuDNN rejects empty tensors): no reserve space
-    saved = cudnn_dropout.forward(x, y, p, seed, offset, stream) if x.size else None
-    return y, DropoutState("cudnn", p, seed, x.shape, x.dtype, saved)
+def _dropout_cudnn(x, p, seed, offset, stream, out=None):
+    saved = []
+
+    def write(y):
+        # an empty x has nothing to drop (and cuDNN rejects empty tensors): no reserve space
+        saved.append(cudnn_dropout.forward(x, y, p, seed, offset, stream) if x.size else None)
+    y = inplace.through_copy(out, x, stream, write)
+    return y, DropoutState("cudnn", p, seed, x.shape, x.dtype, saved[0])
 
 
 @register("dropout_backward", "cudnn", supports=_supports_backward, crosscheck=False)
@@ -314,7 +329,7 @@ def selfcheck_cases(Case):
 
 # ---------------------------------------------------------------- autograd
 
-@gradient("dropout", outputs=(0,))
+@gradient("dropout", outputs=(0,), reads_out=())     # the state only: not an array
 def _dropout_grad(g, dy):
     if not g.needs("x"):
         return {}

@@ -14,12 +14,20 @@ float64 for float64; C in the data type or in the accumulation type. Launch plan
 grid, tile) are remembered by shape: the per-step GEMMs of an RNN cost only their launch.
 
 Tensor cores. Where ``TENSOR_CORES`` is true (the default), the data float32 or float16 and
-the GPU of compute capability 8.0 or later, the products run on tensor cores as 3xTF32
-(kernels/tensorcore.py): each float32 product split into three TF32 products, each k-step's
-sum added to the accumulator in float32, for errors of float32's order (max error / max |C|
-against float64 about 1e-6 to 1e-5 at k = 576 to 4608, where FP32 FMA gives 1e-6 to 3e-6:
-validation/gemm_bench.py). Set it False for plain FP32 FMA (IEEE Inf arithmetic: with tensor
-cores an Inf operand gives NaN). The simulator and float64 always take FP32 FMA.
+the GPU of compute capability 8.0 or later, the products run on tensor cores
+(kernels/tensorcore.py), in the ``math`` the caller asks for:
+
+  - float32, math "3xtf32" (the default): each float32 product split into three TF32
+    products, each k-step's sum added to the accumulator in float32, for errors of float32's
+    order (max error / max |C| against float64 about 1e-6 to 1e-5 at k = 576 to 4608, where
+    FP32 FMA gives 1e-6 to 3e-6: validation/gemm_bench.py);
+  - float32, math "tf32": one TF32 product (A and B rounded to 10 mantissa bits, errors of
+    order 2^-11 = 5e-4 of |C|), a third of the mma: the convolution's ``dnn.conv.allow_tf32``;
+  - float16 (any math): HMMA, ``mma.m16n8k16`` with float32 accumulators; float16 products
+    are exact, so the error is float32 accumulation's, then C's rounding to float16.
+
+Set it False for plain FP32 FMA (IEEE Inf arithmetic: with tensor cores an Inf operand of a
+3xTF32 product gives NaN). The simulator and float64 always take FP32 FMA.
 """
 
 import numpy as np
@@ -31,7 +39,7 @@ from ..launch import launch
 # them: ``import dnnkit`` must not pay for numba.
 
 PLAIN = (1 << 62, 0)         # an ungrouped GEMM index (kernels/gemm.py)
-TENSOR_CORES = True          # 3xTF32 on tensor cores where it can (module docstring)
+TENSOR_CORES = True          # tensor cores where it can (module docstring)
 NO_BATCH = (1, 1, 0, 0, 0, 0, 0, 0)
 
 
@@ -58,19 +66,25 @@ def launch_grid(m, n, batch=1):
 _plans = {}      # (layout, dims, batch sizes, dtype, device) -> (kernel, grid, block, shared, acc)
 
 
+MATHS = ("3xtf32", "tf32")
+
+
 def gemm(layout, a, b, c, dims, lds, grps, batch, *, beta=0.0, bias=None, stream, site=None,
-         conv=None):
+         conv=None, math="3xtf32"):
     """Launch kernels/gemm.py's kernel for ``layout`` (see its docstring for the arguments).
     a, b, c, bias: flat device arrays or ``launch.At`` offsets into them. ``site``: a
     ``launch.Site`` for a loop's repeated call with arguments of unchanging types. ``conv``:
-    (table, cg) of the implicit convolution (B read from x as its im2col matrix; layout 00)."""
+    (table, cg) of the implicit convolution (B read from x as its im2col matrix; layout 00).
+    ``math``: float32's tensor-core products, "3xtf32" or "tf32" (module docstring)."""
     key = (layout, dims, batch[0], batch[1], a.dtype, device.device_id(), conv is not None,
-           TENSOR_CORES)
+           TENSOR_CORES, math)
     plan = _plans.get(key)
     if plan is None:
+        if math not in MATHS:
+            raise ValueError(f"gemm: math must be one of {MATHS}, got {math!r}")
         if len(_plans) >= 4096:
             _plans.clear()
-        plan = _plans[key] = _plan(layout, dims, batch, a.dtype, conv is not None)
+        plan = _plans[key] = _plan(layout, dims, batch, a.dtype, conv is not None, math)
     kernel, grid, block, shared, acc, dummy = plan
     table, cg = conv or dummy
     (site or launch)(kernel, grid, block, stream,
@@ -93,12 +107,24 @@ def tensor_cores(dtype):
 _capability = {}    # device ordinal -> compute capability
 
 
-def _plan(layout, dims, batch, dtype, implicit):
+def tc_prefix(dtype, math="3xtf32"):
+    """The kernels/gemm.py CONFIGS prefix of this device's GEMM of ``dtype`` data in ``math``:
+    "hmma" (float16), "tc" (float32, 3xTF32), "tf32" (float32, one TF32 product), or None
+    (no tensor cores: FP32 FMA)."""
+    if not tensor_cores(dtype):
+        return None
+    if np.dtype(dtype) == np.float16:
+        return "hmma"
+    return "tf32" if math == "tf32" else "tc"
+
+
+def _plan(layout, dims, batch, dtype, implicit, math):
     from ..kernels.gemm import CG_LEN, CONFIGS, VARIANTS, config_options, shared_bytes
     m, n, _ = dims
     name, grid = launch_grid(m, n, batch[0] * batch[1])
-    if tensor_cores(dtype):
-        name = "tc_" + name         # the same tiles (kernels/gemm.py CONFIGS)
+    prefix = tc_prefix(dtype, math)
+    if prefix is not None:
+        name = f"{prefix}_{name}"   # the same tiles (kernels/gemm.py CONFIGS)
     wm, wn, tx, ty, _ = CONFIGS[name]
     acc = arrays.acc_array(dtype)
     # the implicit convolution's arguments, unused by the other variants: a 4-entry table

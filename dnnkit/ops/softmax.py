@@ -3,13 +3,18 @@
 ``algo``: ``accurate`` subtracts the maximum before exponentiating (never overflows),
 ``fast`` does not (overflows for logits above ~88 in float32, as cuDNN's FAST), ``log`` gives
 log-softmax (max-subtracted). ``mode``: ``channel`` normalises over axis 1 at each spatial
-position; ``instance`` over all of C*H*W of each sample. Inputs are (N, C) or NCHW.
+position; ``instance`` over all of C*spatial of each sample. Inputs are (N, C, *spatial) with 0
+to 3 spatial dims: (N, C), (N, C, L), NCHW or NCDHW (cudnn.torch's SoftMax, SpatialSoftMax
+and VolumetricSoftMax are the channel mode of 2-, 4- and 5-D inputs).
 
     softmax:      y = exp(x - m) / sum exp(x - m)        dx = y * (dy - sum(dy * y))
     log-softmax:  y = x - m - log(sum exp(x - m))        dx = dy - exp(y) * sum(dy)
 
-cuDNN: cudnnSoftmaxForward/Backward on the 4-D (N, C, H, W) descriptor ((N, C, 1, 1) for 2-D);
-batches over its 32-bit tensor limit run as pieces of the batch (ops/split.py).
+cuDNN: cudnnSoftmaxForward/Backward on a 4-D (N, C, H, W) descriptor: (N, C, 1, 1) for 2-D,
+(N, C, L, 1) for 3-D, and (N, C, D*H, W) for 5-D, the depth folded into the height (both modes
+depend on the spatial positions only as a set: channel mode on C alone at each, instance mode on
+all of C*spatial). The Numba kernels see every input as (N, C, S) the same way. Batches over
+cuDNN's 32-bit tensor limit run as pieces of the batch (ops/split.py).
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from .args import choice
 ALGOS = ("fast", "accurate", "log")
 _ALGO_ID = {"fast": 0, "accurate": 1, "log": 2}   # matches kernels/softmax.py
 MODES = ("channel", "instance")
+NDIMS = (2, 3, 4, 5)        # (N, C, *spatial): 0 to 3 spatial dims
 _TOL = {"float16": (5e-3, 1e-3), "float32": (1e-5, 1e-6), "float64": (1e-12, 1e-14)}
 
 
@@ -60,15 +66,16 @@ def softmax(x: ArrayLike, algo: str = "accurate", mode: str = "channel", *,
             stream: Stream = None, backend: Backend | None = None) -> SoftmaxArgs:
     """Softmax, y = exp(x - m) / sum exp(x - m), over channels or instances; shaped like ``x``.
 
-    x: (N, C) or (N, C, H, W), float16, float32 or float64. ``mode``: "channel" (default) sums
-    over axis 1 at each spatial position; "instance" over all of C*H*W of each sample.
+    x: (N, C, *spatial) with 0 to 3 spatial dims ((N, C), (N, C, L), (N, C, H, W),
+    (N, C, D, H, W)), float16, float32 or float64. ``mode``: "channel" (default) sums over
+    axis 1 at each spatial position; "instance" over all of C*spatial of each sample.
     ``algo``: "accurate" (default) subtracts the maximum m first (never overflows); "fast" does
     not (m = 0: overflows for inputs above ~88 in float32, as cuDNN's FAST); "log" gives the
     log-softmax y = x - m - log(sum exp(x - m)) (:func:`log_softmax`).
-    Raises ValueError for an algo or mode not listed, or x not 2-D or 4-D."""
+    Raises ValueError for an algo or mode not listed, or x not 2-D to 5-D."""
     _check("softmax", algo, mode)
     s = arrays.as_stream(stream)
-    x = arrays.device_input("softmax", "x", x, s, ndim=(2, 4))
+    x = arrays.device_input("softmax", "x", x, s, ndim=NDIMS)
     return SoftmaxArgs(x, algo, mode, s)
 
 
@@ -77,10 +84,10 @@ def log_softmax(x: ArrayLike, mode: str = "channel", *, backend: Backend | None 
     """Log-softmax, y = x - m - log(sum exp(x - m)) with m the maximum (never overflows):
     ``softmax(x, algo="log", mode=mode)``; a new array shaped like ``x``.
 
-    x: (N, C) or (N, C, H, W), float16, float32 or float64. ``mode``: "channel" (default, over
-    axis 1 at each spatial position) or "instance" (over all of C*H*W of each sample). Its
-    gradient: ``softmax_backward(y, dy, "log", mode)``. Raises ValueError for a mode not listed
-    or x not 2-D or 4-D.
+    x: (N, C, *spatial), 2-D to 5-D, float16, float32 or float64. ``mode``: "channel"
+    (default, over axis 1 at each spatial position) or "instance" (over all of C*spatial of
+    each sample). Its gradient: ``softmax_backward(y, dy, "log", mode)``. Raises ValueError for
+    a mode not listed or x not 2-D to 5-D.
 
     {OP_FOOTER}"""
     return softmax(x, "log", mode, backend=backend, stream=stream)
@@ -97,15 +104,15 @@ def softmax_backward(y: ArrayLike, dy: ArrayLike, algo: str = "accurate", mode: 
 
     softmax ("accurate", "fast"): dx = y * (dy - sum(dy * y)); log-softmax ("log"): dx = dy -
     exp(y) * sum(dy), the sums over the forward's ``mode``: "channel" (axis 1 at each spatial
-    position) or "instance" (all of C*H*W of each sample). y, dy: one shape, (N, C) or
-    (N, C, H, W), and one dtype (float16, float32 or float64).
+    position) or "instance" (all of C*spatial of each sample). y, dy: one shape, (N, C,
+    *spatial) 2-D to 5-D, and one dtype (float16, float32 or float64).
     Raises ValueError for an algo or mode not listed, or y and dy of different shapes or not
-    2-D or 4-D; TypeError for different dtypes."""
+    2-D to 5-D; TypeError for different dtypes."""
     op = "softmax_backward"
     _check(op, algo, mode)
     s = arrays.as_stream(stream)
-    y = arrays.device_input(op, "y", y, s, ndim=(2, 4))
-    dy = arrays.device_input(op, "dy", dy, s, ndim=(2, 4))
+    y = arrays.device_input(op, "y", y, s, ndim=NDIMS)
+    dy = arrays.device_input(op, "dy", dy, s, ndim=NDIMS)
     arrays.same_shape(op, "y", y, dy=dy)
     return SoftmaxBackwardArgs(y, dy, algo, mode, s)
 
@@ -183,12 +190,17 @@ def _softmax_backward_numba(y, dy, algo, mode, stream):
     return dx
 
 
-def _dims4(shape, mode):
-    """cuDNN's (N, C, H, W) view and mode. With H = W = 1 the two modes are the same function,
-    and cuDNN's channel-mode backward is then a pathologically slow kernel (60 ms against
-    0.24 ms for instance mode at 8192x4096 float32 on an H100, validation/bench.py; the forward
-    0.135 against 0.107 ms): such shapes always go to instance mode."""
-    dims = tuple(shape) + (1,) * (4 - len(shape))
+def dims4(shape, mode):
+    """cuDNN's (N, C, H, W) view and mode: 2-D and 3-D padded with 1s, 5-D (N, C, D, H, W) as
+    (N, C, D*H, W) (a C-contiguous array's D and H fold into one stride; neither mode depends
+    on how the spatial positions are arranged). With H = W = 1 the two modes are the same
+    function, and cuDNN's channel-mode backward is then a pathologically slow kernel (60 ms
+    against 0.24 ms for instance mode at 8192x4096 float32 on an H100, validation/bench.py;
+    the forward 0.135 against 0.107 ms): such shapes always go to instance mode."""
+    dims = tuple(shape)
+    if len(dims) == 5:
+        dims = (dims[0], dims[1], dims[2] * dims[3], dims[4])
+    dims += (1,) * (4 - len(dims))
     return dims, ("instance" if dims[2] * dims[3] == 1 else mode)
 
 
@@ -220,7 +232,7 @@ def _softmax_cudnn(x, algo, mode, stream):
     y = arrays.empty_like(x, stream)
     if x.size:
         for xp, yp in split.batch(_row(x.shape), x, y):
-            cudnn_softmax.forward(xp, yp, *_dims4(xp.shape, mode), algo=algo,
+            cudnn_softmax.forward(xp, yp, *dims4(xp.shape, mode), algo=algo,
                                   stream=device.stream_pointer(stream))
     return y
 
@@ -231,7 +243,7 @@ def _softmax_backward_cudnn(y, dy, algo, mode, stream):
     dx = arrays.empty_like(y, stream)
     if y.size:
         for yp, dyp, dxp in split.batch(_row(y.shape), y, dy, dx):
-            cudnn_softmax.backward(yp, dyp, dxp, *_dims4(yp.shape, mode), algo=algo,
+            cudnn_softmax.backward(yp, dyp, dxp, *dims4(yp.shape, mode), algo=algo,
                                    stream=device.stream_pointer(stream))
     return dx
 

@@ -1,5 +1,12 @@
 """Float64 reference of the recurrent networks (docs/rnn.md): the equations run per
-sequence, and backpropagation through time."""
+sequence, and backpropagation through time.
+
+LSTM projection (cfg.proj_size P > 0): the cell's o*tanh(c') (H wide) is multiplied by the
+projection W_hr (P x H) to give h' (P wide), which is the output, the state and what R reads.
+Dropout between layers: ``masks`` (optional) lists, for each layer but the last, the factor
+(T, N, D*P) its output is multiplied by before the next layer reads it (mask / (1 - p): the
+keep mask a backend drew, scaled); the backward multiplies the gradient by the same factor.
+"""
 
 import numpy as np
 
@@ -58,27 +65,29 @@ def _rnn_step_grad(mode, saved, h, c, e, dc):
     return [dr, dz, dn], [dr, dz, dn * r], e * z, dc
 
 
-def _rnn_run(cfg, w, x, hx, cx, lengths):
+def _rnn_run(cfg, w, x, hx, cx, lengths, masks):
     """Forward per sequence, per direction over its own valid steps; returns y, hy, cy and
-    the tape (per layer: its input and {(d, n): [(t, h, c, saved), ...]})."""
+    the tape (per layer: its input and {(d, n): [(t, h, c, saved, hc), ...]}; hc the
+    unprojected o*tanh(c') of a projected LSTM, else None)."""
     mats, biases = _rnn_params(cfg, w)
     x = np.asarray(x, np.float64)
     t_, n_, _ = x.shape
     g, h_, d_, L = GATES[cfg.mode], cfg.hidden_size, cfg.directions, cfg.num_layers
+    p_ = cfg.out_size
     lens = [t_] * n_ if lengths is None else [int(v) for v in lengths]
-    zeros = np.zeros((L * d_, n_, h_))
-    hx = zeros if hx is None else np.asarray(hx, np.float64)
-    cx = zeros if cx is None else np.asarray(cx, np.float64)
-    hy, cy = zeros.copy(), zeros.copy()
+    hx = np.zeros((L * d_, n_, p_)) if hx is None else np.asarray(hx, np.float64)
+    cx = np.zeros((L * d_, n_, h_)) if cx is None else np.asarray(cx, np.float64)
+    hy, cy = np.zeros((L * d_, n_, p_)), np.zeros((L * d_, n_, h_))
     inp, tape = x, []
     for layer in range(L):
-        y = np.zeros((t_, n_, d_ * h_))
+        y = np.zeros((t_, n_, d_ * p_))
         steps = {}
         for d in range(d_):
             W = [mats.get((layer, d, q)) for q in range(g)]
             R = [mats[(layer, d, g + q)] for q in range(g)]
             bw = [biases[(layer, d, q)] for q in range(g)]
             br = [biases[(layer, d, g + q)] for q in range(g)]
+            proj = mats.get((layer, d, 2 * g))
             for n in range(n_):
                 h, c = hx[layer * d_ + d, n], cx[layer * d_ + d, n]
                 rec_steps = steps[(d, n)] = []
@@ -87,32 +96,37 @@ def _rnn_run(cfg, w, x, hx, cx, lengths):
                     xt = inp[t, n]
                     xi = [xt if Wq is None else Wq @ xt for Wq in W]
                     hn, cn, saved = _rnn_step(cfg.mode, xi, [Rq @ h for Rq in R], bw, br, h, c)
-                    rec_steps.append((t, h, c, saved))
+                    hc = None
+                    if proj is not None:
+                        hc, hn = hn, proj @ hn
+                    rec_steps.append((t, h, c, saved, hc))
                     h, c = hn, cn
-                    y[t, n, d * h_:(d + 1) * h_] = h
+                    y[t, n, d * p_:(d + 1) * p_] = h
                 hy[layer * d_ + d, n], cy[layer * d_ + d, n] = h, c
         tape.append((inp, steps))
-        inp = y
+        inp = y if layer == L - 1 or masks is None else y * np.asarray(masks[layer], np.float64)
     return inp, hy, (cy if cfg.mode == "lstm" else None), tape
 
 
-def rnn_forward(cfg, w, x, hx=None, cx=None, lengths=None):
+def rnn_forward(cfg, w, x, hx=None, cx=None, lengths=None, masks=None):
     """(y, hy, cy) of the RNN ``cfg`` (dnnkit.rnn_layout.RNNConfig) in float64, time-major
-    x (T, N, I), written from the equations (cy None unless lstm)."""
-    return _rnn_run(cfg, w, x, hx, cx, lengths)[:3]
+    x (T, N, I), written from the equations (cy None unless lstm). ``masks``: the dropout
+    factors between layers (module docstring), or None for none."""
+    return _rnn_run(cfg, w, x, hx, cx, lengths, masks)[:3]
 
 
-def rnn_backward(cfg, w, x, dy, dhy=None, dcy=None, hx=None, cx=None, lengths=None):
+def rnn_backward(cfg, w, x, dy, dhy=None, dcy=None, hx=None, cx=None, lengths=None,
+                 masks=None):
     """(dx, dhx, dcx, dw) of rnn_forward for L = sum(y*dy) + sum(hy*dhy) + sum(cy*dcy),
     by backpropagation through time; dw in the flat parameter layout."""
     mats, _ = _rnn_params(cfg, w)
     g, h_, d_, L = GATES[cfg.mode], cfg.hidden_size, cfg.directions, cfg.num_layers
-    _, _, _, tape = _rnn_run(cfg, w, x, hx, cx, lengths)
+    p_ = cfg.out_size
+    _, _, _, tape = _rnn_run(cfg, w, x, hx, cx, lengths, masks)
     n_ = np.shape(x)[1]
-    zeros = np.zeros((L * d_, n_, h_))
-    dhy = zeros if dhy is None else np.asarray(dhy, np.float64)
-    dcy = zeros if dcy is None else np.asarray(dcy, np.float64)
-    dhx, dcx = zeros.copy(), zeros.copy()
+    dhy = np.zeros((L * d_, n_, p_)) if dhy is None else np.asarray(dhy, np.float64)
+    dcy = np.zeros((L * d_, n_, h_)) if dcy is None else np.asarray(dcy, np.float64)
+    dhx, dcx = np.zeros_like(dhy), np.zeros_like(dcy)
     grads = {}   # (layer, d, lin, kind) -> gradient
     dout = np.asarray(dy, np.float64)
     for layer in range(L - 1, -1, -1):
@@ -122,13 +136,18 @@ def rnn_backward(cfg, w, x, dy, dhy=None, dcy=None, hx=None, cx=None, lengths=No
             W = [mats.get((layer, d, q)) for q in range(g)]
             R = [mats[(layer, d, g + q)] for q in range(g)]
             gw = [np.zeros((h_, inp.shape[2])) for _ in range(g)]
-            gr = [np.zeros((h_, h_)) for _ in range(g)]
+            gr = [np.zeros((h_, p_)) for _ in range(g)]
             gbw = [np.zeros(h_) for _ in range(g)]
             gbr = [np.zeros(h_) for _ in range(g)]
+            proj = mats.get((layer, d, 2 * g))
+            gp = None if proj is None else np.zeros(proj.shape)
             for n in range(n_):
                 dh, dc = dhy[layer * d_ + d, n], dcy[layer * d_ + d, n]
-                for t, h, c, saved in reversed(steps[(d, n)]):
-                    e = dh + dout[t, n, d * h_:(d + 1) * h_]
+                for t, h, c, saved, hc in reversed(steps[(d, n)]):
+                    e = dh + dout[t, n, d * p_:(d + 1) * p_]
+                    if proj is not None:        # h' = W_hr hc: dW_hr += e hc^T, d(hc) = W_hr^T e
+                        gp += np.outer(e, hc)
+                        e = proj.T @ e
                     dax, dar, direct, dc = _rnn_step_grad(cfg.mode, saved, h, c, e, dc)
                     dh = direct + sum(R[q].T @ dar[q] for q in range(g))
                     for q in range(g):
@@ -144,7 +163,11 @@ def rnn_backward(cfg, w, x, dy, dhy=None, dcy=None, hx=None, cx=None, lengths=No
             for q in range(g):
                 grads[(layer, d, q, "matrix")], grads[(layer, d, g + q, "matrix")] = gw[q], gr[q]
                 grads[(layer, d, q, "bias")], grads[(layer, d, g + q, "bias")] = gbw[q], gbr[q]
+            if gp is not None:
+                grads[(layer, d, 2 * g, "matrix")] = gp
         dout = dinp
+        if layer and masks is not None:     # through the dropout between layer - 1 and layer
+            dout = dout * np.asarray(masks[layer - 1], np.float64)
     layout = param_layout(cfg)
     dw = np.zeros(layout[-1][4] + layout[-1][5][0])
     for layer, d, lin, kind, off, shape in layout:

@@ -13,7 +13,11 @@ from tests.conftest import HAVE_DRIVER
 
 
 def test_wheel_is_found_and_versioned(real):
-    assert real.found_via == "site-packages"
+    # PyTorch preloads the nvidia-* wheels' libraries when it is imported: where a test module
+    # imported it first, cuda-pathfinder finds this libcudnn loaded already and says so
+    allowed = {"site-packages"} | ({"was-already-loaded-from-elsewhere"} if "torch" in
+                                   sys.modules else set())
+    assert real.found_via in allowed, real.found_via
     assert os.path.basename(real.path) == "libcudnn.so.9"
     assert real.version >= 90000 and real.version_string.startswith("9.")
 

@@ -8,6 +8,7 @@ import gc
 import glob
 import os
 import re
+import types
 
 import numpy as np
 import pytest
@@ -15,7 +16,7 @@ import pytest
 import dnnkit  # noqa: F401  (registers the ops)
 from dnnkit.cudnn import api, enums, handle
 from dnnkit.cudnn.descriptors import Descriptor
-from dnnkit.cudnn import rnn as cr
+from dnnkit.cudnn import rnn as cr, rnn_dropout, rnn_weights as rw
 from dnnkit.registry import OPS, REGISTRY
 from dnnkit.errors import CudnnError, DnnkitError
 from dnnkit.ops import rnn_cudnn
@@ -30,15 +31,18 @@ def _headers(real):
     return re.sub(r"/\*.*?\*/|//[^\n]*", "", text, flags=re.S)
 
 
+PROTOTYPES = {**cr.PROTOTYPES, **rw.PROTOTYPES}
+
+
 def test_every_rnn_prototype_is_in_the_real_library(real):
     lib = ctypes.CDLL(real.path)
-    assert set(cr.PROTOTYPES) <= set(api.PROTOTYPES)
-    assert [n for n in cr.PROTOTYPES if not hasattr(lib, n)] == []
+    assert set(PROTOTYPES) <= set(api.PROTOTYPES)
+    assert [n for n in PROTOTYPES if not hasattr(lib, n)] == []
 
 
 def test_rnn_prototype_argument_counts_match_the_headers(real):
     text = _headers(real)
-    for name, args in cr.PROTOTYPES.items():
+    for name, args in PROTOTYPES.items():
         m = re.search(rf"\b{name}\s*\(([^;{{]*?)\)\s*;", text)
         assert m, f"{name} not declared in the headers"
         assert m.group(1).count(",") + 1 == len(args), name
@@ -50,6 +54,10 @@ def test_rnn_enums_match_the_headers(real):
     def val(name):
         return int(re.search(rf"\b{name}\s*=\s*(\d+)", text).group(1))
     assert cr.ALGO_STANDARD == val("CUDNN_RNN_ALGO_STANDARD")
+    assert cr.ALGO == {"standard": val("CUDNN_RNN_ALGO_STANDARD"),
+                       "persist_static": val("CUDNN_RNN_ALGO_PERSIST_STATIC"),
+                       "persist_dynamic": val("CUDNN_RNN_ALGO_PERSIST_DYNAMIC"),
+                       "persist_static_small_h": val("CUDNN_RNN_ALGO_PERSIST_STATIC_SMALL_H")}
     assert (cr.FWD_INFERENCE, cr.FWD_TRAINING) == (val("CUDNN_FWD_MODE_INFERENCE"),
                                                    val("CUDNN_FWD_MODE_TRAINING"))
     assert cr.CELL_MODE == {"rnn_relu": val("CUDNN_RNN_RELU"), "rnn_tanh": val("CUDNN_RNN_TANH"),
@@ -79,6 +87,8 @@ def test_precision():
 
 LSTM = RNNConfig("lstm", 3, 4, 2, bidirectional=True)
 GRU = RNNConfig("gru", 5, 6, 1)
+# a stand-in for cudnn.rnn.Saved where only the algorithm is read
+SAVED = types.SimpleNamespace(net=types.SimpleNamespace(algo="standard"), reserve_bytes=0)
 
 
 class Shaped:
@@ -88,8 +98,9 @@ class Shaped:
         self.size = int(np.prod(shape))
 
 
-def fwd_reason(cfg, x, lengths=None):
-    return rnn_cudnn._supports_forward(cfg, None, x, None, None, lengths, False, None)
+def fwd_reason(cfg, x, lengths=None, training=False, seed=None, offset=0, algo="auto"):
+    return rnn_cudnn._supports_forward(cfg, None, x, None, None, lengths, training, seed, offset,
+                                       algo, None)
 
 
 def test_supports_forward():
@@ -116,7 +127,7 @@ def test_supports_backward_needs_a_cudnn_state():
     args = (LSTM, None, Shaped((7, 2, 3)), None, None, None, None, None, None, None)
     why = rnn_cudnn._supports_backward(*args, NumbaState(), None)
     assert "made by the numba backend" in why and "reserve space" in why
-    state = rnn_cudnn.CudnnRNNState(LSTM, (7, 2, 3), None, None)
+    state = rnn_cudnn.CudnnRNNState(LSTM, (7, 2, 3), None, SAVED)
     assert rnn_cudnn._supports_backward(*args, state, None) is None
     assert "made by the None backend" in rnn_cudnn._supports_backward(*args, None, None)
 
@@ -150,6 +161,7 @@ class FakeCudnn:
 
     def __init__(self, monkeypatch, weight_bytes, work=1000, reserve=5000, fail=()):
         self.calls, self.fail, self.next = [], set(fail), 0x100
+        self.refuse_algos = set()     # cudnnRNNAlgo_t values whose temp sizes are refused
         self.weight_bytes, self.work, self.reserve = weight_bytes, work, reserve
         self.params = {}        # (pseudo-layer, lin) -> (m addr or 0, m dims, b addr, b dims)
         self.dims = {}          # descriptor pointer -> dims
@@ -165,7 +177,13 @@ class FakeCudnn:
         monkeypatch.setattr(cr, "reserve_array", lambda n, s: Dev((n,), "uint8"))
         monkeypatch.setattr(cr, "scratch_buffer", self.scratch)
         monkeypatch.setattr(cr, "stream_pointer", lambda s: 0x5EA)
+        monkeypatch.setattr(rnn_dropout, "device_id", lambda: 0)
+        monkeypatch.setattr(rnn_dropout, "stream_pointer", lambda s: 0x5EA)
+        monkeypatch.setattr(rnn_dropout, "device_array", lambda shape, dt, s: Dev(shape, dt))
+        monkeypatch.setattr(rnn_dropout, "copy_async", lambda *a: self.copies.append(a))
+        self.algo_of = {}           # RNN descriptor pointer -> the algo it was last set with
         cr.clear_plans()
+        rnn_dropout.clear()
 
     def device_lengths(self, lengths, stream):
         self.lengths.append(tuple(lengths))
@@ -192,6 +210,11 @@ class FakeCudnn:
                                            for a in args)))
             if name in self.fail:
                 return 2000
+            if name == "cudnnSetRNNDescriptor_v8":
+                self.algo_of[args[0].ptr.value] = args[1]
+            if name == "cudnnGetRNNTempSpaceSizes" and \
+                    self.algo_of.get(args[1].ptr.value) in self.refuse_algos:
+                return 3000                 # CUDNN_STATUS_NOT_SUPPORTED
             self._answer(name, args)
             return 0
         return fn
@@ -202,6 +225,8 @@ class FakeCudnn:
             args[0]._obj.value = self.next
         elif name == "cudnnGetRNNWeightSpaceSize":
             args[2]._obj.value = self.weight_bytes
+        elif name == "cudnnDropoutGetStatesSize":
+            args[1]._obj.value = 777
         elif name == "cudnnGetRNNTempSpaceSizes":
             args[4]._obj.value = self.work
             args[5]._obj.value = self.reserve
@@ -231,15 +256,16 @@ def val(a):
     return getattr(a, "value", a)
 
 
-def run_forward(cfg, T=5, N=3, lengths=None, training=True, hx=True, cx=True):
+def run_forward(cfg, T=5, N=3, lengths=None, training=True, hx=True, cx=True, **kw):
     x = Dev((T, N, cfg.input_size), cfg.dtype)
     w = Dev((W_BYTES // np.dtype(cfg.dtype).itemsize,), cfg.dtype)
     st = (cfg.num_layers * cfg.directions, N, cfg.hidden_size)
-    y = Dev((T, N, cfg.directions * cfg.hidden_size), cfg.dtype)
-    arrs = dict(x=x, w=w, y=y, hx=Dev(st) if hx else None, cx=Dev(st) if cx else None,
-                hy=Dev(st), cy=Dev(st) if cfg.mode == "lstm" else None)
+    sp = st[:2] + (cfg.out_size,)
+    y = Dev((T, N, cfg.directions * cfg.out_size), cfg.dtype)
+    arrs = dict(x=x, w=w, y=y, hx=Dev(sp) if hx else None, cx=Dev(st) if cx else None,
+                hy=Dev(sp), cy=Dev(st) if cfg.mode == "lstm" else None)
     saved = cr.forward(cfg, w, x, arrs["hx"], arrs["cx"], y, arrs["hy"], arrs["cy"], lengths,
-                       training, stream=None)
+                       training, stream=None, **kw)
     return saved, arrs
 
 
@@ -253,6 +279,7 @@ def fake(monkeypatch):
     f = FakeCudnn(monkeypatch, W_BYTES)
     yield f
     cr.clear_plans()
+    rnn_dropout.clear()
     gc.collect()        # and this test's while it still is
 
 
@@ -390,12 +417,12 @@ def test_weight_params_offsets_and_shapes(fake):
     fake.params = {(0, 0): (None, (), 128, (1, 4, 1)),
                    (0, 1): (64, (1, 4, 4), 144, (1, 4, 1))}
     w = Dev((W_BYTES // 4,))
-    got = cr.weight_params(cfg, w)
-    assert got == [cr.WeightParam(0, 0, None, None, 32, (4,)),
-                   cr.WeightParam(0, 1, 16, (4, 4), 36, (4,))]
+    got = rw.weight_params(cfg, w)
+    assert got == [rw.WeightParam(0, 0, None, None, 32, (4,)),
+                   rw.WeightParam(0, 1, 16, (4, 4), 36, (4,))]
     fake.params[(0, 1)] = (66, (1, 4, 4), 144, (1, 4, 1))
     with pytest.raises(DnnkitError, match="byte 66, not a multiple of 4"):
-        cr.weight_params(cfg, w)
+        rw.weight_params(cfg, w)
 
 
 # --- the op-level implementation with the cuDNN layer stubbed -------------------------------
@@ -403,19 +430,21 @@ def test_weight_params_offsets_and_shapes(fake):
 def test_forward_impl_outputs_and_state(monkeypatch):
     seen = {}
 
-    def forward(cfg, w, x, hx, cx, y, hy, cy, lengths, training, stream):
-        seen.update(cx=cx, cy=cy, training=training)
-        return "saved" if training else None
+    def forward(cfg, w, x, hx, cx, y, hy, cy, lengths, training, stream, **kw):
+        seen.update(cx=cx, cy=cy, training=training, **kw)
+        return SAVED if training else None
     monkeypatch.setattr(cr, "forward", forward)
     x = np.zeros((5, 3, 3), np.float32)
-    y, hy, cy, state = rnn_cudnn._forward_cudnn(LSTM, None, x, None, "cx", None, True, 0)
+    y, hy, cy, state = rnn_cudnn._forward_cudnn(LSTM, None, x, None, "cx", None, True, 4, 2,
+                                                "standard", 0)
     assert (y.shape, hy.shape, cy.shape) == ((5, 3, 8), (4, 3, 4), (4, 3, 4))
-    assert state.backend == "cudnn" and state.saved == "saved" and state.lengths is None
+    assert state.backend == "cudnn" and state.saved is SAVED and state.lengths is None
     assert state.x_shape == (5, 3, 3) and state.cfg == LSTM
     assert not hasattr(state, "shape")    # or the cross-check would compare it as an output
-    assert seen == dict(cx="cx", cy=cy, training=True)
+    assert seen == dict(cx="cx", cy=cy, training=True, algo="standard", seed=4, offset=2)
     x = np.zeros((5, 3, 5), np.float32)
-    y, hy, cy, state = rnn_cudnn._forward_cudnn(GRU, None, x, None, "cx", [5, 1, 2], False, 0)
+    y, hy, cy, state = rnn_cudnn._forward_cudnn(GRU, None, x, None, "cx", [5, 1, 2], False,
+                                                None, 0, "standard", 0)
     assert (y.shape, hy.shape, cy, state) == ((5, 3, 6), (1, 3, 6), None, None)
     assert seen["cx"] is None    # cx means nothing outside LSTM
 
@@ -423,7 +452,7 @@ def test_forward_impl_outputs_and_state(monkeypatch):
 def test_backward_impl_checks_the_state(monkeypatch):
     monkeypatch.setattr(cr, "backward", lambda *a: None)
     x, w = np.zeros((5, 3, 3), np.float32), np.zeros(100, np.float32)
-    st = rnn_cudnn.CudnnRNNState(LSTM, (5, 3, 3), None, None)
+    st = rnn_cudnn.CudnnRNNState(LSTM, (5, 3, 3), None, SAVED)
     dx, dhx, dcx, dw = rnn_cudnn._backward_cudnn(LSTM, w, x, None, None, None, None, None,
                                                  None, None, st, 0)
     assert (dx.shape, dhx.shape, dcx.shape, dw.shape) == ((5, 3, 3), (4, 3, 4), (4, 3, 4),

@@ -133,3 +133,14 @@ def test_argument_errors(tmp_path, args, message):
     with Launcher(args, tmp_path) as run:
         code, _, err = run.wait()
     assert code == 2 and message in err
+
+
+@pytest.mark.parametrize("argv,head,rest", [
+    (["--gpus", "2", "-m", "pkg.mod", "--gpus", "7", "-x"],
+     ["--gpus", "2", "-m", "pkg.mod"], ["--gpus", "7", "-x"]),
+    (["--gpus=2", "--isolate", "-m", "pkg.mod"], ["--gpus=2", "--isolate", "-m", "pkg.mod"], []),
+    (["--gpus", "2", "train.py", "-m", "x"], ["--gpus", "2", "train.py", "-m", "x"], []),
+])
+def test_a_modules_options_are_its_own(argv, head, rest):
+    from dnnkit.distributed import run
+    assert run._split_module(argv) == (head, rest)

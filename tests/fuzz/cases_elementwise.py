@@ -93,7 +93,7 @@ def activation_case(data, backend, op):
 
 # ---------------------------------------------------------------- softmax
 
-SM_MISTAKES = COMMON + ("unknown algo", "unknown mode", "rank 1", "rank 3", "rank 5")
+SM_MISTAKES = COMMON + ("unknown algo", "unknown mode", "rank 1", "rank 6")
 SM_BWD_MISTAKES = SM_MISTAKES + ("shape mismatch", "dtype mismatch")
 
 
@@ -113,7 +113,7 @@ def _sm_tol(dtype, algo):
 def softmax_case(data, backend, op):
     rng = seed_rng(data)
     dtype = draw_dtype(data)
-    rank = data.draw(st.sampled_from([2, 4]), label="rank")
+    rank = data.draw(st.sampled_from([2, 3, 4, 5]), label="rank")
     shape = draw_dims(data, rank, 0, 4)
     algo = "log" if op == "log_softmax" else \
         data.draw(st.sampled_from(softmax_ops.ALGOS), label="algo")

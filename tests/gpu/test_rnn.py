@@ -3,12 +3,14 @@ cudnnGetRNNWeightParams; cuDNN vs Numba vs the float64 reference at realistic si
 and backward, with unsorted variable lengths; the training state's reserve space reused by
 the backward."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 
 from dnnkit import reference, trace
 from dnnkit.cudnn import api
-from dnnkit.cudnn import rnn as cr
+from dnnkit.cudnn import rnn as cr, rnn_weights as rw
 from dnnkit.errors import CudnnUnavailableError
 from dnnkit.ops.rnn import rnn_backward, rnn_forward
 from dnnkit.rnn_layout import MODES, RNNConfig, param_layout, param_size
@@ -28,14 +30,16 @@ LAYOUTS = ([RNNConfig(m, 5, 6, 2, bidirectional=True) for m in MODES]
            + [RNNConfig(m, 7, 3, 3, dtype="float64") for m in MODES]
            + [RNNConfig("lstm", 16, 8, 2, bidirectional=True, input_mode="skip",
                         dtype="float64"),
-              RNNConfig("gru", 24, 16, 2, dtype="float16")])
+              RNNConfig("gru", 24, 16, 2, dtype="float16"),
+              RNNConfig("lstm", 5, 6, 2, bidirectional=True, proj_size=3),
+              RNNConfig("lstm", 6, 6, 2, input_mode="skip", proj_size=4, dtype="float64")])
 
 
 def _by_cudnn(cfg):
     """{(layer, direction, lin_id, kind): (offset, shape)} from cudnnGetRNNWeightParams."""
     w = _device_zeros(param_size(cfg), cfg.dtype)
     out = {}
-    for p in cr.weight_params(cfg, w):
+    for p in rw.weight_params(cfg, w):
         layer, d = divmod(p.pseudo_layer, cfg.directions)
         if p.matrix_offset is not None:
             out[(layer, d, p.lin_id, "matrix")] = (p.matrix_offset, tuple(p.matrix_shape))
@@ -48,7 +52,7 @@ def _by_cudnn(cfg):
                          f"L{c.num_layers}{'bi' if c.bidirectional else ''}")
 def test_param_layout_is_cudnns_weight_space(cfg):
     item = np.dtype(cfg.dtype).itemsize
-    assert cr.weight_space_bytes(cfg) == param_size(cfg) * item
+    assert rw.weight_space_bytes(cfg) == param_size(cfg) * item
     ours = {(ly, d, lin, kind): (off, tuple(shape))
             for ly, d, lin, kind, off, shape in param_layout(cfg)}
     assert _by_cudnn(cfg) == ours
@@ -67,14 +71,15 @@ def _problem(rng, cfg, T, N, varlen):
     w = rng.uniform(-k, k, param_size(cfg)).astype(dt)
     x = rng.standard_normal((T, N, cfg.input_size)).astype(dt)
     st = (cfg.num_layers * cfg.directions, N, H)
-    hx = (0.5 * rng.standard_normal(st)).astype(dt)
+    sp = st[:2] + (cfg.out_size,)
+    hx = (0.5 * rng.standard_normal(sp)).astype(dt)
     cx = (0.5 * rng.standard_normal(st)).astype(dt) if cfg.mode == "lstm" else None
     lengths = None
     if varlen:   # unsorted, with a full-length and a length-1 sequence
         lengths = rng.integers(1, T + 1, N).astype(np.int32)
         lengths[rng.permutation(N)[:2]] = (T, 1)
-    dy = rng.standard_normal((T, N, cfg.directions * H)).astype(dt)
-    dhy = rng.standard_normal(st).astype(dt)
+    dy = rng.standard_normal((T, N, cfg.directions * cfg.out_size)).astype(dt)
+    dhy = rng.standard_normal(sp).astype(dt)
     dcy = rng.standard_normal(st).astype(dt) if cfg.mode == "lstm" else None
     return w, x, hx, cx, lengths, dy, dhy, dcy
 
@@ -92,10 +97,12 @@ def _run(backend, cfg, w, x, hx, cx, lengths, dy, dhy, dcy):
 # norm-wise error bounds vs float64 (max|got - ref| / max|ref|): forward, gradients
 TOL = {"float16": (1e-2, 3e-2), "float32": (2e-5, 1e-4), "float64": (1e-11, 1e-10)}
 
-REALISTIC = [(RNNConfig("lstm", 256, 512), 50, 64), (RNNConfig("gru", 512, 1024), 20, 32)]
+REALISTIC = [(RNNConfig("lstm", 256, 512), 50, 64), (RNNConfig("gru", 512, 1024), 20, 32),
+             (RNNConfig("lstm", 256, 512, proj_size=128), 50, 64)]
 SMALL = [(RNNConfig(m, 24, 32, 2, bidirectional=True, input_mode=im), 12, 16)
          for m in MODES for im in ("linear",)] + \
-        [(RNNConfig(m, 32, 32, 2, bidirectional=True, input_mode="skip"), 9, 8) for m in MODES]
+        [(RNNConfig(m, 32, 32, 2, bidirectional=True, input_mode="skip"), 9, 8) for m in MODES] + \
+        [(RNNConfig("lstm", 24, 32, 2, bidirectional=True, proj_size=16), 12, 16)]
 
 
 def _check(rng, cfg, T, N, varlen):
@@ -126,18 +133,18 @@ def _check(rng, cfg, T, N, varlen):
 
 
 @pytest.mark.parametrize("varlen", [False, True], ids=["full", "varlen"])
-@pytest.mark.parametrize("case", REALISTIC, ids=["lstm512", "gru1024"])
+@pytest.mark.parametrize("case", REALISTIC, ids=["lstm512", "gru1024", "lstm512-proj128"])
 def test_realistic_shapes_float32(rng, case, varlen):
     cfg, T, N = case
     _check(rng, cfg, T, N, varlen)
 
 
-@pytest.mark.parametrize("case", SMALL, ids=[f"{c.mode}-{c.input_mode}" for c, _, _ in SMALL])
+@pytest.mark.parametrize("case", SMALL, ids=[f"{c.mode}-{c.input_mode}-p{c.proj_size}"
+                                              for c, _, _ in SMALL])
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_two_layers_bidirectional_varlen(rng, case, dtype):
     cfg, T, N = case
-    cfg = RNNConfig(cfg.mode, cfg.input_size, cfg.hidden_size, cfg.num_layers,
-                    cfg.bidirectional, cfg.input_mode, dtype)
+    cfg = dataclasses.replace(cfg, dtype=dtype)
     _check(rng, cfg, T, N, varlen=True)
 
 

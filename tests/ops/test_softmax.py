@@ -106,8 +106,9 @@ def test_log_softmax_is_softmax_log(rng):
 @pytest.mark.parametrize("call,exc,words", [
     (lambda x: dnnkit.softmax(x, "exact"), ValueError, ["softmax", "algo", "exact", "accurate"]),
     (lambda x: dnnkit.softmax(x, mode="spatial"), ValueError, ["mode", "spatial", "channel"]),
-    (lambda x: dnnkit.softmax(x[0]), ValueError, ["softmax", "2-D or 4-D", "(3, 4, 5)"]),
-    (lambda x: dnnkit.softmax(x[None]), ValueError, ["(1, 2, 3, 4, 5)"]),
+    (lambda x: dnnkit.softmax(x[0, 0, 0]), ValueError, ["softmax", "2-D or 3-D or 4-D or 5-D",
+                                                        "(5,)"]),
+    (lambda x: dnnkit.softmax(x[None, None]), ValueError, ["(1, 1, 2, 3, 4, 5)"]),
     (lambda x: dnnkit.softmax_backward(x, x[:1]), ValueError, ["dy", "(1, 3, 4, 5)"]),
     (lambda x: dnnkit.softmax(x.astype(np.int64)), TypeError, ["softmax", "int64"]),
 ])
@@ -127,11 +128,11 @@ def test_empty_batch():
 def test_cudnn_view_uses_instance_mode_when_spatial_size_is_one():
     """(N, C) and (N, C, 1, 1) go to cuDNN in instance mode (the same function; cuDNN's
     channel-mode backward is 250x slower there); real spatial maps keep the mode asked for."""
-    from dnnkit.ops.softmax import _dims4
-    assert _dims4((8, 4), "channel") == ((8, 4, 1, 1), "instance")
-    assert _dims4((8, 4, 1, 1), "channel") == ((8, 4, 1, 1), "instance")
-    assert _dims4((8, 4, 3, 1), "channel") == ((8, 4, 3, 1), "channel")
-    assert _dims4((8, 4, 2, 2), "instance") == ((8, 4, 2, 2), "instance")
+    from dnnkit.ops.softmax import dims4
+    assert dims4((8, 4), "channel") == ((8, 4, 1, 1), "instance")
+    assert dims4((8, 4, 1, 1), "channel") == ((8, 4, 1, 1), "instance")
+    assert dims4((8, 4, 3, 1), "channel") == ((8, 4, 3, 1), "channel")
+    assert dims4((8, 4, 2, 2), "instance") == ((8, 4, 2, 2), "instance")
 
 
 # ---------------------------------------------------------------- the Numba kernel variants

@@ -1,0 +1,135 @@
+"""PyTorch tensors in and out of dnnkit's ops: views, streams, the backend name.
+
+In: a CUDA ``torch.Tensor`` becomes a Numba view of the same memory (dnnkit/foreign.py: a
+template per buffer, ~1 us, the view holding the tensor alive); the op runs on PyTorch's
+current stream of that device, passed as ``stream=`` (a raw handle read by one C call), so the
+work is ordered with PyTorch's own kernels and nothing waits. Tensors that require grad are
+detached first (autograd.Function inputs do), and made contiguous (a no-op when they are).
+
+Out: an op's output is a Numba array from dnnkit's caching pool, allocated on that stream. It
+becomes a ``torch.Tensor`` through ``__cuda_array_interface__`` (``torch.as_tensor``): PyTorch
+keeps a reference to the object that exported the interface until the tensor's storage dies,
+and that object holds the Numba array, so the pool block is not reused while PyTorch reads it.
+The pool reuses a block only on the stream it was allocated on, PyTorch's current stream at
+the call: a tensor handed to another stream needs ``torch.cuda.current_stream().wait_stream``
+ordering as any PyTorch tensor does, and must stay referenced until that work is done
+(``Tensor.record_stream`` does not reach dnnkit's pool).
+
+On Numba's CUDA simulator (no GPU; the tests) device memory is host memory: CPU tensors are
+passed as NumPy views (no copy) and outputs come back as CPU tensors (one host copy each).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import torch
+
+from .. import arrays, device, foreign, memory
+
+BACKENDS = ("auto", "cudnn", "numba")
+
+# raw stream being captured by dnnkit.torch.graph -> dnnkit's pool private to that graph
+CAPTURES = {}
+
+
+def op_backend(backend):
+    """The ``backend=`` of dnnkit's ops for a converted module's backend: "auto" is the policy's
+    choice per call (``dnn.enabled``), so None."""
+    return None if backend == "auto" else backend
+
+
+def check_backend(where, backend):
+    if backend not in BACKENDS:
+        raise ValueError(f"{where}: backend must be one of {', '.join(BACKENDS)}; got "
+                         f"{backend!r}")
+    return backend
+
+
+def stream_of(t):
+    """The raw stream dnnkit's ops run on for tensor ``t``: PyTorch's current stream on its
+    device; None on the simulator (its one stream) and for CPU tensors there."""
+    if device.simulator():
+        if t.is_cuda:
+            raise TypeError("dnnkit.torch: a CUDA tensor cannot be read by Numba's CUDA "
+                            "simulator")
+        return None
+    if not t.is_cuda:
+        raise TypeError(f"dnnkit.torch: the tensors must be on a CUDA device (dnnkit runs on "
+                        f"the GPU); got a tensor on {t.device}. Move the model and its inputs "
+                        f"with .cuda()")
+    return foreign.torch_stream(t.get_device())
+
+
+def view(t, stream):
+    """Tensor ``t`` (or None) as an op argument: a Numba view of its memory ordered on
+    ``stream``, or on the simulator a NumPy view of the CPU tensor."""
+    if t is None:
+        return None
+    t = t.detach()
+    if not t.is_contiguous():
+        t = t.contiguous()
+    if stream is None:
+        return t.numpy()
+    return foreign.as_array(t, stream)
+
+
+class _Exported:
+    """A Numba array's ``__cuda_array_interface__`` as a plain attribute (Numba's is a property
+    computed in Python each read); PyTorch holds this object, so the array, while the tensor
+    lives."""
+
+    __slots__ = ("__cuda_array_interface__", "array")
+
+    def __init__(self, a):
+        self.array = a
+        self.__cuda_array_interface__ = {
+            "shape": tuple(a.shape), "typestr": a.dtype.str, "strides": tuple(a.strides),
+            "data": (a.device_ctypes_pointer.value or 0, False), "version": 2}
+
+
+def tensor(a, like):
+    """dnnkit output ``a`` (a Numba device array) as a torch tensor on ``like``'s device,
+    sharing its memory (module docstring)."""
+    if device.simulator():
+        return torch.from_numpy(np.ascontiguousarray(a.copy_to_host()))
+    if a.size == 0:
+        return torch.empty(tuple(a.shape), dtype=like.dtype, device=like.device)
+    return torch.as_tensor(_Exported(a), device=like.device)
+
+
+def maybe(a, like):
+    return None if a is None else tensor(a, like)
+
+
+def seed():
+    """A 63-bit dropout seed drawn from PyTorch's default CPU generator, so that
+    ``torch.manual_seed`` makes dnnkit's masks repeatable as it makes PyTorch's."""
+    return int(torch.randint(0, 2**62, (), dtype=torch.int64).item())
+
+
+def constant(values, like):
+    """A cached read-only device array of ``values`` in ``like``'s dtype (dnnkit's constants);
+    on the simulator a NumPy array."""
+    dt = np.dtype(str(like.dtype).replace("torch.", ""))
+    if device.simulator():
+        return np.asarray(values, dt)
+    return arrays.constant(values, dt)
+
+
+def pooled(fn):
+    """``fn`` (an autograd.Function's forward or backward) with dnnkit's allocations served by
+    the private pool of the graph that PyTorch's current stream is capturing, if any
+    (dnnkit/torch/graph.py). The backward runs on PyTorch's autograd thread, which the
+    capturing thread's pool (thread-local) does not reach: the pool is found by the stream."""
+    @functools.wraps(fn)
+    def run(ctx, *args):
+        if not CAPTURES:
+            return fn(ctx, *args)
+        pool = CAPTURES.get(foreign.torch_stream(torch.cuda.current_device()))
+        if pool is None:
+            return fn(ctx, *args)
+        with memory.private_pool(pool):
+            return fn(ctx, *args)
+    return run

@@ -1,0 +1,218 @@
+"""Data-parallel scaling on the GPUs of one host: ``dnnkit.distributed.DataParallel`` on 2 (and
+4) GPUs against one GPU, with a fixed batch per GPU (weak scaling, as DDP is measured).
+
+    python -m validation.dist_bench [--gpus 1,2] [--models resnet18,vgg] [--batch 128]
+                                    [--steps 10] [--rounds 5] [--socket] [--out DIR]
+
+Rows: ResNet-18 (CIFAR form) and the VGG-style CNN on 3x32x32 images, float32, the cuDNN path,
+SGD with momentum. Every GPU count runs in its own launch (``python -m dnnkit.distributed.run
+--gpus N -m validation.dist_bench``); each rank times its steps and rank 0 writes the figures.
+Variants on more than one GPU:
+
+- ``overlap``: DataParallel with 25 MiB buckets, each all-reduced on the communication stream
+  as soon as its gradients are ready, while backward goes on (what users run);
+- ``one bucket``: a single bucket, so the all-reduce starts after the whole backward (no
+  overlap);
+- ``no comm``: the same step under ``no_sync()`` (no all-reduce): the compute alone.
+
+``host ms`` is the host's time to queue a step (when the GPU's launch queue fills, the host
+waits for room, so near ms/step it says little about which side bounds the step).
+The all-reduce's share of a step is (variant - no comm) / variant. Scaling is the N-GPU
+throughput (images per second over all ranks) over the one-GPU throughput of a plain model.
+``--socket`` repeats the multi-GPU launches with ``NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1``:
+NCCL's socket transport between the processes, standing for two hosts.
+
+Timing: K steps between two ``cuda.synchronize()`` calls (no host wait inside them), the
+median of the rounds, after warm-up steps; the ranks start each round together (a barrier),
+and the variants take turns round by round.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+MODELS = ("resnet18", "vgg")
+
+
+def _args(argv=None):
+    p = argparse.ArgumentParser(prog="python -m validation.dist_bench")
+    p.add_argument("--gpus", default=None, help="GPU counts, e.g. 1,2 (default: 1, 2, and 4 "
+                                                "when the host has 4)")
+    p.add_argument("--models", default=",".join(MODELS))
+    p.add_argument("--batch", type=int, default=128, help="images per GPU per step")
+    p.add_argument("--steps", type=int, default=10, help="steps per timed round")
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--warm", type=int, default=5)
+    p.add_argument("--socket", action="store_true",
+                   help="also run the multi-GPU launches on NCCL's socket transport")
+    p.add_argument("--out", default=None, help="folder for dist_bench.json and .md")
+    p.add_argument("--result", default=None, help=argparse.SUPPRESS)   # a rank's output file
+    return p.parse_args(argv)
+
+
+# ---------------------------------------------------------------- one rank
+
+def _model(name, dtype="float32"):
+    from dnnkit import models, nn
+    m = models.resnet18(dtype=dtype) if name == "resnet18" else models.vgg_cnn(dtype=dtype)
+    return nn.convert(m, "cudnn")
+
+
+def _sync(dist):
+    from numba import cuda
+    cuda.synchronize()
+    if dist.get_world_size() > 1:
+        dist.barrier()
+        cuda.synchronize()
+
+
+def rank_main(opts):
+    import numpy as np
+
+    import dnnkit
+    import dnnkit.distributed as dist
+    from dnnkit import nn, optim
+    from numba import cuda
+
+    dist.init()
+    try:
+        world, rank = dist.get_world_size(), dist.get_rank()
+        rng = np.random.default_rng(rank)
+        x = dnnkit.tensor(rng.standard_normal((opts.batch, 3, 32, 32)).astype(np.float32))
+        y = dnnkit.tensor(rng.integers(0, 10, opts.batch).astype(np.int64))
+        loss_fn = nn.convert(nn.CrossEntropyLoss(), "cudnn")
+        rows = []
+        for name in opts.models.split(","):
+            model = _model(name)
+            variants = {"local": dict(dp=False)} if world == 1 else {
+                "no comm": dict(dp=True, bucket_mb=25, no_sync=True),
+                "overlap": dict(dp=True, bucket_mb=25),
+                "one bucket": dict(dp=True, bucket_mb=100000)}
+            times = {v: [] for v in variants}
+            host = {v: [] for v in variants}
+            buckets = {}
+            # Interleaved rounds: each variant in turn wraps the model afresh, warms up and
+            # runs K steps, so that a drift of the clocks or of the other rank's pace over the
+            # run falls on every variant alike.
+            for r in range(opts.rounds):
+                for variant, how in variants.items():
+                    net = (dist.DataParallel(model, bucket_mb=how["bucket_mb"]) if how["dp"]
+                           else model)
+                    opt = optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
+
+                    def step():
+                        opt.zero_grad()
+                        loss = loss_fn(net(x), y)
+                        if how.get("no_sync"):
+                            with net.no_sync():
+                                loss.backward()
+                        else:
+                            loss.backward()
+                        opt.step()
+
+                    for _ in range(opts.warm if r == 0 else 2):
+                        step()
+                    _sync(dist)
+                    t0 = time.perf_counter()
+                    for _ in range(opts.steps):
+                        step()
+                    queued = time.perf_counter()
+                    cuda.synchronize()
+                    times[variant].append((time.perf_counter() - t0) * 1e3 / opts.steps)
+                    host[variant].append((queued - t0) * 1e3 / opts.steps)
+                    buckets[variant] = len(net.buckets) if how["dp"] else 0
+                    if how["dp"]:
+                        net.close()
+            for variant, ts in times.items():
+                ms = statistics.median(ts)
+                rows.append(dict(model=name, gpus=world, variant=variant, ms=ms,
+                                 host_ms=statistics.median(host[variant]),
+                                 images_s=world * opts.batch / ms * 1e3,
+                                 buckets=buckets[variant], rounds=ts))
+        if rank == 0 and opts.result:
+            with open(opts.result, "w") as f:
+                json.dump(rows, f)
+    finally:
+        dist.destroy()
+
+
+# ---------------------------------------------------------------- the launches
+
+def _launch(n, opts, socket=False):
+    fd, result = tempfile.mkstemp(suffix=".json")
+    os.close(fd)
+    env = dict(os.environ)
+    if socket:
+        env.update(NCCL_P2P_DISABLE="1", NCCL_SHM_DISABLE="1")
+    cmd = [sys.executable, "-m", "dnnkit.distributed.run", "--gpus", str(n), "-m",
+           "validation.dist_bench", "--models", opts.models, "--batch", str(opts.batch),
+           "--steps", str(opts.steps), "--rounds", str(opts.rounds), "--warm", str(opts.warm),
+           "--result", result]
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800)
+    try:
+        if r.returncode != 0:
+            raise RuntimeError(f"{n} GPUs{' (socket)' if socket else ''}: exit "
+                               f"{r.returncode}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
+        with open(result) as f:
+            rows = json.load(f)
+    finally:
+        os.unlink(result)
+    for row in rows:
+        row["transport"] = "socket" if socket else "default"
+    return rows
+
+
+def table(rows):
+    base = {r["model"]: r["images_s"] for r in rows if r["gpus"] == 1}
+    comp = {(r["model"], r["gpus"], r["transport"]): r["ms"] for r in rows
+            if r["variant"] == "no comm"}
+    lines = ["| model | GPUs | transport | variant | ms/step | host ms | images/s | scaling | "
+             "all-reduce share |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        scale = r["images_s"] / base[r["model"]] if r["model"] in base else float("nan")
+        c = comp.get((r["model"], r["gpus"], r["transport"]))
+        share = (f"{(r['ms'] - c) / r['ms']:.0%}" if c is not None and r["variant"] != "no comm"
+                 else "")
+        lines.append(f"| {r['model']} | {r['gpus']} | {r['transport']} | {r['variant']} | "
+                     f"{r['ms']:.2f} | {r['host_ms']:.2f} | {r['images_s']:.0f} | "
+                     f"{scale:.2f}x | {share} |")
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    opts = _args(argv)
+    if "RANK" in os.environ:
+        return rank_main(opts)
+    from numba import cuda
+    have = len(cuda.gpus)
+    counts = ([int(c) for c in opts.gpus.split(",")] if opts.gpus
+              else [n for n in (1, 2, 4) if n <= have])
+    name = cuda.get_current_device().name
+    name = name.decode() if isinstance(name, bytes) else name
+    rows, errors = [], []
+    for n in counts:
+        for socket in ((False, True) if opts.socket and n > 1 else (False,)):
+            try:
+                rows += _launch(n, opts, socket)
+            except Exception as e:   # one failed launch must not hide the others' figures
+                errors.append(str(e))
+                print(e, file=sys.stderr)
+    text = (f"# Data-parallel scaling, {name} x{have}, batch {opts.batch} per GPU, float32, "
+            f"cuDNN path\n\n{table(rows)}\n")
+    print(text)
+    if opts.out:
+        os.makedirs(opts.out, exist_ok=True)
+        with open(os.path.join(opts.out, "dist_bench.json"), "w") as f:
+            json.dump(dict(gpu=name, rows=rows, errors=errors), f, indent=1)
+        with open(os.path.join(opts.out, "dist_bench.md"), "w") as f:
+            f.write(text)
+    return 1 if errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,188 @@
+"""A PyTorch model converted to dnnkit (dnnkit.torch.convert) against the same model
+unconverted: the time of one training step.
+
+    python -m validation.torch_bench [--quick] [--batch 32,128] [--out DIR]
+    python -m validation.torch_bench --profile dnnkit-cudnn [--batch 32]
+
+The model: ResNet-18 in its CIFAR form written in PyTorch (tests/torch/models.py), 3x32x32
+images, float32, TF32 off on both sides; a step is forward, cross-entropy, backward and SGD
+with momentum 0.9 (PyTorch's optimizer in every variant: only the layers differ). Variants:
+``torch`` (unconverted, PyTorch's cuDNN), ``dnnkit-cudnn`` and ``dnnkit-numba`` (deep copies
+converted to that backend). First a check: the loss of the first step of each converted copy
+against PyTorch's (1e-3 relative). Then interleaved rounds: each variant in turn runs K steps
+between two CUDA events on PyTorch's current stream, no host wait inside; the median of the
+rounds' ms per step, and the host's median wall time to queue a step (where it is near the GPU
+figure, the host bounds the step). Prints a table with the ratios to ``torch`` (the issue's
+targets: cudnn <= 1.1x; numba within the Numba path's targets of the training-speed issue,
+<= 1.5x PyTorch eager) and writes DIR/torch_bench.json and torch_bench.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import statistics
+import sys
+import time
+import traceback
+
+VARIANTS = ("torch", "dnnkit-cudnn", "dnnkit-numba")
+TARGETS = {"dnnkit-cudnn": 1.1, "dnnkit-numba": 1.5}
+
+
+def build(torch, batch):
+    from tests.torch.models import ResNet18
+    torch.manual_seed(0)
+    model = ResNet18().cuda().train()
+    x = torch.randn(batch, 3, 32, 32, device="cuda")
+    y = torch.randint(0, 10, (batch,), device="cuda")
+    return model, x, y
+
+
+def trainer(torch, model):
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    loss_fn = torch.nn.CrossEntropyLoss()
+
+    def step(x, y):
+        opt.zero_grad(set_to_none=True)
+        loss = loss_fn(model(x), y)
+        loss.backward()
+        opt.step()
+        return loss
+    return step
+
+
+def variants(torch, batch):
+    import dnnkit.torch as dt
+    model, x, y = build(torch, batch)
+    out = {}
+    for name in VARIANTS:
+        m = copy.deepcopy(model)
+        if name != "torch":
+            report = dt.convert(m, name.split("-")[1])
+            if report.skipped:
+                raise RuntimeError(f"{name}: layers left to PyTorch:\n{report}")
+        out[name] = trainer(torch, m)
+    return out, x, y
+
+
+def check(torch, steps, x, y):
+    """The first step's loss of every variant against PyTorch's (they start equal)."""
+    losses = {n: float(s(x, y)) for n, s in steps.items()}
+    ref = losses["torch"]
+    for n, v in losses.items():
+        if abs(v - ref) > 1e-3 * abs(ref):
+            raise AssertionError(f"{n}: first loss {v} differs from PyTorch's {ref}")
+    return losses
+
+
+def time_steps(torch, steps, x, y, warm, rounds, per_round):
+    """{variant: (median GPU ms per step, median host ms to queue a step)}."""
+    for s in steps.values():
+        for _ in range(warm):
+            s(x, y)
+    torch.cuda.synchronize()
+    ev = {n: [] for n in steps}
+    host = {n: [] for n in steps}
+    for _ in range(rounds):
+        for n, s in steps.items():
+            start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
+            t0 = time.perf_counter()
+            start.record()
+            for _ in range(per_round):
+                s(x, y)
+            end.record()
+            host[n].append((time.perf_counter() - t0) * 1e3 / per_round)
+            ev[n].append((start, end))
+        torch.cuda.synchronize()
+    return {n: (statistics.median(a.elapsed_time(b) / per_round for a, b in ev[n]),
+                statistics.median(host[n])) for n in steps}
+
+
+def table(gpu, rows):
+    lines = [f"# dnnkit.torch: converted ResNet-18 (CIFAR) training step, {gpu}", "",
+             "| batch | variant | GPU ms/step | host ms/step | x torch | target |",
+             "|---:|---|---:|---:|---:|---|"]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['batch']} | {r.get('variant', '-')} | error: {r['error']} "
+                         f"| | | |")
+            continue
+        base = r["times"]["torch"][0]
+        for n, (ms, hms) in r["times"].items():
+            ratio = ms / base
+            target = TARGETS.get(n)
+            verdict = "" if target is None else \
+                f"<= {target}x: {'met' if ratio <= target else 'MISSED'}"
+            lines.append(f"| {r['batch']} | {n} | {ms:.3f} | {hms:.3f} | {ratio:.2f} | "
+                         f"{verdict} |")
+    return "\n".join(lines)
+
+
+def profile(torch, name, batch, steps=20):
+    """cProfile of ``steps`` training steps of variant ``name`` after 5 warm-up steps; prints
+    the functions by own and by cumulative time."""
+    import cProfile
+    import pstats
+    step = variants(torch, batch)[0][name]
+    _, x, y = build(torch, batch)
+    for _ in range(5):
+        step(x, y)
+    torch.cuda.synchronize()
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(steps):
+        step(x, y)
+    prof.disable()
+    torch.cuda.synchronize()
+    st = pstats.Stats(prof)
+    print(f"== {name} batch {batch}: {st.total_tt * 1e3 / steps:.2f} ms of host time per step "
+          f"(profiled)")
+    st.sort_stats("tottime").print_stats(40)
+    st.sort_stats("cumulative").print_stats(50)
+    return 0
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="few rounds (a smoke run)")
+    ap.add_argument("--batch", default="32,128", help="batch sizes, comma-separated")
+    ap.add_argument("--out", default="validation/results", help="folder for the reports")
+    ap.add_argument("--profile", choices=VARIANTS[1:], default=None,
+                    help="instead of timing: cProfile 20 steps of this variant at the first "
+                    "batch size (the host path; read its shares, not its milliseconds)")
+    args = ap.parse_args(argv)
+    import torch
+    if not torch.cuda.is_available():
+        print("torch_bench: needs PyTorch with a CUDA GPU", file=sys.stderr)
+        return 2
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.benchmark = True
+    warm, rounds, per_round = (3, 3, 5) if args.quick else (10, 15, 20)
+    gpu = torch.cuda.get_device_name()
+    if args.profile:
+        return profile(torch, args.profile, int(args.batch.split(",")[0]))
+    rows = []
+    for batch in (int(b) for b in args.batch.split(",")):
+        try:
+            steps, x, y = variants(torch, batch)
+            losses = check(torch, steps, x, y)
+            times = time_steps(torch, steps, x, y, warm, rounds, per_round)
+            rows.append({"batch": batch, "first_loss": losses, "times": times})
+        except Exception as e:      # noqa: BLE001 - a failing row is reported, the rest run
+            traceback.print_exc()
+            rows.append({"batch": batch, "error": f"{type(e).__name__}: {e}"})
+    text = table(gpu, rows)
+    print(text)
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "torch_bench.json"), "w") as f:
+        json.dump({"gpu": gpu, "rows": rows}, f, indent=1)
+    with open(os.path.join(args.out, "torch_bench.md"), "w") as f:
+        f.write(text + "\n")
+    return 0 if all("error" not in r for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
