@@ -28,6 +28,9 @@ class OpInfo:
     # max allowed |a - b| <= atol + rtol * |b| between two backends, per dtype
     tolerance: dict = dataclasses.field(default_factory=lambda: dict(DEFAULT_TOLERANCE))
     crosscheck: bool = True
+    # fn(args, kw) -> True for a call whose result depends on its backend by design (an RNN's
+    # dropout masks come from each backend's own generator): dnn.crosscheck leaves it alone
+    crosscheck_skip: object = None
     # why cuDNN offers nothing for this op (optimizer updates, embedding, loss reductions):
     # it runs its Numba kernel under every policy, ``forced`` included (docs/backends.md)
     numba_only: str = ""
@@ -45,10 +48,12 @@ OPS = {}        # op -> OpInfo
 PREPARE = {}    # op -> fn(public args) -> the implementation's arguments (validated)
 
 
-def register(op, backend, *, supports=None, tolerance=None, crosscheck=True, numba_only=""):
+def register(op, backend, *, supports=None, tolerance=None, crosscheck=True, numba_only="",
+             crosscheck_skip=None):
     """Decorator: register ``fn`` as ``op``'s implementation on ``backend``. ``numba_only``:
     for an op cuDNN has no call for, the reason (a sentence); the op then runs on Numba under
-    every policy and is never cross-checked."""
+    every policy and is never cross-checked. ``crosscheck_skip(args, kw)``: true for the calls
+    of the op that ``dnn.crosscheck`` must not repeat on the other backend."""
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; allowed: {', '.join(BACKENDS)}")
     info = OPS.setdefault(op, OpInfo())
@@ -57,6 +62,8 @@ def register(op, backend, *, supports=None, tolerance=None, crosscheck=True, num
     info.crosscheck = info.crosscheck and crosscheck and not numba_only
     if numba_only:
         info.numba_only = numba_only
+    if crosscheck_skip is not None:
+        info.crosscheck_skip = crosscheck_skip
 
     def deco(fn):
         REGISTRY.setdefault(op, {})[backend] = Impl(fn, supports)

@@ -168,6 +168,17 @@ def test_crosscheck_passes_when_backends_agree_and_raises_when_not(fake_op):
     assert "cudnn vs numba max abs error 0.004" in str(e)
 
 
+def test_crosscheck_skips_the_calls_its_op_says_differ_by_design(fake_op):
+    """registry.OpInfo.crosscheck_skip(args, kw): true for a call whose result depends on the
+    backend by design (an RNN forward drawing dropout masks); such calls are not repeated."""
+    config.dnn.crosscheck = True
+    fake_op["numba"] = lambda v: v * 3                   # would disagree with cuDNN's v * 2
+    registry.OPS["fake"].crosscheck_skip = lambda args, kw: args[0][0] < 0
+    dispatch.dispatch("fake", np.array([-1.0, 2.0]))     # skipped: no error
+    with pytest.raises(CrosscheckError):
+        dispatch.dispatch("fake", np.array([1.0, 2.0]))
+
+
 def test_crosscheck_compares_arrays_only(fake_op):
     """A result tuple may hold a non-array (an RNN's training state, with a shape of its own,
     different per backend): only the arrays are compared."""

@@ -21,6 +21,7 @@ The all-reduce's share of a step is (variant - no comm) / variant. Scaling is th
 throughput (images per second over all ranks) over the one-GPU throughput of a plain model.
 ``--socket`` repeats the multi-GPU launches with ``NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1``:
 NCCL's socket transport between the processes, standing for two hosts.
+``DNNKIT_DIST_PROFILE=PATH`` writes a cProfile of rank 0's ``overlap`` steps to PATH.<model>.
 
 Timing: K steps between two ``cuda.synchronize()`` calls (no host wait inside them), the
 median of the rounds, after warm-up steps; the ranks start each round together (a barrier),
@@ -71,6 +72,17 @@ def _sync(dist):
         cuda.synchronize()
 
 
+def _profiler(rank, variant):
+    """With DNNKIT_DIST_PROFILE=PATH: a running cProfile of rank 0's rounds of the
+    ``overlap`` variant (dumped to PATH.<model>), to see where a host-bound step's time goes."""
+    if rank != 0 or variant != "overlap" or "DNNKIT_DIST_PROFILE" not in os.environ:
+        return None
+    import cProfile
+    p = cProfile.Profile()
+    p.enable()
+    return p
+
+
 def rank_main(opts):
     import numpy as np
 
@@ -118,10 +130,14 @@ def rank_main(opts):
                     for _ in range(opts.warm if r == 0 else 2):
                         step()
                     _sync(dist)
+                    prof = _profiler(rank, variant)
                     t0 = time.perf_counter()
                     for _ in range(opts.steps):
                         step()
                     queued = time.perf_counter()
+                    if prof is not None:
+                        prof.disable()
+                        prof.dump_stats(os.environ["DNNKIT_DIST_PROFILE"] + f".{name}")
                     cuda.synchronize()
                     times[variant].append((time.perf_counter() - t0) * 1e3 / opts.steps)
                     host[variant].append((queued - t0) * 1e3 / opts.steps)

@@ -36,6 +36,7 @@ from ..registry import register
 from ..rnn_layout import MODES
 from ..tracing import note_algo
 from .dropout import cudnn_scale_error
+from .rnn_common import draws_masks
 
 _DTYPES = ("float16", "float32", "float64")
 # "auto": persist_static up to this batch size N and this hidden size H. Measured on an H100
@@ -156,7 +157,7 @@ def _state_shape(cfg, N, width=None):
     return (cfg.num_layers * cfg.directions, N, width or cfg.hidden_size)
 
 
-@register("rnn_forward", "cudnn", supports=_supports_forward)
+@register("rnn_forward", "cudnn", supports=_supports_forward, crosscheck_skip=draws_masks)
 def _forward_cudnn(cfg, w, x, hx, cx, lengths, training, seed, offset, algo, stream):
     T, N = int(x.shape[0]), int(x.shape[1])
     y = arrays.cuda_empty((T, N, cfg.directions * cfg.out_size), x.dtype, stream)

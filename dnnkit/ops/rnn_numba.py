@@ -35,6 +35,7 @@ from ..registry import register
 from ..tracing import note_algo
 from ..rnn_layout import GATES, has_input_matrix, layer_input_size, param_layout
 from . import gemm
+from .rnn_common import draws_masks
 
 # The kernels (dnnkit.kernels) are imported inside the functions that launch them: importing
 # them imports numba, which ``import dnnkit`` must not pay for.
@@ -178,7 +179,7 @@ def mask_offset(cfg, offset, layer):
 
 # ---------------------------------------------------------------- forward
 
-@register("rnn_forward", "numba", tolerance=_TOL)
+@register("rnn_forward", "numba", tolerance=_TOL, crosscheck_skip=draws_masks)
 def rnn_forward_numba(cfg, w, x, hx, cx, lengths, training, seed, offset, algo, stream):
     from ..kernels import rnn_cell_fwd_kernel, rnn_proj_fwd_kernel
     note_algo("gemm+cell" if algo == "auto" else

@@ -341,3 +341,21 @@ def test_config_carries_the_options(dtype):
     assert (rnn.cfg.proj_size, rnn.cfg.dropout, rnn.cfg.out_size) == (3, 0.2, 3)
     assert "proj_size=3" in repr(rnn) and "dropout=0.2" in repr(rnn)
     assert rnn.cfg.lin_layers == 9 and RNNConfig("gru", 3, 4).lin_layers == 6
+
+
+def test_crosscheck_leaves_training_dropout_calls_alone(rng):
+    """dnn.crosscheck repeats a call on the other backend and compares; a training forward
+    with dropout between layers draws that backend's own masks, so it is not compared (no
+    error, and the call's result stands); without dropout the forward is still compared."""
+    from dnnkit.ops.rnn_common import draws_masks
+    from dnnkit.registry import OPS
+    assert OPS["rnn_forward"].crosscheck_skip is draws_masks
+    cfg = RNNConfig("lstm", 3, 4, 2, dropout=0.5)
+
+    class Call:
+        def __init__(self, cfg, training):
+            self.cfg, self.training = cfg, training
+    assert draws_masks(Call(cfg, True), {})
+    assert not draws_masks(Call(cfg, False), {})
+    assert not draws_masks(Call(RNNConfig("lstm", 3, 4, 2), True), {})
+    assert not draws_masks(Call(RNNConfig("lstm", 3, 4, 1, dropout=0.5), True), {})
