@@ -12,7 +12,7 @@ import functools
 import logging
 from typing import Any, Callable
 
-from . import config, fastpath, foreign, placement, tensors
+from . import arrays, config, fastpath, foreign, placement, tensors
 from .autograd import PUBLIC
 from .crosscheck import crosscheck
 from .device import device_id
@@ -126,6 +126,9 @@ def _run_here(op, args, backend, kw):
     trace_state.algo = None
     prof = active_profile()
     token = prof.begin(args) if prof is not None else None
+    checked = args
+    if OPS[op].updates and config.get("dnn.crosscheck") and OPS[op].crosscheck:
+        checked = _before_update(op, args)
     try:
         runner = bound(op, chosen, args, kw)
         out = runner(*args, **kw)
@@ -142,6 +145,17 @@ def _run_here(op, args, backend, kw):
     if getattr(trace_state, "traces", None):
         record(op, chosen, trace_state.algo, args, reason)
     if config.get("dnn.crosscheck") and OPS[op].crosscheck:
-        crosscheck(op, chosen, out, args, kw)
+        crosscheck(op, chosen, out, checked, kw)
         runner = None
     return out, (None if kw or config.get("dnn.verbose") else runner), chosen
+
+
+def _before_update(op, args):
+    """``args`` with the fields the op updates in place replaced by device copies taken now:
+    the cross-check's run on the other backend starts from the state this call started from."""
+    copies, s = {}, getattr(args, "stream", 0)
+    for f in OPS[op].updates:
+        a = getattr(args, f)
+        if a is not None:
+            copies[f] = arrays.copy_into(arrays.cuda_empty(a.shape, a.dtype, s), a, s)
+    return args._replace(**copies)

@@ -27,6 +27,7 @@ allocation.
 
 import contextlib
 import gc
+import heapq
 import threading
 
 import numpy as np
@@ -86,6 +87,15 @@ def _fill(a, stream):
     return a
 
 
+def address(raw):
+    """The device address of pool block ``raw`` (an int; 0 for none)."""
+    lend = raw.__dict__.get("_dnnkit_lend")
+    if lend is not None:
+        return lend[1] or 0
+    p = getattr(raw, "device_ctypes_pointer", None)
+    return (p.value if p is not None else int(raw.device_pointer)) or 0
+
+
 def rounded(nbytes):
     """The block size serving a request of ``nbytes`` (pure)."""
     step = _SMALL_ROUND if nbytes <= _SMALL else _LARGE_ROUND
@@ -97,7 +107,7 @@ class _Pool:
         # reentrant: a block's __del__ (gives it back) can run inside take()/give() when an
         # allocation there triggers the garbage collector
         self.lock = threading.RLock()
-        self.free = {}            # (device, stream, size) -> [numba MemoryPointer, ...]
+        self.free = {}            # (device, stream, size) -> heap of (address, block)
         # block address -> block, while lent to an array. The pool, not the array's pointer,
         # holds a lent block: an array that dies in a reference cycle (an exception's
         # traceback, say) must not take its block into the garbage with it, or the
@@ -108,19 +118,28 @@ class _Pool:
         self.lent = {}
         self.hits = self.misses = self.cached_bytes = 0
 
+    # Each free list is a heap of (address, block): a request takes the lowest address of its
+    # size. A training step allocates and frees in the same order every step, so with the same
+    # set of blocks free at its start it gets the same address for every array every step (a
+    # last-in-first-out list would hand them out in an order that drifts from step to step).
+    # cuDNN's variant packs, kept by address (cudnn/graph.py), and foreign-array views then
+    # stay valid across steps.
+
     def take(self, key):
         with self.lock:
             blocks = self.free.get(key)
             if blocks:
                 self.hits += 1
                 self.cached_bytes -= key[2]
-                return blocks.pop()
+                return heapq.heappop(blocks)[1]
             self.misses += 1
             return None
 
-    def give(self, key, raw):
+    def give(self, key, raw, addr=None):
         with self.lock:
-            self.free.setdefault(key, []).append(raw)
+            if addr is None:
+                addr = address(raw)
+            heapq.heappush(self.free.setdefault(key, []), (addr, raw))
             self.cached_bytes += key[2]
 
     def give_back(self, key, addr):
@@ -128,7 +147,7 @@ class _Pool:
         with self.lock:
             raw = self.lent.pop(addr, None)
             if raw is not None:
-                self.free.setdefault(key, []).append(raw)
+                heapq.heappush(self.free.setdefault(key, []), (addr, raw))
                 self.cached_bytes += key[2]
 
     def clear(self):

@@ -31,6 +31,10 @@ class OpInfo:
     # fn(args, kw) -> True for a call whose result depends on its backend by design (an RNN's
     # dropout masks come from each backend's own generator): dnn.crosscheck leaves it alone
     crosscheck_skip: object = None
+    # names of checked-argument fields the implementations update in place (batch norm's
+    # running statistics): dnn.crosscheck runs the other backend on copies taken before the
+    # call, so that both start from the same state and neither update is applied twice
+    updates: tuple = ()
     # why cuDNN offers nothing for this op (optimizer updates, embedding, loss reductions):
     # it runs its Numba kernel under every policy, ``forced`` included (docs/backends.md)
     numba_only: str = ""
@@ -49,11 +53,12 @@ PREPARE = {}    # op -> fn(public args) -> the implementation's arguments (valid
 
 
 def register(op, backend, *, supports=None, tolerance=None, crosscheck=True, numba_only="",
-             crosscheck_skip=None):
+             crosscheck_skip=None, updates=()):
     """Decorator: register ``fn`` as ``op``'s implementation on ``backend``. ``numba_only``:
     for an op cuDNN has no call for, the reason (a sentence); the op then runs on Numba under
     every policy and is never cross-checked. ``crosscheck_skip(args, kw)``: true for the calls
-    of the op that ``dnn.crosscheck`` must not repeat on the other backend."""
+    of the op that ``dnn.crosscheck`` must not repeat on the other backend. ``updates``: the
+    fields of the checked arguments the implementation updates in place."""
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; allowed: {', '.join(BACKENDS)}")
     info = OPS.setdefault(op, OpInfo())
@@ -64,6 +69,8 @@ def register(op, backend, *, supports=None, tolerance=None, crosscheck=True, num
         info.numba_only = numba_only
     if crosscheck_skip is not None:
         info.crosscheck_skip = crosscheck_skip
+    if updates:
+        info.updates = tuple(updates)
 
     def deco(fn):
         REGISTRY.setdefault(op, {})[backend] = Impl(fn, supports)

@@ -354,3 +354,21 @@ def test_the_memo_serves_a_machine_with_several_gpus(monkeypatch, two_devices):
     monkeypatch.setattr(placement, "memo_device", lambda args, kw: None)   # an array elsewhere
     dnnkit.activation(x, "relu", backend="numba")
     assert fastpath.stats["hits"] == hits + 1
+
+
+def test_crosscheck_runs_the_other_backend_on_copies_of_the_state_a_call_updates(rng):
+    """An op registered with ``updates`` changes those argument fields in place; the copy
+    dispatch takes for dnn.crosscheck holds the values from before the call."""
+    from dnnkit import dispatch as dispatch_mod
+    from dnnkit.registry import OPS
+    assert OPS["batch_norm_train"].updates == ("running_mean", "running_var")
+    from numba import cuda
+    import collections
+    Args = collections.namedtuple("Args", "x running_mean running_var stream")
+    rm = cuda.to_device(np.arange(3, dtype=np.float32))
+    args = Args(None, rm, None, 0)
+    checked = dispatch_mod._before_update("batch_norm_train", args)
+    rm.copy_to_device(np.full(3, 7, np.float32))            # the call's in-place update
+    assert checked.running_var is None and checked.x is None
+    assert checked.running_mean is not rm
+    np.testing.assert_array_equal(checked.running_mean.copy_to_host(), [0, 1, 2])

@@ -17,7 +17,7 @@ def test_pool_gives_back_per_key():
     pool = memory._Pool()
     key_a, key_b = (0, 0, 512), (0, 7, 512)
     assert pool.take(key_a) is None
-    pool.give(key_a, "block")
+    pool.give(key_a, "block", addr=4096)
     assert pool.cached_bytes == 512
     assert pool.take(key_b) is None            # another stream never gets it
     assert pool.take(key_a) == "block" and pool.take(key_a) is None
@@ -124,6 +124,52 @@ def test_pool_blocks_are_lent_to_arrays_and_come_back_when_the_last_view_dies(mo
     b.gpu_data.free()                   # an explicit free gives it back once
     b.gpu_data.free()
     assert pool.cached_bytes == 1024
+
+
+def test_the_pool_hands_out_the_lowest_free_address_so_a_repeated_step_gets_its_addresses():
+    """Blocks of one size come back in any order; the next requests get the lowest addresses
+    first, so a step that allocates and frees in the same order every step gets the same
+    address for each array every step (cuDNN's variant packs are kept by address)."""
+    class Block:
+        def __init__(self, addr):
+            self.device_pointer = addr
+
+    pool, key = memory._Pool(), (0, 0, 1024)
+    blocks = {a: Block(a) for a in (4096, 8192, 12288, 16384)}
+    for a in (12288, 4096, 16384, 8192):            # freed in a scrambled order
+        pool.give(key, blocks[a])
+    assert [memory.address(pool.take(key)) for _ in range(2)] == [4096, 8192]
+    pool.give_back(key, 1)                          # nothing lent there: a no-op
+    pool.lent[4096] = blocks[4096]
+    pool.give_back(key, 4096)
+    assert [pool.take(key) for _ in range(3)] == [blocks[4096], blocks[12288], blocks[16384]]
+    assert pool.take(key) is None and pool.cached_bytes == 0
+
+
+def steps_addresses(pool, key, steps):
+    """The addresses a toy training step gets, step after step: it takes three blocks
+    (activations), frees them in reverse (backward), with a gradient block in between."""
+    seen = []
+    for _ in range(steps):
+        acts = [pool.take(key) for _ in range(3)]
+        grad = pool.take(key)
+        for a in reversed(acts):
+            pool.give(key, a)
+        pool.give(key, grad)
+        seen.append(tuple(memory.address(b) for b in (*acts, grad)))
+    return seen
+
+
+def test_a_repeated_step_gets_the_same_addresses_every_step():
+    class Block:
+        def __init__(self, addr):
+            self.device_pointer = addr
+
+    pool, key = memory._Pool(), (0, 0, 1024)
+    for a in (20480, 4096, 12288, 16384, 8192):
+        pool.give(key, Block(a))
+    seen = steps_addresses(pool, key, 4)
+    assert len(set(seen)) == 1 and seen[0] == (4096, 8192, 12288, 16384)
 
 
 def test_a_block_lent_to_an_array_that_dies_in_a_reference_cycle_is_not_freed(monkeypatch):

@@ -9,14 +9,19 @@ SGD with momentum. Every GPU count runs in its own launch (``python -m dnnkit.di
 --gpus N -m validation.dist_bench``); each rank times its steps and rank 0 writes the figures.
 Variants on more than one GPU:
 
-- ``overlap``: DataParallel with 25 MiB buckets, each all-reduced on the communication stream
-  as soon as its gradients are ready, while backward goes on (what users run);
-- ``one bucket``: a single bucket, so the all-reduce starts after the whole backward (no
-  overlap);
+- ``overlap``: DataParallel with 25 MiB buckets (the first 1 MiB), each all-reduced on the
+  communication stream as soon as its gradients are ready, while backward goes on (what users
+  run);
+- ``one bucket``: a single bucket (first bucket as large), so the all-reduce starts after the
+  whole backward (no overlap);
 - ``no comm``: the same step under ``no_sync()`` (no all-reduce): the compute alone.
 
 ``host ms`` is the host's time to queue a step (when the GPU's launch queue fills, the host
-waits for room, so near ms/step it says little about which side bounds the step).
+waits for room, so near ms/step it says little about which side bounds the step);
+``host fwd/bwd/opt`` splits it into the forward with the loss (DataParallel's buffer
+broadcast included), the backward (the bucket launches included) and the optimizer step.
+A host time of DataParallel's well above ``no comm``'s, growing with the GPU count, is host
+work per collective; ms/step equal to host ms means the step is host-bound.
 The all-reduce's share of a step is (variant - no comm) / variant. Scaling is the N-GPU
 throughput (images per second over all ranks) over the one-GPU throughput of a plain model.
 ``--socket`` repeats the multi-GPU launches with ``NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1``:
@@ -102,34 +107,45 @@ def rank_main(opts):
         for name in opts.models.split(","):
             model = _model(name)
             variants = {"local": dict(dp=False)} if world == 1 else {
-                "no comm": dict(dp=True, bucket_mb=25, no_sync=True),
-                "overlap": dict(dp=True, bucket_mb=25),
-                "one bucket": dict(dp=True, bucket_mb=100000)}
+                "no comm": dict(dp=True, bucket_mb=25, first_mb=1, no_sync=True),
+                "overlap": dict(dp=True, bucket_mb=25, first_mb=1),
+                "one bucket": dict(dp=True, bucket_mb=100000, first_mb=100000)}
             times = {v: [] for v in variants}
             host = {v: [] for v in variants}
+            phases = {v: [] for v in variants}     # per round: [fwd, bwd, opt] host ms
             buckets = {}
             # Interleaved rounds: each variant in turn wraps the model afresh, warms up and
             # runs K steps, so that a drift of the clocks or of the other rank's pace over the
             # run falls on every variant alike.
             for r in range(opts.rounds):
                 for variant, how in variants.items():
-                    net = (dist.DataParallel(model, bucket_mb=how["bucket_mb"]) if how["dp"]
-                           else model)
+                    net = (dist.DataParallel(model, bucket_mb=how["bucket_mb"],
+                                             first_bucket_mb=how["first_mb"])
+                           if how["dp"] else model)
                     opt = optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
+                    split = [0.0, 0.0, 0.0]
 
                     def step():
+                        t0 = time.perf_counter()
                         opt.zero_grad()
                         loss = loss_fn(net(x), y)
+                        t1 = time.perf_counter()
                         if how.get("no_sync"):
                             with net.no_sync():
                                 loss.backward()
                         else:
                             loss.backward()
+                        t2 = time.perf_counter()
                         opt.step()
+                        t3 = time.perf_counter()
+                        split[0] += t1 - t0
+                        split[1] += t2 - t1
+                        split[2] += t3 - t2
 
                     for _ in range(opts.warm if r == 0 else 2):
                         step()
                     _sync(dist)
+                    split[:] = [0.0, 0.0, 0.0]
                     prof = _profiler(rank, variant)
                     t0 = time.perf_counter()
                     for _ in range(opts.steps):
@@ -141,6 +157,7 @@ def rank_main(opts):
                     cuda.synchronize()
                     times[variant].append((time.perf_counter() - t0) * 1e3 / opts.steps)
                     host[variant].append((queued - t0) * 1e3 / opts.steps)
+                    phases[variant].append([v * 1e3 / opts.steps for v in split])
                     buckets[variant] = len(net.buckets) if how["dp"] else 0
                     if how["dp"]:
                         net.close()
@@ -148,6 +165,8 @@ def rank_main(opts):
                 ms = statistics.median(ts)
                 rows.append(dict(model=name, gpus=world, variant=variant, ms=ms,
                                  host_ms=statistics.median(host[variant]),
+                                 host_split=[statistics.median(p[k] for p in phases[variant])
+                                             for k in range(3)],
                                  images_s=world * opts.batch / ms * 1e3,
                                  buckets=buckets[variant], rounds=ts))
         if rank == 0 and opts.result:
@@ -187,15 +206,16 @@ def table(rows):
     base = {r["model"]: r["images_s"] for r in rows if r["gpus"] == 1}
     comp = {(r["model"], r["gpus"], r["transport"]): r["ms"] for r in rows
             if r["variant"] == "no comm"}
-    lines = ["| model | GPUs | transport | variant | ms/step | host ms | images/s | scaling | "
-             "all-reduce share |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| model | GPUs | transport | variant | ms/step | host ms | host fwd/bwd/opt | "
+             "images/s | scaling | all-reduce share |", "|---" * 10 + "|"]
     for r in rows:
         scale = r["images_s"] / base[r["model"]] if r["model"] in base else float("nan")
         c = comp.get((r["model"], r["gpus"], r["transport"]))
         share = (f"{(r['ms'] - c) / r['ms']:.0%}" if c is not None and r["variant"] != "no comm"
                  else "")
+        split = "/".join(f"{v:.2f}" for v in r.get("host_split") or ())
         lines.append(f"| {r['model']} | {r['gpus']} | {r['transport']} | {r['variant']} | "
-                     f"{r['ms']:.2f} | {r['host_ms']:.2f} | {r['images_s']:.0f} | "
+                     f"{r['ms']:.2f} | {r['host_ms']:.2f} | {split} | {r['images_s']:.0f} | "
                      f"{scale:.2f}x | {share} |")
     return "\n".join(lines)
 

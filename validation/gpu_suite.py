@@ -20,8 +20,9 @@ import subprocess
 import sys
 import time
 
-# Tests that measure the device's free memory, or use threads or several devices: alone.
-ALONE = re.compile(r"(leaks|faults|scale|threads|multi)\.py$")
+# Tests that measure the device's free memory (leaks, autograd's flat-memory step), or use
+# threads or several devices: alone.
+ALONE = re.compile(r"(leaks|faults|scale|threads|multi|autograd)\.py$")
 PYTEST = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts="]
 
 

@@ -47,6 +47,7 @@ def main():
     ap.add_argument("backend", nargs="?", default="cudnn")
     ap.add_argument("batch", nargs="?", type=int, default=32)
     ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--dump", default=None, help="write the pstats file here as well")
     a = ap.parse_args()
     from numba import cuda
     step = build(a.model, a.backend, a.batch, np.random.default_rng(0))
@@ -59,6 +60,15 @@ def main():
         step()
     pr.disable()
     cuda.synchronize()
+    import time
+    t0 = time.perf_counter()
+    for _ in range(a.steps):
+        step()
+    t1 = time.perf_counter()
+    cuda.synchronize()
+    print(f"unprofiled: {(t1 - t0) * 1e3 / a.steps:.2f} ms of host time per step")
+    if a.dump:
+        pr.dump_stats(a.dump)
     st = pstats.Stats(pr)
     print(f"== {a.model} {a.backend} batch {a.batch}: {a.steps} steps; "
           f"{st.total_tt * 1e3 / a.steps:.2f} ms of host time per step (profiled)")

@@ -137,6 +137,9 @@ def profile(torch, name, batch, steps=20):
         step(x, y)
     prof.disable()
     torch.cuda.synchronize()
+    dump = os.environ.get("DNNKIT_PROFILE_DUMP")
+    if dump:
+        prof.dump_stats(dump)
     st = pstats.Stats(prof)
     print(f"== {name} batch {batch}: {st.total_tt * 1e3 / steps:.2f} ms of host time per step "
           f"(profiled)")

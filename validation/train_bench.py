@@ -20,7 +20,8 @@ Each row:
 4. Timing: PyTorch eager, dnnkit on cuDNN (``nn.convert(model, "cudnn")``; "auto" when a layer
    has no cuDNN path), on Numba, and replaying a CUDA graph of the cuDNN step (and of the Numba
    step with --numba-graphs). Interleaved rounds (each variant in turn runs K steps between two
-   CUDA events on the default stream; no host wait inside the loop), the median of the rounds'
+   CUDA events on the default stream; no host wait inside the loop; the GPU idle when a round
+   starts, so a step's time is the larger of its host and GPU times), the median of the rounds'
    ms per step. ``host ms`` is the host's wall time to queue a step: where it is near the GPU
    figure, the host bounds the step. ``ops`` is dnnkit's op calls per step.
 
@@ -266,6 +267,10 @@ def time_variants(torch, variants, warm, rounds, per_round):
     for _ in range(rounds):
         for n, fn in variants.items():
             s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            # each variant's round starts on an idle GPU: a backlog left by the previous
+            # variant (a replayed graph queues in microseconds) would let a host-bound variant
+            # queue ahead while it drains, and its events would show only its GPU time
+            torch.cuda.synchronize()
             t0 = time.perf_counter()
             s.record()
             for _ in range(per_round):

@@ -14,7 +14,7 @@
 import ctypes
 from ctypes import POINTER, c_int, c_size_t, c_void_p
 
-from .. import device
+from .. import config, device
 from ..errors import CudnnError, CudnnUnavailableError, DnnkitError
 from . import loader
 from .enums import STATUS_SUCCESS
@@ -64,7 +64,31 @@ def library():
     return st.lib
 
 
+_fast = [None, None, None, {}]   # [merged flags, thread epoch, probe cache, {name: function}]
+
+
 def function(name):
+    """cuDNN function ``name`` of the library the flags name, its prototype set. Repeated
+    lookups under the same flags (no ``change_flags`` block entered or left, no new probe)
+    are one dict lookup: every cuDNN call asks."""
+    f = _fast
+    if f[0] is config.state.merged and f[0] is not None and f[2] is loader.probed() and \
+            f[1] == config.state.local.__dict__.get("epoch"):
+        fn = f[3].get(name)
+        if fn is not None:
+            return fn
+    fn = _function(name)
+    merged, epoch, probed = (config.state.merged, config.state.local.__dict__.get("epoch"),
+                             loader.probed())
+    if merged is None:
+        return fn
+    if f[0] is not merged or f[1] != epoch or f[2] is not probed:
+        _fast[:] = [merged, epoch, probed, {}]
+    _fast[3][name] = fn
+    return fn
+
+
+def _function(name):
     lib = library()
     table = _bound.get(id(lib))
     if table is None:

@@ -287,7 +287,14 @@ def loaded_status():
     return _cache.get(config.get("dnn.library_path"))
 
 
+def probed():
+    """The probe results' dict: a new object after every ``clear_cache()`` (callers that keep
+    what a probe gave compare it by identity)."""
+    return _cache
+
+
 def clear_cache():
     """Forget probe results (tests; a library once loaded stays mapped in the process)."""
+    global _cache
     with _lock:
-        _cache.clear()
+        _cache = {}

@@ -5,8 +5,12 @@ Planning (:func:`plan_buckets`): parameters are taken in the order their gradien
 expected to be ready -- at first the reverse of their registration order (backward meets the
 last layer first), after the first step the order observed -- and packed greedily, one
 bucket per dtype at a time, until the next one would pass the size limit (a parameter larger
-than the limit gets a bucket of its own). Buckets are launched in the order their last member
-becomes ready, and only in that order: every rank must queue its NCCL calls in the same order.
+than the limit gets a bucket of its own). The first bucket of each dtype has a smaller limit
+(1 MiB by default, PyTorch DDP's ``_DEFAULT_FIRST_BUCKET_BYTES``): the last layers' gradients,
+ready first, start their all-reduce while most of backward is still to run, instead of
+waiting until 25 MiB of gradients are done. Buckets are launched in the order their last
+member becomes ready, and only in that order: every rank must queue its NCCL calls in the
+same order.
 
 Per step (:class:`Reducer`), on the host, from each parameter's post-accumulate hook
 (``Tensor.register_post_accumulate_grad_hook``: its gradient of this backward is complete):
@@ -21,6 +25,10 @@ Per step (:class:`Reducer`), on the host, from each parameter's post-accumulate 
         after backward, reads the averaged gradients
 
 The rest of backward keeps running on the compute stream meanwhile; the host never waits.
+Host work per bucket: one event wait each way, one copy call per member (the gradients are
+new arrays each step: the optimizers' ``zero_grad`` sets them to None, and autograd's first
+accumulation takes the incoming array), one NCCL call, and the members' ``grad`` set to
+Tensors made once per plan (views of the buffer); no polling, no per-step allocation.
 The gradient arrays read by the comm stream are kept referenced until the compute stream's
 wait is queued: their memory returns to the caching pool only when no later work on the
 compute stream can run before the copies (the pool reuses a block on the stream it was
@@ -61,25 +69,27 @@ class Bucket:
                 f"{self.nbytes} bytes)")
 
 
-def plan_buckets(specs, order, limit_bytes):
+def plan_buckets(specs, order, limit_bytes, first_bytes=None):
     """Buckets for parameters ``specs`` ([(number of elements, dtype)] by parameter index),
-    filled in ``order`` (every index once) up to ``limit_bytes`` each (module docstring);
-    returns them in launch order."""
+    filled in ``order`` (every index once) up to ``limit_bytes`` each, the first of each
+    dtype up to ``first_bytes`` (default: ``limit_bytes``; module docstring); returns them
+    in launch order."""
     order = list(order)
     if sorted(order) != list(range(len(specs))):
         raise ValueError(f"plan_buckets: order must list every parameter index once; got "
                          f"{order}")
-    closed, open_ = [], {}                 # dtype -> [members, bytes]
+    first = limit_bytes if first_bytes is None else min(first_bytes, limit_bytes)
+    closed, open_ = [], {}                 # dtype -> [members, bytes, limit]
     for i in order:
         n, dt = specs[i]
         dt = np.dtype(dt)
         nbytes = int(n) * dt.itemsize
         cur = open_.get(dt)
-        if cur is not None and cur[0] and cur[1] + nbytes > limit_bytes:
+        if cur is not None and cur[0] and cur[1] + nbytes > cur[2]:
             closed.append((dt, cur[0]))
-            cur = None
+            cur = open_[dt] = [[], 0, limit_bytes]
         if cur is None:
-            cur = open_[dt] = [[], 0]
+            cur = open_[dt] = [[], 0, first]
         cur[0].append(i)
         cur[1] += nbytes
     closed += [(dt, cur[0]) for dt, cur in open_.items() if cur[0]]
@@ -109,9 +119,9 @@ class Reducer:
     """The bucketed all-reduce of ``params``' gradients (averaged over ``group``'s ranks),
     started by their post-accumulate hooks. ``names``: the parameters' names, for errors."""
 
-    def __init__(self, group, params, names, limit_bytes):
+    def __init__(self, group, params, names, limit_bytes, first_bytes=None):
         self.group, self.params, self.names = group, list(params), list(names)
-        self.limit = limit_bytes
+        self.limit, self.first = limit_bytes, first_bytes
         self.index = {id(p): i for i, p in enumerate(self.params)}
         self.specs = [(p.size, p.dtype) for p in self.params]
         self.stream, ptr = _comm_stream()
@@ -129,15 +139,19 @@ class Reducer:
                         for p in self.params]
 
     def _plan(self, order):
-        self.buckets = plan_buckets(self.specs, order, self.limit)
+        self.buckets = plan_buckets(self.specs, order, self.limit, self.first)
         self.bucket_of = {}
         s = arrays.as_stream(None)
-        self.buffers, self.views = [], []
+        self.buffers, self.views, self.grads, self.whats = [], [], [], []
         for b in self.buckets:
             buf = arrays.cuda_empty((b.total,), b.dtype, s)
             self.buffers.append(buf)
-            self.views.append([arrays.reshaped(buf[o:o + n], self.params[i].shape)
-                               for i, o, n in zip(b.members, b.offsets, b.sizes)])
+            views = [arrays.reshaped(buf[o:o + n], self.params[i].shape)
+                     for i, o, n in zip(b.members, b.offsets, b.sizes)]
+            self.views.append(views)
+            # (parameter, its view, the Tensor its grad becomes): made once, reused each step
+            self.grads.append([(self.params[i], v, Tensor(v)) for i, v in zip(b.members, views)])
+            self.whats.append(f"DataParallel bucket {b.index} ({b.nbytes} bytes)")
             for i in b.members:
                 self.bucket_of[i] = b.index
 
@@ -176,7 +190,8 @@ class Reducer:
                 order = [int(v) for v in self.group.store.get(key, timeout=self.group.timeout,
                                                               from_rank=0).split()]
             old = [b.members for b in self.buckets]
-            if [b.members for b in plan_buckets(self.specs, order, self.limit)] != old:
+            if [b.members for b in plan_buckets(self.specs, order, self.limit,
+                                                self.first)] != old:
                 self._plan(order)
                 self._reset()
 
@@ -205,18 +220,17 @@ class Reducer:
     def _launch(self, b):
         g = self.group
         g.check()
-        compute = arrays.as_stream(None)
-        device.stream_wait(self.stream_ptr, device.stream_pointer(compute))
-        buf, views = self.buffers[b.index], self.views[b.index]
-        for i, view in zip(b.members, views):
-            grad = self.params[i].grad.data
-            arrays.copy_into(view, grad, self.stream)
-            self.held.append(grad)
-        g.run(f"DataParallel bucket {b.index} ({b.nbytes} bytes)",
-              lambda c: c.all_reduce(buf, buf, "avg", self.stream), self.stream)
-        for i, view in zip(b.members, views):
-            self.params[i].grad = Tensor(view)
-        self.launched.append(b.index)
+        k, stream = b.index, self.stream
+        device.stream_wait(self.stream_ptr, device.stream_pointer(arrays.as_stream(None)))
+        buf, members, held = self.buffers[k], self.grads[k], self.held
+        for p, view, _ in members:
+            grad = p.grad.data
+            arrays.copy_into(view, grad, stream)
+            held.append(grad)
+        g.run(self.whats[k], lambda c: c.all_reduce(buf, buf, "avg", stream), stream)
+        for p, _, t in members:
+            p.grad = t
+        self.launched.append(k)
 
     def _finish(self):
         device.stream_wait(device.stream_pointer(arrays.as_stream(None)), self.stream_ptr)

@@ -16,16 +16,22 @@ Construction (collective: every rank constructs its DataParallel at the same poi
    difference raises ValueError on every rank naming the rank and the parameter;
 2. parameters and buffers are broadcast from rank 0 (one NCCL group), so every replica
    starts from rank 0's weights whatever their seeds;
-3. the gradients are planned into buckets of up to ``bucket_mb`` MiB and hooked
-   (buckets.py: the all-reduce of a bucket starts, on a stream of its own, as soon as its
-   gradients are complete; the compute stream waits for the last one before anything queued
-   after backward).
+3. the gradients are planned into buckets of up to ``bucket_mb`` MiB, the first of each
+   dtype up to ``first_bucket_mb``, and hooked (buckets.py: the all-reduce of a bucket
+   starts, on a stream of its own, as soon as its gradients are complete; the compute stream
+   waits for the last one before anything queued after backward).
 
 Each forward in training mode first broadcasts the buffers from rank 0
 (``broadcast_buffers``, as PyTorch's DDP: BatchNorm's running statistics stay those of rank
-0; SyncBatchNorm computes its batch statistics over all ranks). The loss each rank computes is
-its shard's; the gradients are averaged (``avg``), so with equal shards and a mean loss the
-step equals one process's step on the whole batch.
+0; SyncBatchNorm computes its batch statistics over all ranks). The buffers are coalesced, as
+DDP's ``_sync_buffers`` coalesces them: at construction each buffer's ``data`` becomes a view
+of one flat array per dtype, so the broadcast is one NCCL call per dtype (one for a model
+whose buffers are all float32: BatchNorm's running statistics), with no copy per step. It
+runs at every training forward, not only when the buffers changed: BatchNorm changes them at
+every training forward. ``broadcast_buffers=False`` leaves the buffers alone (each rank keeps
+its own statistics; the buffers' arrays are not replaced). The loss each rank computes is its
+shard's; the gradients are averaged (``avg``), so with equal shards and a mean loss the step
+equals one process's step on the whole batch.
 
 State: ``state_dict()`` keys are the model's with a ``module.`` prefix, as PyTorch's DDP;
 save ``model.module.state_dict()`` on rank 0 for a checkpoint any replica can load.
@@ -34,6 +40,8 @@ save ``model.module.state_dict()`` on rank 0 for a checkpoint any replica can lo
 import contextlib
 import json
 import weakref
+
+import numpy as np
 
 from .. import arrays
 from ..nn.module import Module
@@ -120,35 +128,104 @@ def broadcast_from_rank0(group, tensors, what):
         t.bump_version()
 
 
-def _bucket_mb(value):
+class BufferBroadcast:
+    """Rank 0's ``buffers`` (Tensors) to every rank, one NCCL broadcast per dtype on the
+    current stream (module docstring): each buffer's ``data`` is made a view of its dtype's
+    flat array (copied in). A buffer whose ``data`` was replaced since (assigned anew) is
+    copied in again before the next broadcast (an identity check per buffer and step)."""
+
+    WHAT = "DataParallel: broadcast of the buffers"
+
+    def __init__(self, group, buffers):
+        self.group = group
+        self.buffers = [b for b in buffers if b.size]
+        self.flats, self.views, self.retired = [], [], []
+        self._pack()
+
+    def _pack(self):
+        s = arrays.as_stream(None)
+        by_dtype = {}
+        for b in self.buffers:
+            by_dtype.setdefault(np.dtype(b.dtype), []).append(b)
+        flats, old = [], []
+        for dt, bufs in by_dtype.items():
+            flat = arrays.cuda_empty((sum(int(b.size) for b in bufs),), dt, s)
+            o = 0
+            for b in bufs:
+                n = int(b.size)
+                view = arrays.reshaped(flat[o:o + n], b.shape)
+                arrays.copy_into(view, b.data, s)
+                old.append(b.data)
+                b.data = view
+                b.bump_version()
+                o += n
+            flats.append(flat)
+        self.flats = flats
+        self.views = [b.data for b in self.buffers]
+        # the replaced arrays stay referenced until the next packing: the copies out of them
+        # are queued, not done (one generation: a later copy is queued after this one)
+        self.retired = old
+
+    def __call__(self):
+        if self.group.world_size == 1 or not self.buffers:
+            return
+        for b, v in zip(self.buffers, self.views):
+            if b.data is not v:
+                self._pack()
+                break
+        s = arrays.as_stream(None)
+        flats = self.flats
+
+        def queue(comm):
+            if len(flats) == 1:
+                comm.broadcast(flats[0], flats[0], 0, s)
+                return
+            with comm.group():
+                for f in flats:
+                    comm.broadcast(f, f, 0, s)
+        self.group.run(self.WHAT, queue, s)
+        for b in self.buffers:
+            b.bump_version()
+
+
+def _mib(what, value):
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise ValueError(f"DataParallel: bucket_mb must be a number of MiB > 0; got {value!r}")
+        raise ValueError(f"DataParallel: {what} must be a number of MiB > 0; got {value!r}")
     return float(value)
 
 
 class DataParallel(Module):
     """Data-parallel training of ``module`` over the process group (module docstring).
     ``bucket_mb``: the gradient buckets' size limit in MiB (default 25, PyTorch's);
-    ``broadcast_buffers``: copy rank 0's buffers at each training forward (default True);
-    ``group``: the process group (default: the one ``dnnkit.distributed.init()`` made)."""
+    ``first_bucket_mb``: the first bucket's of each dtype (default 1, PyTorch's), so that
+    the all-reduce starts early in backward; ``broadcast_buffers``: copy rank 0's buffers at
+    each training forward (default True; the buffers' ``data`` become views of one flat
+    array per dtype); ``group``: the process group (default: the one
+    ``dnnkit.distributed.init()`` made). The buffers are those the model has when wrapped
+    (as DDP's)."""
 
-    def __init__(self, module, bucket_mb=25, *, broadcast_buffers=True, group=None):
+    def __init__(self, module, bucket_mb=25, *, first_bucket_mb=1, broadcast_buffers=True,
+                 group=None):
         super().__init__()
         if not isinstance(module, Module):
             raise TypeError(f"DataParallel: module must be a dnnkit.nn.Module; got "
                             f"{type(module).__name__}")
-        limit = int(_bucket_mb(bucket_mb) * (1 << 20))
+        limit = int(_mib("bucket_mb", bucket_mb) * (1 << 20))
+        first = int(_mib("first_bucket_mb", first_bucket_mb) * (1 << 20))
         g = group if group is not None else group_mod.current()
         g.check()
         self.module = module
         self.group = g
-        self.bucket_mb = bucket_mb
+        self.bucket_mb, self.first_bucket_mb = bucket_mb, first_bucket_mb
         self.broadcast_buffers = bool(broadcast_buffers)
         check_same_model(g, model_entries(module))
+        self.buffer_sync = (BufferBroadcast(g, module.buffers())
+                            if self.broadcast_buffers and g.world_size > 1 else None)
         broadcast_from_rank0(g, module.parameters() + module.buffers(),
                              "DataParallel: broadcast of the model")
         named = [(n, p) for n, p in module.named_parameters() if p.requires_grad and p.size]
-        self.reducer = Reducer(g, [p for _, p in named], [n for n, _ in named], limit)
+        self.reducer = Reducer(g, [p for _, p in named], [n for n, _ in named], limit,
+                               max(1, first))
         # the hooks hold the reducer, not this module: they go when the wrapper goes
         weakref.finalize(self, self.reducer.close)
 
@@ -160,9 +237,8 @@ class DataParallel(Module):
     def forward(self, *args, **kw):
         self.group.check()
         self.reducer.prepare()
-        if self.training and self.broadcast_buffers:
-            broadcast_from_rank0(self.group, self.module.buffers(),
-                                 "DataParallel: broadcast of the buffers")
+        if self.training and self.buffer_sync is not None:
+            self.buffer_sync()
         return self.module(*args, **kw)
 
     @contextlib.contextmanager
@@ -183,4 +259,4 @@ class DataParallel(Module):
 
     def extra_repr(self):
         return (f"world_size={self.group.world_size}, bucket_mb={self.bucket_mb}, "
-                f"buckets={len(self.reducer.buckets)}")
+                f"first_bucket_mb={self.first_bucket_mb}, buckets={len(self.reducer.buckets)}")

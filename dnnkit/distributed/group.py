@@ -7,8 +7,9 @@
    ``MASTER_ADDR:MASTER_PORT`` and waits at a barrier for all the others (a rank that never
    comes is named after ``dnn.distributed.timeout`` seconds);
 2. rank 0 makes the NCCL unique id and sets it in the store; the others get it;
-3. every rank sets up its nonblocking NCCL communicator (nccl.py) and starts its watchdog
-   (watchdog.py) with a second store connection for heartbeats.
+3. every rank sets up its NCCL communicator (nccl.py: a blocking one, set up within the
+   timeout) and starts its watchdog (watchdog.py) with a second store connection for
+   heartbeats.
 
 A world of one rank needs neither store nor NCCL: its collectives are copies (LocalComm), so a
 script written for several GPUs runs unchanged on one, and on Numba's simulator.
@@ -20,6 +21,7 @@ Every collective goes through :meth:`ProcessGroup.run`: it raises a fault the wa
 import atexit
 import os
 import threading
+import time
 
 from .. import device
 from . import env, nccl, store as store_mod, watchdog as watchdog_mod
@@ -63,19 +65,27 @@ class ProcessGroup:
 
     def run(self, what, queue, stream):
         """``queue(comm)`` queues one collective (or an NCCL group of them) on Numba stream
-        ``stream``; the watchdog then tracks it."""
+        ``stream``; the watchdog then tracks it. While ``queue`` runs, the watchdog knows
+        which collective the main thread is in (``Watchdog.calling``): a call blocked inside
+        NCCL past the timeout is a fault too."""
         self.check()
+        wd = self.watchdog
+        if wd is not None:
+            wd.calling = (self.seq + 1, what, time.monotonic())
         try:
             queue(self.comm)
         except DistributedError as e:
             if self.world_size == 1:
                 raise
             raise self.fault(str(e), self.seq + 1, self.store) from None
+        finally:
+            if wd is not None:
+                wd.calling = None
         self.seq += 1
-        if self.watchdog is not None:
+        if wd is not None:
             ptr = device.stream_pointer(stream)
             if not device.is_capturing(ptr):     # an event recorded in a capture never fires
-                self.watchdog.track(self.seq, what, ptr)
+                wd.track(self.seq, what, ptr)
 
     def fault(self, reason, waiting, store=None):
         """Record the first fault: name the culprits from the store, abort the communicator;

@@ -8,14 +8,15 @@ every ``interval`` seconds,
    a peer's closed socket);
 2. queries the CUDA event recorded after each collective (cuEventQuery, no waiting); a
    collective still unfinished ``dnn.distributed.timeout`` seconds after it was queued is a
-   hang;
+   hang, and so is a main thread still inside the NCCL call of a collective that long (NCCL
+   connects the peers of an algorithm at its first collective, a host wait on them);
 3. sends a heartbeat to the store (its count of collectives queued and finished), from which
    the others can tell a rank that stopped or fell behind.
 
 On a fault it asks the store who is to blame (:func:`name_culprits`: a rank whose connection
 closed, one whose heartbeats stopped, one that has not queued the collective this rank waits
-in), aborts the NCCL communicator (ncclCommAbort: the spinning kernels exit, so a host wait on
-the stream returns) and keeps the error: the next dnnkit.distributed call of the main thread
+in), aborts the NCCL communicator (ncclCommAbort, from this thread: the spinning kernels exit,
+so a host wait on the stream returns, and a call blocked in NCCL returns) and keeps the error: the next dnnkit.distributed call of the main thread
 (a collective, a DataParallel step) raises it. A main thread that does not come back to
 dnnkit within ``min(timeout, 30)`` seconds -- blocked elsewhere, or computing on without
 collectives -- would run on with wrong data: the watchdog then prints the error and ends the
@@ -92,6 +93,9 @@ class Watchdog:
         self.interval = interval if interval is not None else min(0.5, t / 10)
         self.grace = min(t, 30.0)
         self.pending = collections.deque()     # (collective number, what, CUevent, queued at)
+        # (collective number, what, since) while the main thread is in the NCCL call of a
+        # collective (ProcessGroup.run sets it; one assignment, no lock), else None
+        self.calling = None
         self.free = []                         # CUevents done with, for reuse
         self.issued = self.done = 0
         self.lock = threading.Lock()
@@ -165,6 +169,10 @@ class Watchdog:
         waiting = self.pending[0][0] if self.pending else None
         if err not in (0, 7):
             return f"NCCL reported {comm.error_string(err)} ({err})", waiting
+        calling = self.calling
+        if calling is not None and time.monotonic() - calling[2] > self.group.timeout:
+            return (f"collective #{calling[0]} ({calling[1]}) was not queued within "
+                    f"{self.group.timeout:g} s: the call is blocked inside NCCL", calling[0])
         with self.lock:
             while self.pending:
                 seq, what, ev, t0 = self.pending[0]

@@ -198,7 +198,7 @@ def batch_norm_train(x: ArrayLike, gamma: ArrayLike, beta: ArrayLike, *, mode: s
     y, mean, invstd, rm, rv = _train(x, gamma, beta, mode=mode, epsilon=epsilon,
                                      momentum=momentum, running_mean=running_mean,
                                      running_var=running_var, backend=backend, stream=stream)
-    if rm is not None:
+    if rm is not None:    # (updated in place; a device copy of a NumPy array goes back)
         s = arrays.as_stream(stream)
         _write_back(unwrap(running_mean), unwrap(rm), s)
         _write_back(unwrap(running_var), unwrap(rv), s)
@@ -216,8 +216,10 @@ def _write_back(dst, src, stream):
         stream.synchronize()
         dst[...] = h.reshape(dst.shape)
         return
-    dst = arrays.device_input("batch_norm_train", "running statistics", dst, stream)
-    arrays.copy_into(dst, src, stream)
+    if dst is not src:      # a foreign array: its view was written, unless copied
+        d = arrays.device_input("batch_norm_train", "running statistics", dst, stream)
+        if device.simulator() or d.device_ctypes_pointer.value != src.device_ctypes_pointer.value:
+            arrays.copy_into(d, src, stream)
 
 
 @public_op("batch_norm_inference")
@@ -298,11 +300,12 @@ def _supports_backward(x, dy, gamma, saved_mean, saved_invstd, mode, epsilon, st
     return _cudnn_reason(x, epsilon)
 
 
-@register("batch_norm_train", "cudnn", supports=_supports_train)
+@register("batch_norm_train", "cudnn", supports=_supports_train,
+          updates=("running_mean", "running_var"))
 def _train_cudnn(x, gamma, beta, mode, epsilon, momentum, running_mean, running_var, stream):
     y = arrays.empty_like(x, stream)
     mean, invstd = (arrays.cuda_empty(gamma.shape, gamma.dtype, stream) for _ in range(2))
-    rm, rv = flat_copy(running_mean, stream), flat_copy(running_var, stream)
+    rm, rv = running_mean, running_var        # updated in place (registered as updates)
     if x.size:   # empty (C = 0; argument checks refuse an empty batch): nothing to compute
         cudnn_bn.forward_training(x, y, gamma, beta, mean, invstd, rm, rv, mode, epsilon,
                                   momentum, device.stream_pointer(stream))
@@ -370,8 +373,7 @@ def _inputs(mode, small, big, kind):
 
 def _run_train(mode):
     def run(backend, stream, i):
-        s = arrays.as_stream(stream)
-        # fresh copies: every call updates them
+        s = arrays.as_stream(stream)      # (fresh copies: every call updates them)
         rm, rv = (flat_copy(a, s).reshape(*a.shape) for a in (i[3], i[4]))
         y, mean, invstd = batch_norm_train(i[0], i[1], i[2], mode=mode, running_mean=rm,
                                            running_var=rv, backend=backend, stream=s)

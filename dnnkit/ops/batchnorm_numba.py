@@ -75,7 +75,7 @@ def _launch_1d(kernel, n, stream, args):
     launch(kernel, blocks, threads, stream, args)
 
 
-@register("batch_norm_train", "numba", tolerance=TOL)
+@register("batch_norm_train", "numba", tolerance=TOL, updates=("running_mean", "running_var"))
 def _train_numba(x, gamma, beta, mode, epsilon, momentum, running_mean, running_var, stream):
     from ..kernels import (batch_norm_apply_fwd_kernel, batch_norm_finalize_fwd_kernel,
                            batch_norm_stats_fwd_kernel)
@@ -84,7 +84,7 @@ def _train_numba(x, gamma, beta, mode, epsilon, momentum, running_mean, running_
     t = acc.dtype.type
     y = arrays.empty_like(x, stream)
     mean, invstd = (arrays.cuda_empty((c,), acc.dtype, stream) for _ in range(2))
-    rm, rv = flat_copy(running_mean, stream), flat_copy(running_var, stream)
+    rm, rv = running_mean, running_var        # updated in place (registered as updates)
     if x.size:
         p = plan(n, c, s)
         splits = p.grid[0]
@@ -95,8 +95,8 @@ def _train_numba(x, gamma, beta, mode, epsilon, momentum, running_mean, running_
         m = n * s
         has = rm is not None
         _launch_1d(batch_norm_finalize_fwd_kernel, c, stream,
-                   (arrays.flat(x), part, splits, c, s, mean, invstd, rm if has else mean,
-                    rv if has else invstd,
+                   (arrays.flat(x), part, splits, c, s, mean, invstd,
+                    arrays.flat(rm) if has else mean, arrays.flat(rv) if has else invstd,
                     int(has), t(momentum), t(m / (m - 1)), t(epsilon), acc))
         launch(batch_norm_apply_fwd_kernel, p.grid, p.threads, stream,
                (arrays.flat(x), arrays.flat(y), mean, invstd, arrays.flat(gamma),

@@ -166,3 +166,86 @@ class PhantomComm:
 
     def destroy(self):
         pass
+
+
+class FakeNcclLib:
+    """nccl4py's ``nccl.bindings.nccl`` without NCCL: records every call as (name, *args).
+    ``init_gate``/``call_gate``/``finalize_gate`` (threading.Event or None): the set-up, each
+    collective, the finalize wait until the event is set or the communicator is aborted (a
+    blocking call whose peer never comes; an aborted call raises NCCLError, as NCCL's call
+    returns an error once its abort flag is set)."""
+
+    class NCCLError(Exception):
+        pass
+
+    class Config:
+        blocking = 1
+        comm_name = ""
+        ptr = 4242
+
+    def __init__(self):
+        self.calls = []
+        self.errors = []              # comm_get_async_error's answers, in turn (then 0)
+        self.init_gate = self.call_gate = self.finalize_gate = None
+        self.aborted = threading.Event()
+        self.lock = threading.Lock()
+
+    def _log(self, name, *args):
+        with self.lock:
+            self.calls.append((name,) + args)
+
+    def names(self):
+        with self.lock:
+            return [c[0] for c in self.calls]
+
+    def _wait(self, gate, what):
+        if gate is None:
+            return
+        while not gate.wait(0.01):
+            if self.aborted.is_set():
+                raise self.NCCLError(f"{what}: aborted")
+
+    def comm_init_rank_scalable(self, size, rank, n_ids, ids, cfg):
+        self._log("init", size, rank, n_ids, bytes(ids), cfg)
+        self._wait(self.init_gate, "init")
+        return "comm"
+
+    def comm_get_async_error(self, comm):
+        self._log("poll")
+        return self.errors.pop(0) if self.errors else 0
+
+    def get_error_string(self, code):
+        return f"error {code}"
+
+    def _collective(self, name, *args):
+        self._log(name, *args)
+        self._wait(self.call_gate, name)
+
+    def all_reduce(self, *args):
+        self._collective("all_reduce", *args)
+
+    def broadcast(self, *args):
+        self._collective("broadcast", *args)
+
+    def all_gather(self, *args):
+        self._collective("all_gather", *args)
+
+    def reduce_scatter(self, *args):
+        self._collective("reduce_scatter", *args)
+
+    def group_start(self):
+        self._log("group_start")
+
+    def group_end(self):
+        self._log("group_end")
+
+    def comm_abort(self, comm):
+        self._log("abort", comm)
+        self.aborted.set()
+
+    def comm_finalize(self, comm):
+        self._log("finalize")
+        self._wait(self.finalize_gate, "finalize")
+
+    def comm_destroy(self, comm):
+        self._log("destroy")

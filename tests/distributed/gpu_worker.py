@@ -51,6 +51,12 @@ def collectives(g):
         got = x.data.copy_to_host(stream=s)
         s.synchronize()
     assert (got == w * (w + 1) / 2).all()
+    # a blocking communicator: a collective's call returns once queued, and the communicator
+    # is never left ncclInProgress (7) for the caller to poll
+    x = dnnkit.tensor(np.ones(1 << 20, np.float32))
+    dist.all_reduce(x)
+    assert g.comm.config.blocking == 1 and g.comm.async_error() == 0
+    dnnkit.device.numba_cuda().synchronize()
     dist.barrier()
     return {"collectives": g.seq}
 

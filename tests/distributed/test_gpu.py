@@ -3,7 +3,8 @@ libnccl): each test starts the ranks of tests/distributed/gpu_worker.py, which c
 results:
 
 - the collectives' values against NumPy (all_reduce sum/avg/max/min, broadcast, all_gather,
-  reduce_scatter; float16/32/64 and integer dtypes; on a stream of the caller's);
+  reduce_scatter; float16/32/64 and integer dtypes; on a stream of the caller's); the
+  communicator blocking, never left ncclInProgress after a call;
 - DataParallel on 2 GPUs equal to one GPU's steps on the whole batch (float64 CNN, tight),
   on both backends; ResNet-18 with SyncBatchNorm against BatchNorm on one GPU (float32);
 - SyncBatchNorm against BatchNorm on the whole batch, both backends, float32 and float64;
@@ -59,10 +60,13 @@ def launch(*args, timeout=600):
                        timeout=timeout, env=_env())
     assert r.returncode == 0, f"stdout:\n{r.stdout}\nstderr:\n{r.stderr}"
     out = {}
-    for line in r.stdout.splitlines():
-        if line.startswith("{"):
-            d = json.loads(line)
-            out[d["rank"]] = d["result"]
+    # the ranks share the launcher's stdout: one rank's line may land in the middle of the
+    # other's, so every JSON object is read wherever it starts
+    dec, text, i = json.JSONDecoder(), r.stdout, r.stdout.find('{"rank"')
+    while i >= 0:
+        d, end = dec.raw_decode(text, i)
+        out[d["rank"]] = d["result"]
+        i = text.find('{"rank"', end)
     assert sorted(out) == [0, 1], r.stdout
     return out
 
@@ -70,8 +74,9 @@ def launch(*args, timeout=600):
 def test_collectives_against_numpy():
     res = launch("collectives")
     # NCCL calls queued per rank: all_reduce 3 ops x 2 integer dtypes + 4 ops x 3 float
-    # dtypes, broadcast, all_gather and reduce_scatter x 5 dtypes, one on the caller's stream
-    assert res[0]["collectives"] == res[1]["collectives"] == 2 * 3 + 3 * 4 + 3 * 5 + 1
+    # dtypes, broadcast, all_gather and reduce_scatter x 5 dtypes, one on the caller's stream,
+    # one checking that the communicator is not left in progress
+    assert res[0]["collectives"] == res[1]["collectives"] == 2 * 3 + 3 * 4 + 3 * 5 + 2
 
 
 @pytest.mark.parametrize("backend", backend_params())

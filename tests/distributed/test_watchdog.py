@@ -149,3 +149,29 @@ def test_a_main_thread_that_never_returns_ends_the_process(job, monkeypatch, cap
     err = capsys.readouterr().err
     assert "dnnkit.distributed: rank 0: NCCL reported" in err
     assert "rank 0 exits: its main thread did not return to dnnkit within 0.2 s" in err
+
+
+def test_a_call_blocked_inside_nccl_is_a_fault_naming_the_dead_rank(job):
+    """The main thread inside the NCCL call of collective #1 (ProcessGroup.run's mark) past
+    the timeout, with no event recorded yet: a fault, and the communicator aborted."""
+    g, _, _ = job
+    t0 = time.monotonic()
+    g.watchdog.calling = (1, "DataParallel bucket 0 (64 bytes)", t0)
+    wait_for(lambda: g.failure is not None)
+    assert 1.0 <= time.monotonic() - t0 < 5.0
+    assert g.comm.aborted
+    assert str(g.failure).startswith("rank 0: collective #1 (DataParallel bucket 0 (64 bytes)) "
+                                     "was not queued within 1 s: the call is blocked inside "
+                                     "NCCL; rank 1 exited")
+    assert g.failure.ranks == (1,)
+
+
+def test_run_marks_the_call_for_the_watchdog_and_clears_it(job):
+    g, drv, _ = job
+    seen = []
+    g.run("all_reduce", lambda c: seen.append(g.watchdog.calling), 0)
+    assert seen[0][:2] == (1, "all_reduce") and g.watchdog.calling is None
+    assert g.seq == 1 and drv.recorded[-1][1] == 0           # tracked after it
+    drv.done.add(drv.recorded[-1][0])
+    wait_for(lambda: g.watchdog.done == 1)
+    assert g.failure is None

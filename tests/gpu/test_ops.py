@@ -61,6 +61,23 @@ def test_crosscheck_flag_runs_both_on_the_gpu(rng):
         dnnkit.activation(x, "elu", 1.0)
 
 
+@pytest.mark.cudnn
+@pytest.mark.parametrize("backend", ["numba", "cudnn"])
+def test_crosscheck_of_batch_norm_updates_the_running_statistics_once(rng, backend):
+    """batch_norm_train updates the running statistics in place; dnn.crosscheck runs the other
+    backend on copies taken before the call, so the caller's statistics move once."""
+    from numba import cuda
+    x = rng.standard_normal((8, 4, 5, 5)).astype(np.float32)
+    g, b = np.ones(4, np.float32), np.zeros(4, np.float32)
+    rm0, rv0 = rng.standard_normal(4).astype(np.float32), (1 + rng.random(4)).astype(np.float32)
+    rm, rv = cuda.to_device(rm0), cuda.to_device(rv0)
+    with dnnkit.config.change_flags({"dnn.crosscheck": True}):
+        dnnkit.batch_norm_train(x, g, b, running_mean=rm, running_var=rv, backend=backend)
+    _, _, _, erm, erv = reference.batch_norm_train(x, g, b, "spatial", 1e-5, 0.1, rm0, rv0)
+    assert reference.rel_error(rm.copy_to_host(), erm) < 1e-5
+    assert reference.rel_error(rv.copy_to_host(), erv) < 1e-5
+
+
 @pytest.mark.parametrize("backend", ["numba", pytest.param("cudnn", marks=pytest.mark.cudnn)])
 def test_ops_on_a_non_default_stream(rng, backend):
     from numba import cuda
@@ -114,6 +131,9 @@ def test_threads_get_their_own_handles_and_serial_results():
     xs = [rng.standard_normal((128, 1000)).astype(np.float32) for _ in range(8)]
     serial = [dnnkit.softmax(x, backend="cudnn").copy_to_host() for x in xs]
     results, handles, errors = [None] * 8, [None] * 8, []
+    # every thread holds its handle until all have one: a thread's handle is destroyed when
+    # the thread ends, and cuDNN may hand its address to a handle created after that
+    alive = threading.Barrier(8, timeout=60)
 
     def work(i):
         try:
@@ -126,6 +146,7 @@ def test_threads_get_their_own_handles_and_serial_results():
             handles[i] = handle.get(device.stream_pointer(s)).value
         except Exception as e:  # pragma: no cover - reported below
             errors.append(e)
+        alive.wait()
 
     threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
     for t in threads:
