@@ -1,8 +1,9 @@
 """The command line: ``python -m dnnkit`` or the ``dnnkit`` console script.
 
 ``info`` (backends and flags), ``check`` (cross-check every registered op on every available
-backend against float64 NumPy, with timings) and ``demo`` (train a small CNN, a residual CNN
-and an LSTM end to end). An error of dnnkit's (a missing library, a bad flag) ends the command with one line
+backend against float64 NumPy, with timings), ``demo`` (train a small CNN, a residual CNN
+and an LSTM end to end) and ``warmup`` (compile a model's Numba kernels in parallel into the
+disk cache: dnnkit/warmup.py). An error of dnnkit's (a missing library, a bad flag) ends the command with one line
 on stderr, ``dnnkit: error: <the reason>``, and exit status 1; a bad command line, with
 argparse's usage line and status 2.
 """
@@ -12,7 +13,7 @@ import os
 import sys
 import time
 
-from . import __version__, backends, config, demo, selfcheck
+from . import __version__, backends, config, demo, selfcheck, warmup
 from .errors import DnnkitError
 
 DTYPES = ("float16", "float32", "float64")
@@ -65,7 +66,11 @@ def cmd_demo(args):
     return 0 if demo.finite(results) else 1
 
 
-COMMANDS = {"info": cmd_info, "check": cmd_check, "demo": cmd_demo}
+def cmd_warmup(args):
+    return warmup.command(args)
+
+
+COMMANDS = {"info": cmd_info, "check": cmd_check, "demo": cmd_demo, "warmup": cmd_warmup}
 
 
 def _names(kind, allowed):
@@ -134,6 +139,31 @@ def build_parser(prog="python -m dnnkit"):
     c.add_argument("--ops", type=_names("op", checked_ops), default=None,
                    help="comma-separated op names (default: all); an unknown name lists the "
                    "valid ones")
+    w = sub.add_parser("warmup", help="compile a model's Numba kernels in parallel into the "
+                       "disk cache (fast first steps later)",
+                       description="Record the kernel signatures of one training step of a "
+                       "model without running it, compile them in worker processes into "
+                       "Numba's on-disk cache, and report the slowest. A later process's first "
+                       "step loads them (docs/performance.md, cold start). Needs a GPU.")
+    w.add_argument("--model", default="vgg", choices=warmup.MODELS,
+                   help="dnnkit.models.vgg_cnn or resnet18 (10 classes, 3x32x32 input); "
+                   "default: %(default)s")
+    w.add_argument("--dtype", default="float32", choices=DTYPES,
+                   help="the model's dtype; default: %(default)s")
+    w.add_argument("--batch", type=_positive, default=32, help="batch size; default: "
+                   "%(default)s")
+    w.add_argument("--backend", default="numba", choices=BACKENDS,
+                   help="where the model's layers run (auto and cudnn still launch Numba "
+                   "kernels for what cuDNN lacks); default: %(default)s")
+    w.add_argument("--workers", type=_positive, default=None,
+                   help="compile processes; default: one per CPU")
+    w.add_argument("--manifest", metavar="PATH",
+                   help="compile the signatures of this manifest instead of recording a step")
+    w.add_argument("--record-manifest", metavar="PATH",
+                   help="also write the recorded signatures to PATH (for --manifest later)")
+    w.add_argument("--check", action="store_true",
+                   help="then time a fresh process's first training step (of --model, --dtype, "
+                   "--batch, --backend) from the cache")
     return p
 
 
@@ -148,6 +178,9 @@ def main(argv=None, prog="python -m dnnkit"):
     if args.cmd is None:
         p.print_help()
         return 2
+    if args.cmd == "warmup" and args.manifest and args.record_manifest:
+        p.error(f"warmup: --manifest {args.manifest} gives the signatures; --record-manifest "
+                f"{args.record_manifest} records a step's: give one of them")
     if args.cmd == "demo" and args.gpus > 1 and args.crosscheck:
         p.error("demo: --crosscheck trains two copies on one GPU; it does not combine with "
                 "--gpus")

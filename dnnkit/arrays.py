@@ -31,10 +31,19 @@ def float_name(dtype):
         return None
 
 
+_device_types = set()     # classes whose instances are Numba device arrays (asked once)
+
+
 def is_device_array(a):
+    if type(a) in _device_types:
+        return True
     # imported here, as every numba import of dnnkit: `import dnnkit` does not load numba
     from numba.cuda.cudadrv import devicearray
-    return devicearray.is_cuda_ndarray(a)
+    if not devicearray.is_cuda_ndarray(a):
+        return False
+    if getattr(type(a), "__cuda_ndarray__", False):     # a class attribute: every instance
+        _device_types.add(type(a))
+    return True
 
 
 _default_streams = {}      # device id -> Numba's default-stream object

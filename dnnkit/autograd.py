@@ -197,6 +197,12 @@ class GradContext:
         t = node.tensors.get(name)
         return t is not None and node.edge(name, t)[2]
 
+    def follow(self, name):
+        """``backend=`` for a view's backward: pin() of the node that made input ``name``."""
+        node = self._node
+        t = node.tensors.get(name)
+        return None if t is None else pin(node.edge(name, t)[0])
+
     def wrote_into(self, name):
         """Whether the forward call wrote its result over argument ``name`` (``out=`` that
         array): its value is gone, only the output's is left."""
@@ -310,15 +316,22 @@ def rebase(t, node, output_nr):
 
 # ---------------------------------------------------------------- backward
 
-def _sum(a, b):
+def _sum(a, b, node=None):
     """Two gradients of one tensor, added on the device (never in place: a gradient array
-    may be shared by several consumers of one upstream gradient)."""
-    return PUBLIC["add"](a, b)
+    may be shared by several consumers of one upstream gradient); ``node`` made ``b``."""
+    return PUBLIC["add"](a, b, backend=pin(node))
+
+
+def pin(node):
+    """The backend a gradient sum or accumulation follows: "numba" after a node that ran on
+    Numba (every op has a Numba kernel), else the policy's choice."""
+    return "numba" if node is not None and node.backend == "numba" else None
 
 
 def run_backward(roots, retain_graph, accumulate):
     """Backpropagate ``[(tensor, gradient array)]``; ``accumulate(leaf, gradient array,
-    shared)`` adds a leaf's gradient into its ``grad`` (dnnkit/tensors.py). ``shared``: the
+    shared, node)`` adds a leaf's gradient (made by ``node``, None for a root's) into its
+    ``grad`` (dnnkit/tensors.py). ``shared``: the
     array was already handed to another leaf or is the caller's (a rule may return one array
     for several inputs: add's gradient is dy for both), so the leaf must get a copy."""
     pending = {}          # node -> [gradient per differentiable output]
@@ -327,7 +340,7 @@ def run_backward(roots, retain_graph, accumulate):
     for t, g in roots:
         if t.grad_fn is None:
             if t.requires_grad:
-                accumulate(t, g, True)
+                accumulate(t, g, True, None)
             continue
         slot = pending.setdefault(t.grad_fn, [None] * t.grad_fn.n_out)
         k = t.output_nr
@@ -371,13 +384,13 @@ def run_backward(roots, retain_graph, accumulate):
                     g = g.data
                 t, fn, k = edge
                 if fn is None:
-                    accumulate(t, g, id(g) in handed)
+                    accumulate(t, g, id(g) in handed, n)
                     handed.add(id(g))
                     if hooked:
                         hooked.got(t)
                 else:
                     slot = pending.setdefault(fn, [None] * fn.n_out)
-                    slot[k] = g if slot[k] is None else _sum(slot[k], g)
+                    slot[k] = g if slot[k] is None else _sum(slot[k], g, n)
             if hooked:
                 hooked.settle(n)
 

@@ -138,6 +138,9 @@ class Site:
 # ---------------------------------------------------------------- the fast path
 
 _fast = {}        # (id(kernel), argument type key) -> _Launcher
+# While a list (dnnkit.warmup sets it): each first launch appends (kernel, Numba argument types),
+# the signature Numba compiled or loaded for it (the warm-up's manifest).
+first_launches = None
 _PLAIN = frozenset((int, float, bool))
 
 
@@ -170,6 +173,8 @@ def _learn(kernel, args):
         return
     try:
         argtypes = tuple(kernel.typeof_pyval(a) for a in args)
+        if first_launches is not None:
+            first_launches.append((kernel, argtypes))
         overload = kernel.overloads.get(argtypes)
         launcher = _Launcher(overload, argtypes) if overload is not None else None
     except (NotImplementedError, TypeError, ValueError, KeyError, AttributeError):

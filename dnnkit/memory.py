@@ -16,13 +16,11 @@ repeated shapes hit the cache exactly. When cuMemAlloc fails the cache is emptie
 allocation retried once. ``dnn.allocator = caching | numba`` (default caching) chooses;
 ``empty_cache()`` releases every cached block; ``stats()`` reports hits, misses and bytes.
 
-Debugging: ``dnn.debug.fill_uninitialized = nan`` (default off) fills every new array --
-an op's outputs and the scratch arrays its kernels write -- with 0xFF bytes, a NaN in every
-float dtype, with a memset on the array's stream; an element that no kernel wrote then reads
-as NaN instead of whatever the block held before (PyTorch's
-``torch.utils.deterministic.fill_uninitialized_memory``). Raw cuDNN workspaces (``scratch``)
-are not filled: only cuDNN reads them, after writing them. It costs one memset per
-allocation.
+Debugging: ``dnn.debug.fill_uninitialized = nan`` (default off) fills every new array (an
+op's outputs, its kernels' scratch arrays) with 0xFF bytes, a NaN in every float dtype, by a
+memset on the array's stream: an element no kernel wrote reads as NaN (PyTorch's
+``torch.utils.deterministic.fill_uninitialized_memory``). cuDNN workspaces (``scratch``),
+which only cuDNN reads after writing them, are not filled.
 """
 
 import contextlib
@@ -107,23 +105,18 @@ class _Pool:
         # reentrant: a block's __del__ (gives it back) can run inside take()/give() when an
         # allocation there triggers the garbage collector
         self.lock = threading.RLock()
-        self.free = {}            # (device, stream, size) -> heap of (address, block)
-        # block address -> block, while lent to an array. The pool, not the array's pointer,
-        # holds a lent block: an array that dies in a reference cycle (an exception's
-        # traceback, say) must not take its block into the garbage with it, or the
-        # collector runs Numba's finalizer on the block (weakref callbacks run before
-        # __del__), frees the memory and then the pointer's __del__ returns the freed block
-        # to the pool, and the next array of that size gets memory cuMemcpy calls invalid
-        # (seen on an H100 in the GPU fuzzer, after a failing cuDNN convolution).
+        self.free = {}            # (device, stream, size) -> heap of (address, id, block)
+        # block address -> block, while lent to an array. The pool, not the array, holds it:
+        # an array dying in a reference cycle would take its block into the garbage, where
+        # Numba's finalizer frees the memory before the pointer's __del__ gives the freed
+        # block back (the GPU fuzzer saw cuMemcpy reject the next array of that size).
         self.lent = {}
         self.hits = self.misses = self.cached_bytes = 0
 
-    # Each free list is a heap of (address, block): a request takes the lowest address of its
-    # size. A training step allocates and frees in the same order every step, so with the same
-    # set of blocks free at its start it gets the same address for every array every step (a
-    # last-in-first-out list would hand them out in an order that drifts from step to step).
-    # cuDNN's variant packs, kept by address (cudnn/graph.py), and foreign-array views then
-    # stay valid across steps.
+    # Free lists are heaps of (address, block): a request takes the lowest address of its
+    # size, so a step that allocates and frees in the same order every step gets the same
+    # addresses every step (a LIFO list's order drifts), and cuDNN's variant packs, kept by
+    # address (cudnn/graph.py), stay valid.
 
     def take(self, key):
         with self.lock:
@@ -131,7 +124,7 @@ class _Pool:
             if blocks:
                 self.hits += 1
                 self.cached_bytes -= key[2]
-                return heapq.heappop(blocks)[1]
+                return heapq.heappop(blocks)[2]
             self.misses += 1
             return None
 
@@ -139,7 +132,7 @@ class _Pool:
         with self.lock:
             if addr is None:
                 addr = address(raw)
-            heapq.heappush(self.free.setdefault(key, []), (addr, raw))
+            heapq.heappush(self.free.setdefault(key, []), (addr, id(raw), raw))
             self.cached_bytes += key[2]
 
     def give_back(self, key, addr):
@@ -147,7 +140,7 @@ class _Pool:
         with self.lock:
             raw = self.lent.pop(addr, None)
             if raw is not None:
-                heapq.heappush(self.free.setdefault(key, []), (addr, raw))
+                heapq.heappush(self.free.setdefault(key, []), (addr, id(raw), raw))
                 self.cached_bytes += key[2]
 
     def clear(self):
@@ -295,16 +288,34 @@ def _numba_array(shape, dtype, stream):
     return a
 
 
+# Per thread, per flags (merged dict, change_flags epoch): {(shape, dtype, stream, device):
+# _pooled()'s answer}, half of an allocation's host time in a training step. It holds the
+# stream objects (no id reused under it); emptied when the flags change or past _FAST_MAX.
+_fast, _FAST_MAX = threading.local(), 4096
+
+
 def device_array(shape, dtype, stream):
     """An uninitialised C-contiguous device array from the cache, for work on ``stream`` (a
-    Numba stream, or a raw cudaStream_t int); under ``dnn.debug.fill_uninitialized = nan``
-    every byte is 0xFF (NaN)."""
+    Numba stream, or a raw cudaStream_t int); all 0xFF bytes under fill_uninitialized."""
     if type(shape) is not tuple:
         shape = tuple(int(s) for s in shape)
+    f, st = _fast.__dict__, config.state
+    merged, epoch = st.merged, st.local.__dict__.get("epoch")
+    if f.get("merged", f) is not merged or f.get("epoch") != epoch:
+        f["merged"], f["epoch"], f["map"] = merged, epoch, {}
+    k = (shape, dtype, stream, device_id())
+    p = f["map"].get(k)
+    if p is not None:
+        return _new(*p)
     p = _pooled(shape, dtype, stream)
     a = _numba_array(shape, dtype, stream) if p is None else _new(*p)
     if config.get("dnn.debug.fill_uninitialized") != "off":
-        _fill(a, stream)
+        return _fill(a, stream)
+    if p is not None and merged is not None and merged is st.merged:
+        m = f["map"]
+        if len(m) >= _FAST_MAX:
+            m.clear()
+        m[k] = p
     return a
 
 

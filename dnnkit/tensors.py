@@ -16,7 +16,8 @@ import numpy as np
 
 from . import arrays, device, dlpack, foreign
 from .autograd import (GRADIENTS, PUBLIC, HookHandle, Node, check_destination, current_module,
-                       is_grad_enabled, no_grad, rebase, recorder, run_backward, set_location)
+                       is_grad_enabled, no_grad, pin, rebase, recorder, run_backward,
+                       set_location)
 
 class Tensor:
     """A device array (``data``, a Numba device array) with a gradient record.
@@ -285,8 +286,7 @@ def call(op, plain, args, kw, backend):
             kw = dict(kw)
             del kw["out"]           # written, not read: no gradient flows to it
             if is_grad_enabled():
-                check_destination(op, dest, any(t.requires_grad for _, t in _named(
-                    enumerate((*args, *kw.values())))))
+                check_destination(op, dest, _wants_grad(args, kw))
     plain_args = [_plain(a) for a in args]
     plain_kw = {k: (a.data if isinstance(a, Tensor) else a) for k, a in kw.items()} if kw else kw
     if dest is not None:
@@ -298,8 +298,7 @@ def call(op, plain, args, kw, backend):
     if rec is not None:
         rec("forward", op, ran_on, current_module(), (plain_args, plain_kw), out)
     node = diff = None
-    if is_grad_enabled() and any(t.requires_grad for _, t in
-                                 _named(enumerate((*args, *kw.values())))):
+    if is_grad_enabled() and _wants_grad(args, kw):
         node, diff = _record(op, out, ran_on, plain_args, plain_kw, args, kw)
     res = _wrap(out, node, diff)
     if op in VIEWS and isinstance(args[0], Tensor) and isinstance(res, Tensor):
@@ -313,6 +312,21 @@ def call(op, plain, args, kw, backend):
 
 
 VIEWS = ("reshape", "take_batch")   # ops whose output views their first argument's array
+
+
+def _wants_grad(args, kw):
+    """Whether a Tensor among the arguments (or inside a list or tuple argument) requires
+    grad: ``any(t.requires_grad for _, t in _named(...))`` without the generators."""
+    for a in (args, kw.values()) if kw else (args,):
+        for v in a:
+            if isinstance(v, Tensor):
+                if v.requires_grad:
+                    return True
+            elif type(v) in (list, tuple):
+                for w in v:
+                    if isinstance(w, Tensor) and w.requires_grad:
+                        return True
+    return False
 
 
 def _record(op, out, ran_on, plain_args, plain_kw, args, kw):
@@ -414,9 +428,9 @@ def _wrap(out, node, diff):
     return out
 
 
-def _accumulate(t, g, shared):
-    """Add gradient array ``g`` into leaf ``t.grad``: a new array each time (``g`` may feed
-    another consumer of the same upstream gradient), copied on the device when ``shared``."""
+def _accumulate(t, g, shared, node=None):
+    """Add gradient array ``g`` (made by ``node``) into leaf ``t.grad``: a new array each time
+    (``g`` may feed another consumer), copied on the device when ``shared``."""
     if t.grad is None:
         if shared:
             s = arrays.as_stream(None)
@@ -424,7 +438,7 @@ def _accumulate(t, g, shared):
         t.grad = Tensor(g)
     else:
         with no_grad():
-            t.grad = Tensor(PUBLIC["add"](t.grad.data, g))
+            t.grad = Tensor(PUBLIC["add"](t.grad.data, g, backend=pin(node)))
 
 
 def backward(tensors: Sequence[Tensor], grads: Optional[Sequence[Any]] = None, *,

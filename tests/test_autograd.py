@@ -368,3 +368,37 @@ def test_post_accumulate_hook_remove_and_errors(rng):
         w.register_post_accumulate_grad_hook(3)
     with pytest.raises(RuntimeError, match="only a leaf"):
         (w * 2.0).register_post_accumulate_grad_hook(lambda leaf: None)
+
+
+def test_gradient_sums_of_a_model_pinned_to_numba_stay_on_numba(rng):
+    """Two gradients of one tensor (a value used twice) and a leaf used twice are added by the
+    backward: after nodes that ran on Numba, on Numba (a pinned model's backward stays on its
+    backend); the trace shows every add of the backward with backend numba."""
+    from dnnkit import trace
+    x = dnnkit.tensor(rng.standard_normal((4, 3)).astype(np.float32), requires_grad=True)
+    with trace() as t:
+        y = dnnkit.activation(x, "relu", backend="numba")
+        z = dnnkit.add(y, y, backend="numba")             # y used twice: its gradients sum
+        w = dnnkit.activation(x, "tanh", backend="numba")  # x used twice: accumulated
+        dnnkit.add(z, w, backend="numba").sum().backward()
+    adds = [e for e in t if e.op == "add"]
+    assert len(adds) >= 3 and {e.backend for e in adds} == {"numba"}
+    assert all(e.reason == "backend='numba'" for e in adds[1:]), [e.reason for e in adds]
+    from dnnkit import autograd
+    assert autograd.pin(None) is None
+
+
+def test_the_backward_of_a_view_follows_a_numba_producer(rng):
+    """take_batch (t[i]) is a view; its backward's copy runs where the viewed tensor was made
+    when that was Numba (a pinned model stays on Numba), else by the policy."""
+    from dnnkit import trace
+    x = dnnkit.tensor(rng.standard_normal((3, 4)).astype(np.float32), requires_grad=True)
+    with trace() as t:
+        y = dnnkit.activation(x, "relu", backend="numba")
+        y[1].sum().backward()
+    back = [e for e in t if e.op == "take_batch_backward"]
+    assert len(back) == 1 and back[0].reason == "backend='numba'", [e.reason for e in back]
+    with trace() as t:
+        x[1].sum().backward()                     # a leaf: no producer, the policy decides
+    back = [e for e in t if e.op == "take_batch_backward"]
+    assert len(back) == 1 and back[0].reason != "backend='numba'"

@@ -137,7 +137,7 @@ def test_every_option_has_help():
     subparsers = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
     assert len(subparsers) == 1
     commands = subparsers[0].choices
-    assert set(commands) == {"info", "check", "demo"}
+    assert set(commands) == {"info", "check", "demo", "warmup"}
     assert all(a.help for a in subparsers[0]._choices_actions)      # each command's line
     for p in [parser, *commands.values()]:
         for a in p._actions:

@@ -277,7 +277,8 @@ def test_blocks_taken_inside_a_private_pool_come_from_it_and_go_back_to_it(monke
         a = memory._new(key, {"shape": (256,)}, "s")
         with memory.scratch(1000, HANDLE) as p:
             assert p == 8192
-        assert private.free == {key: [(8192, made[1])]} and private.lent == {4096: made[0]}
+        assert private.free == {key: [(8192, id(made[1]), made[1])]} and \
+            private.lent == {4096: made[0]}
     assert memory._private_users == [0]
     del a
     gc.collect()

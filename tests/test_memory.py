@@ -288,3 +288,25 @@ def test_fill_off_is_the_default_and_writes_nothing(monkeypatch):
         memory.device_array((4,), np.float32, 0)
         memory.allocator((4,), np.float32, 0)()
     assert len(calls) == 2
+
+
+def test_repeated_allocations_work_out_their_pool_key_once_per_flags(monkeypatch):
+    """device_array keeps _pooled()'s answer per (shape, dtype, stream, device) for the flags
+    it was made under: a change of flags (or a change_flags block) asks again."""
+    asked = []
+
+    def pooled(shape, dtype, stream):
+        asked.append((shape, dtype, stream))
+        return (0, 0, 512), {"shape": shape}, stream
+    monkeypatch.setattr(memory, "_pooled", pooled)
+    monkeypatch.setattr(memory, "_new", lambda key, attrs, stream: ("array", key, stream))
+    monkeypatch.setattr(memory, "_fast", __import__("threading").local())
+    config.get("dnn.allocator")                  # the flags merged
+    for _ in range(3):
+        assert memory.device_array((4, 2), np.float32, 7) == ("array", (0, 0, 512), 7)
+    memory.device_array([4, 2], np.float32, 7)   # the same shape as a list
+    memory.device_array((4, 2), np.float32, 8)   # another stream: another key
+    assert asked == [((4, 2), np.float32, 7), ((4, 2), np.float32, 8)]
+    with config.change_flags({"dnn.debug.fill_uninitialized": "off"}):
+        memory.device_array((4, 2), np.float32, 7)
+    assert len(asked) == 3

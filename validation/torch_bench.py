@@ -89,6 +89,7 @@ def time_steps(torch, steps, x, y, warm, rounds, per_round):
     for _ in range(rounds):
         for n, s in steps.items():
             start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
+            torch.cuda.synchronize()    # each round on an idle GPU (train_bench's reason)
             t0 = time.perf_counter()
             start.record()
             for _ in range(per_round):

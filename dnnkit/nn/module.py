@@ -133,10 +133,11 @@ class Module:
         def __call__(self, *args, **kw):
             with module_scope(self):
                 out = self.forward(*args, **kw)
-                for hook in list(self._forward_hooks.values()):
-                    res = hook(self, args, out)
-                    if res is not None:
-                        out = res
+                if self._forward_hooks:
+                    for hook in list(self._forward_hooks.values()):
+                        res = hook(self, args, out)
+                        if res is not None:
+                            out = res
             return out
 
     def register_forward_hook(self, hook: ForwardHook) -> RemovableHandle:

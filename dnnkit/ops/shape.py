@@ -422,11 +422,11 @@ def _split_grad(g, *dys):
 
 @gradient("take_batch")
 def _take_batch_grad(g, dy):
-    # The forward is a view, computed on neither backend (its node says Numba): the copy of
-    # the backward follows the policy (dnn.enabled), as an op called without backend= does.
-    if not g.needs("x"):
-        return {}
-    return {"x": take_batch_backward(dy, tuple(g.x.shape), g.index, stream=g.stream)}
+    # A view, computed on neither backend: the backward's copy runs on Numba after a Numba
+    # producer of x, else by the policy (dnn.enabled), as a call without backend= does.
+    if g.needs("x"):
+        return {"x": take_batch_backward(dy, tuple(g.x.shape), g.index,
+                                         backend=g.follow("x"), stream=g.stream)}
 
 
 # ---------------------------------------------------------------- python -m dnnkit check

@@ -1,0 +1,109 @@
+"""Cold start of a training step on the Numba path: the time from starting a Python process to
+the end of its first (synchronised) training step, for the VGG-style CNN and ResNet-18
+(float32, batch 32, every layer pinned to Numba), each in fresh processes. Needs a GPU.
+
+    python -m validation.cold_start [--models vgg,resnet18] [--workers 16] [--out DIR]
+
+Per model, with its own empty Numba cache folder (NUMBA_CACHE_DIR) per scenario:
+
+- ``empty``: nothing cached: the first step compiles every kernel it launches, one by one; its
+  first launches are recorded (the real step's manifest);
+- ``cached``: a second process on that cache;
+- ``warm-up``: ``python -m dnnkit warmup`` on a new empty folder (record-only step, then the
+  signatures compiled by N worker processes): its own wall time;
+- ``after warm-up``: a fresh process's first step on the folder the warm-up filled.
+
+Prints a table (and writes DIR/cold_start.md): seconds to the first step, kernel signatures
+compiled and loaded in that process, the warm-up's time; the warm-up's output (its 10 slowest
+signatures with their compile seconds); and whether the record-only pass saw every signature
+the real step launched.
+"""
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+
+from dnnkit import warmup
+
+DTYPE, BATCH, BACKEND = "float32", 32, "numba"
+
+
+def _env(cache):
+    return dict(os.environ, NUMBA_CACHE_DIR=cache)
+
+
+def run_model(model, workers, tmp):
+    rows, notes = [], []
+    a_cache, b_cache = os.path.join(tmp, f"{model}-a"), os.path.join(tmp, f"{model}-b")
+    real = os.path.join(tmp, f"{model}-real.pkl")
+    recorded = os.path.join(tmp, f"{model}-recorded.pkl")
+
+    def first(label, cache, **kw):
+        r = warmup.fresh_first_step(model, DTYPE, BATCH, BACKEND, env=_env(cache), **kw)
+        rows.append((model, label, f"{r['to_step_s']:.2f}", f"{r['step_s']:.2f}",
+                     str(r["compiled"]), str(r["loaded"]), ""))
+        print(rows[-1], flush=True)
+
+    first("empty cache", a_cache, manifest=real)
+    first("cached (second process)", a_cache)
+    t0 = time.perf_counter()
+    w = subprocess.run([sys.executable, "-m", "dnnkit", "warmup", "--model", model, "--dtype",
+                        DTYPE, "--batch", str(BATCH), "--backend", BACKEND, "--workers",
+                        str(workers), "--record-manifest", recorded],
+                       capture_output=True, text=True, env=_env(b_cache), timeout=600)
+    wall = time.perf_counter() - t0
+    notes.append(f"### {model}: python -m dnnkit warmup --workers {workers} "
+                 f"(exit {w.returncode}, {wall:.1f} s)\n\n```\n{w.stdout.strip()}\n"
+                 f"{w.stderr.strip()[-3000:]}\n```")
+    m = re.search(r"^(\d+) kernel signatures in ([\d.]+) s", w.stdout, re.M)
+    rows.append((model, f"warm-up, {workers} workers", "", "", m.group(1) if m else "?", "",
+                 f"{wall:.1f} (compiling {m.group(2) if m else '?'})"))
+    print(rows[-1], flush=True)
+    if w.returncode == 0:
+        first("after warm-up", b_cache)
+        want, got = set(warmup.load(real)), set(warmup.load(recorded))
+        missed = sorted(warmup.describe(e) for e in want - got)
+        notes.append(f"{model}: the real first step launched {len(want)} signatures, the "
+                     f"record-only pass recorded {len(got)}; missed by the record: "
+                     f"{missed or 'none'}; recorded but not launched: {len(got - want)}")
+    return rows, notes
+
+
+def table(rows):
+    head = ("| model | scenario | s to first step (from process start) | step s | compiled | "
+            "loaded | warm-up wall s |")
+    return "\n".join([head, "|" + "---|" * 7] + ["| " + " | ".join(r) + " |" for r in rows])
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--models", default="vgg,resnet18",
+                    help="comma-separated, out of " + ", ".join(warmup.MODELS))
+    ap.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    a = ap.parse_args(argv)
+    models = [m for m in a.models.split(",") if m]
+    bad = [m for m in models if m not in warmup.MODELS]
+    if bad or a.workers < 1:
+        ap.error(f"unknown models {bad}" if bad else f"--workers must be >= 1; got {a.workers}")
+    rows, notes = [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        for model in models:
+            r, n = run_model(model, a.workers, tmp)
+            rows += r
+            notes += n
+    text = (f"# Cold start ({DTYPE}, batch {BATCH}, backend {BACKEND})\n\n{table(rows)}\n\n"
+            + "\n\n".join(notes) + "\n")
+    print("\n" + text)
+    os.makedirs(a.out, exist_ok=True)
+    with open(os.path.join(a.out, "cold_start.md"), "w") as f:
+        f.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
