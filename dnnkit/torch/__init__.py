@@ -13,6 +13,9 @@
 - the differentiable functions: ``conv``-family ``torch.autograd.Function`` classes
   (functions.py, functions_norm.py, functions_rnn.py) and ``activation``, ``softmax``,
   ``log_softmax``, ``dropout``, ``affine_grid``, ``grid_sample``, ``spatial_transformer``.
+- the ``torch.library`` custom operators ``torch.ops.dnnkit.*`` that ``torch.compile`` traces
+  (library.py, library_norm.py; PyTorch >= 2.4): converted modules call them while Dynamo
+  traces (``convert(..., custom_ops=...)``).
 
 Needs PyTorch (``pip install dnnkit[torch]``); ``import dnnkit`` never imports this package.
 """

@@ -21,6 +21,7 @@ passed as NumPy views (no copy) and outputs come back as CPU tensors (one host c
 
 from __future__ import annotations
 
+import contextlib
 import functools
 
 import numpy as np
@@ -116,6 +117,38 @@ def constant(values, like):
     if device.simulator():
         return np.asarray(values, dt)
     return arrays.constant(values, dt)
+
+
+# torch.compiler.is_compiling (PyTorch >= 2.3; a constant True to Dynamo while it traces)
+compiling = getattr(torch.compiler, "is_compiling", None) or (lambda: False)
+
+
+def function(fn, *args):
+    """``fn.apply(*args)`` for a ``torch.autograd.Function`` of dnnkit.torch; while
+    ``torch.compile`` traces, run outside the graph (a graph break): Dynamo cannot trace into
+    a function that hands tensors' memory to Numba."""
+    if compiling():
+        return _outside(fn, *args)
+    return fn.apply(*args)
+
+
+@torch.compiler.disable
+def _outside(fn, *args):
+    return fn.apply(*args)
+
+
+@contextlib.contextmanager
+def graph_pool():
+    """dnnkit's allocations inside served by the private pool of the graph that PyTorch's
+    current stream is capturing, if any (dnnkit/torch/graph.py); the custom operators'
+    kernels (dnnkit/torch/library.py) run under it, as ``pooled`` functions do."""
+    pool = CAPTURES.get(foreign.torch_stream(torch.cuda.current_device())) if CAPTURES \
+        else None
+    if pool is None:
+        yield
+        return
+    with memory.private_pool(pool):
+        yield
 
 
 def pooled(fn):

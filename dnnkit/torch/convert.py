@@ -14,12 +14,13 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
+import torch
 from torch import nn
 
-from . import bridge
+from . import bridge, modules
 from .modules import ORIGINAL, TABLE, unsupported
 
-_ATTRS = ("dnnkit_backend", "_dnnkit_layouts")
+_ATTRS = ("dnnkit_backend", "dnnkit_custom_ops", "_dnnkit_layouts")
 
 
 @dataclasses.dataclass
@@ -47,19 +48,30 @@ class Report:
 
 
 def convert(model: nn.Module, backend: str = "auto",
-            exclude: Callable[[nn.Module], bool] | None = None) -> Report:
+            exclude: Callable[[nn.Module], bool] | None = None, *,
+            custom_ops: bool | None = None) -> Report:
     """Run ``model``'s supported layers on dnnkit's ``backend`` ("auto": the policy's choice
     per call, ``dnn.enabled``; "cudnn"; "numba"), in place, or give them back to PyTorch
     (``"torch"``). ``exclude(module) -> bool``: modules to leave as they are. Returns a
     :class:`Report` (print it); the model keeps its Parameter and buffer objects.
-    Raises ValueError for another backend, TypeError for a model that is not a Module or an
-    exclude that is not callable."""
+    ``custom_ops``: None (default) runs the ``torch.library`` custom operators while
+    ``torch.compile`` traces the model and the autograd.Functions in eager mode; True always
+    the operators; False never (``torch.compile`` then breaks the graph at each converted
+    module). Raises ValueError for another backend, TypeError for a model that is not a Module,
+    an exclude that is not callable or a custom_ops that is not None or a bool; ImportError for
+    custom_ops=True with a PyTorch without ``torch.library.custom_op`` (< 2.4)."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"dnnkit.torch.convert: model must be a torch.nn.Module; got "
                         f"{type(model).__name__}")
     if exclude is not None and not callable(exclude):
         raise TypeError(f"dnnkit.torch.convert: exclude must be a callable (module) -> bool or "
                         f"None; got {type(exclude).__name__}")
+    if custom_ops is not None and not isinstance(custom_ops, bool):
+        raise TypeError(f"dnnkit.torch.convert: custom_ops must be None, True or False; got "
+                        f"{custom_ops!r}")
+    if custom_ops and modules.library is None:
+        raise ImportError(f"dnnkit.torch.convert: custom_ops=True needs torch.library.custom_op "
+                          f"(PyTorch >= 2.4); PyTorch {torch.__version__} has none")
     if backend != "torch":
         bridge.check_backend("dnnkit.torch.convert", backend)
     report = Report(backend)
@@ -75,7 +87,7 @@ def convert(model: nn.Module, backend: str = "auto",
                 report.restored.append((path, ORIGINAL[cls].__name__))
             continue
         if cls in ORIGINAL:                       # converted before: a new backend
-            m.dnnkit_backend = backend
+            m.dnnkit_backend, m.dnnkit_custom_ops = backend, custom_ops
             report.converted.append((path, ORIGINAL[cls].__name__))
             continue
         if cls not in TABLE:
@@ -85,7 +97,7 @@ def convert(model: nn.Module, backend: str = "auto",
             report.skipped.append((path, reason))
             continue
         m.__class__ = TABLE[cls][0]
-        m.dnnkit_backend = backend
+        m.dnnkit_backend, m.dnnkit_custom_ops = backend, custom_ops
         report.converted.append((path, cls.__name__))
     return report
 

@@ -229,7 +229,7 @@ def affine_grid(theta, size, align_corners=True, *, backend="auto"):
     """``torch.nn.functional.affine_grid`` on dnnkit (2-D, align_corners=True)."""
     _check_align("affine_grid", align_corners)
     bridge.check_backend("dnnkit.torch.affine_grid", backend)
-    return AffineGrid.apply(theta, tuple(size), backend)
+    return bridge.function(AffineGrid, theta, tuple(size), backend)
 
 
 def grid_sample(img, grid, mode="bilinear", padding_mode="zeros", align_corners=True, *,
@@ -242,7 +242,7 @@ def grid_sample(img, grid, mode="bilinear", padding_mode="zeros", align_corners=
                          f"padding_mode={padding_mode!r}")
     _check_align("grid_sample", align_corners)
     bridge.check_backend("dnnkit.torch.grid_sample", backend)
-    return GridSample.apply(img, grid, backend)
+    return bridge.function(GridSample, img, grid, backend)
 
 
 def spatial_transformer(img, theta, *, backend="auto"):

@@ -27,6 +27,15 @@ from .. import ops
 from . import bridge
 from .bridge import op_backend, pooled, stream_of, tensor, view
 
+try:        # the custom operators, what torch.compile traces (PyTorch >= 2.4)
+    from . import library_norm
+except ImportError:
+    library_norm = None
+
+
+def _traced():
+    return library_norm is not None and bridge.compiling()
+
 
 def _gamma_beta(x, weight, bias, s):
     """The scale and shift as op arguments: the affine parameters, or ones and zeros (cached
@@ -205,18 +214,24 @@ class Dropout(torch.autograd.Function):
 def activation(x, mode="relu", coef=0.0, *, backend="auto"):
     """dnnkit's ``activation`` on a PyTorch tensor, differentiable."""
     bridge.check_backend("dnnkit.torch.activation", backend)
+    if _traced():
+        return library_norm.activation(x, mode, float(coef), backend)
     return Activation.apply(x, mode, float(coef), backend)
 
 
 def softmax(x, dim, *, backend="auto"):
     """``torch.softmax(x, dim)`` on dnnkit, differentiable."""
     bridge.check_backend("dnnkit.torch.softmax", backend)
+    if _traced():
+        return library_norm.softmax(x, dim, False, backend)
     return Softmax.apply(x, dim, False, backend)
 
 
 def log_softmax(x, dim, *, backend="auto"):
     """``torch.log_softmax(x, dim)`` on dnnkit, differentiable."""
     bridge.check_backend("dnnkit.torch.log_softmax", backend)
+    if _traced():
+        return library_norm.softmax(x, dim, True, backend)
     return Softmax.apply(x, dim, True, backend)
 
 
@@ -226,4 +241,6 @@ def dropout(x, p=0.5, training=True, *, backend="auto"):
     bridge.check_backend("dnnkit.torch.dropout", backend)
     if not training or p == 0:
         return x
+    if _traced():
+        return library_norm.dropout(x, library_norm.draw_seed(), float(p), backend)
     return Dropout.apply(x, float(p), backend)

@@ -5,7 +5,12 @@ Each class here subclasses the ``torch.nn`` class it stands for and overrides ``
 ``__class__``: the module object stays where it was in the model, with the same Parameter
 objects, buffers (running statistics included), hooks, training flag and state-dict keys;
 undoing it restores the class. The backend is the attribute ``dnnkit_backend`` ("auto",
-"cudnn" or "numba").
+"cudnn" or "numba"); ``dnnkit_custom_ops`` (None, True or False) says whether ``forward`` calls
+the ``torch.library`` custom operators (library.py, library_norm.py: what ``torch.compile``
+traces) or the ``torch.autograd.Function``s (functions.py, functions_norm.py: lighter in eager
+mode); None: the operators while ``torch.compile`` traces, the Functions otherwise. Both run
+the same dnnkit ops. Conv1d and ConvTranspose1d run as the 2-D ops on (N, C, 1, L) views with
+(K, C/groups, 1, k) weights: views, no copies.
 
 ``unsupported(module)`` says why a module's options cannot be run by dnnkit (a sentence), or
 None; a module it refuses stays PyTorch's. The checks are those of the options; a tensor of an
@@ -17,10 +22,16 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from . import bridge
 from .functions import Conv, ConvTranspose, Linear as LinearFn, Pool
 from .functions_norm import Activation, BatchNormEval, BatchNormTrain, Dropout as DropoutFn, \
     Softmax as SoftmaxFn
 from .modules_rnn import DnnGRU, DnnLSTM, DnnRNN, rnn_unsupported
+
+try:
+    from . import library, library_norm
+except ImportError:         # PyTorch < 2.4 has no torch.library.custom_op: Functions only
+    library = library_norm = None
 
 FLOATS = (torch.float16, torch.float32, torch.float64)
 
@@ -36,6 +47,11 @@ def _dtype_reason(module, floats=FLOATS):
             return (f"{name} is {p.dtype}; dnnkit runs "
                     f"{', '.join(str(f).replace('torch.', '') for f in floats)}")
     return None
+
+
+def _custom(m):
+    """Whether module ``m`` runs the custom operators (the module docstring)."""
+    return library is not None and library.use(m.__dict__.get("dnnkit_custom_ops"))
 
 
 class _Dnn:
@@ -66,8 +82,9 @@ def _conv_padding(m, nd):
 def conv_unsupported(m):
     if m.padding_mode != "zeros":
         return f"padding_mode={m.padding_mode!r}; dnnkit pads with zeros only"
-    nd = 3 if isinstance(m, (nn.Conv3d, nn.ConvTranspose3d)) else 2
-    if isinstance(m, (nn.Conv2d, nn.Conv3d)):
+    nd = 3 if isinstance(m, (nn.Conv3d, nn.ConvTranspose3d)) else \
+        1 if isinstance(m, (nn.Conv1d, nn.ConvTranspose1d)) else 2
+    if isinstance(m, (nn.Conv1d, nn.Conv2d, nn.Conv3d)):
         p = _conv_padding(m, nd)
         if isinstance(p, str):
             return p
@@ -79,27 +96,68 @@ def conv_unsupported(m):
     return _dtype_reason(m)
 
 
+def _conv(m, x, w, nd, stride, padding, dilation):
+    if _custom(m):
+        return library.conv(x, w, m.bias, stride, padding, dilation, m.groups,
+                            m.dnnkit_backend)
+    return bridge.function(Conv, x, w, m.bias, nd, stride, padding, dilation, m.groups,
+                           m.dnnkit_backend)
+
+
+def _conv_nd(m, nd, x):
+    return _conv(m, x, m.weight, nd, _tuple(m.stride, nd), _conv_padding(m, nd),
+                 _tuple(m.dilation, nd))
+
+
+def _unbatched(forward, x, rank, *args):
+    """PyTorch's unbatched input (one fewer dim) through the batched ``forward``."""
+    if x.dim() == rank - 1:
+        return forward(x.unsqueeze(0), *args).squeeze(0)
+    return forward(x, *args)
+
+
+class DnnConv1d(_Dnn, nn.Conv1d):
+    def forward(self, x):
+        return _unbatched(self._forward, x, 3)
+
+    def _forward(self, x):
+        # (N, C, L) as (N, C, 1, L) and w (K, C/g, k) as (K, C/g, 1, k): views of contiguous
+        # tensors, contiguous (a size-1 dim's stride is free), so no copy reaches the 2-D op
+        y = _conv(self, x.unsqueeze(2), self.weight.unsqueeze(2), 2, (1,) + _tuple(self.stride, 1),
+                  (0,) + _conv_padding(self, 1), (1,) + _tuple(self.dilation, 1))
+        return y.squeeze(2)
+
+
 class DnnConv2d(_Dnn, nn.Conv2d):
     def forward(self, x):
-        return Conv.apply(x, self.weight, self.bias, 2, _tuple(self.stride, 2),
-                          _conv_padding(self, 2), _tuple(self.dilation, 2), self.groups,
-                          self.dnnkit_backend)
+        return _conv_nd(self, 2, x)
 
 
 class DnnConv3d(_Dnn, nn.Conv3d):
     def forward(self, x):
-        return Conv.apply(x, self.weight, self.bias, 3, _tuple(self.stride, 3),
-                          _conv_padding(self, 3), _tuple(self.dilation, 3), self.groups,
-                          self.dnnkit_backend)
+        return _conv_nd(self, 3, x)
 
 
 def _transpose(m, nd, x, output_size):
     # PyTorch's own rule for an output_size argument (the module's method)
     op = m._output_padding(x, output_size, _tuple(m.stride, nd), _tuple(m.padding, nd),
                            _tuple(m.kernel_size, nd), nd, _tuple(m.dilation, nd))
-    return ConvTranspose.apply(x, m.weight, m.bias, nd, _tuple(m.stride, nd),
-                               _tuple(m.padding, nd), tuple(op), _tuple(m.dilation, nd),
-                               m.groups, m.dnnkit_backend)
+    args = (_tuple(m.stride, nd), _tuple(m.padding, nd), tuple(op), _tuple(m.dilation, nd))
+    w = m.weight
+    if nd == 1:               # as the 2-D op on (N, C, 1, L) and (C_in, C_out/g, 1, k) views
+        x, w = x.unsqueeze(2), w.unsqueeze(2)
+        args = tuple((lead,) + tuple(a) for lead, a in zip((1, 0, 0, 1), args))
+    if _custom(m):
+        y = library.conv_transpose(x, w, m.bias, *args, m.groups, m.dnnkit_backend)
+    else:
+        y = bridge.function(ConvTranspose, x, w, m.bias, max(nd, 2), *args, m.groups,
+                            m.dnnkit_backend)
+    return y.squeeze(2) if nd == 1 else y
+
+
+class DnnConvTranspose1d(_Dnn, nn.ConvTranspose1d):
+    def forward(self, x, output_size=None):
+        return _unbatched(lambda v, o: _transpose(self, 1, v, o), x, 3, output_size)
 
 
 class DnnConvTranspose2d(_Dnn, nn.ConvTranspose2d):
@@ -135,8 +193,11 @@ def pool_unsupported(m):
 def _pool(m, nd, x, mode):
     window = _tuple(m.kernel_size, nd)
     stride = _tuple(m.stride if m.stride is not None else m.kernel_size, nd)
-    return Pool.apply(x, nd, window, stride, _tuple(m.padding, nd), mode, bool(m.ceil_mode),
-                      m.dnnkit_backend)
+    if _custom(m):
+        return library.pool(x, window, stride, _tuple(m.padding, nd), mode, bool(m.ceil_mode),
+                            m.dnnkit_backend)
+    return bridge.function(Pool, x, nd, window, stride, _tuple(m.padding, nd), mode,
+                           bool(m.ceil_mode), m.dnnkit_backend)
 
 
 class DnnMaxPool2d(_Dnn, nn.MaxPool2d):
@@ -163,14 +224,20 @@ class DnnAvgPool3d(_Dnn, nn.AvgPool3d):
         return _pool(self, 3, x, _avg_mode(self))
 
 
+def _global_pool(m, nd, x):
+    if _custom(m):            # an empty window: the whole map
+        return library.pool(x, (), (), (), "average_inc_pad", False, m.dnnkit_backend)
+    return bridge.function(Pool, x, nd, None, None, 0, "average_inc_pad", False, m.dnnkit_backend)
+
+
 class DnnAdaptiveAvgPool2d(_Dnn, nn.AdaptiveAvgPool2d):
     def forward(self, x):
-        return Pool.apply(x, 2, None, None, 0, "average_inc_pad", False, self.dnnkit_backend)
+        return _global_pool(self, 2, x)
 
 
 class DnnAdaptiveAvgPool3d(_Dnn, nn.AdaptiveAvgPool3d):
     def forward(self, x):
-        return Pool.apply(x, 3, None, None, 0, "average_inc_pad", False, self.dnnkit_backend)
+        return _global_pool(self, 3, x)
 
 
 # ---------------------------------------------------------------- batch normalization
@@ -194,10 +261,17 @@ class _DnnBatchNorm(_Dnn):
         if train:
             track = not self.training or self.track_running_stats
             rm, rv = (self.running_mean, self.running_var) if track else (None, None)
-            return BatchNormTrain.apply(x, self.weight, self.bias, rm, rv, self.eps, factor,
-                                        self.dnnkit_backend)
-        return BatchNormEval.apply(x, self.weight, self.bias, self.running_mean,
-                                   self.running_var, self.eps, self.dnnkit_backend)
+            if _custom(self):
+                return library_norm.batch_norm_train_update(x, self.weight, self.bias, rm, rv,
+                                                            self.eps, factor,
+                                                            self.dnnkit_backend)
+            return bridge.function(BatchNormTrain, x, self.weight, self.bias, rm, rv, self.eps,
+                                   factor, self.dnnkit_backend)
+        if _custom(self):
+            return library_norm.batch_norm_eval(x, self.weight, self.bias, self.running_mean,
+                                                self.running_var, self.eps, self.dnnkit_backend)
+        return bridge.function(BatchNormEval, x, self.weight, self.bias, self.running_mean,
+                               self.running_var, self.eps, self.dnnkit_backend)
 
 
 class DnnBatchNorm1d(_DnnBatchNorm, nn.BatchNorm1d):
@@ -220,20 +294,28 @@ def softmax_unsupported(m):
     return None
 
 
+def _softmax(m, x, log):
+    if _custom(m):
+        return library_norm.softmax(x, m.dim, log, m.dnnkit_backend)
+    return bridge.function(SoftmaxFn, x, m.dim, log, m.dnnkit_backend)
+
+
 class DnnSoftmax(_Dnn, nn.Softmax):
     def forward(self, x):
-        return SoftmaxFn.apply(x, self.dim, False, self.dnnkit_backend)
+        return _softmax(self, x, False)
 
 
 class DnnLogSoftmax(_Dnn, nn.LogSoftmax):
     def forward(self, x):
-        return SoftmaxFn.apply(x, self.dim, True, self.dnnkit_backend)
+        return _softmax(self, x, True)
 
 
 def _act(mode, coef=0.0):
     def forward(self, x):
-        return Activation.apply(x, mode, coef if not callable(coef) else coef(self),
-                                self.dnnkit_backend)
+        c = coef if not callable(coef) else coef(self)
+        if _custom(self):
+            return library_norm.activation(x, mode, c, self.dnnkit_backend)
+        return bridge.function(Activation, x, mode, c, self.dnnkit_backend)
     return forward
 
 
@@ -282,18 +364,25 @@ class DnnDropout(_Dnn, nn.Dropout):
     def forward(self, x):
         if not self.training or self.p == 0:
             return x
-        return DropoutFn.apply(x, float(self.p), self.dnnkit_backend)
+        if _custom(self):       # the seed a CPU tensor drawn as bridge.seed draws it
+            return library_norm.dropout(x, library_norm.draw_seed(), float(self.p),
+                                        self.dnnkit_backend)
+        return bridge.function(DropoutFn, x, float(self.p), self.dnnkit_backend)
 
 
 class DnnLinear(_Dnn, nn.Linear):
     def forward(self, x):
-        return LinearFn.apply(x, self.weight, self.bias, self.dnnkit_backend)
+        if _custom(self):
+            return library.linear(x, self.weight, self.bias, self.dnnkit_backend)
+        return bridge.function(LinearFn, x, self.weight, self.bias, self.dnnkit_backend)
 
 
 # {torch.nn class: (dnnkit class, the options check or None)}; only these exact classes are
 # converted (a subclass may have its own forward)
 TABLE = {
+    nn.Conv1d: (DnnConv1d, conv_unsupported),
     nn.Conv2d: (DnnConv2d, conv_unsupported), nn.Conv3d: (DnnConv3d, conv_unsupported),
+    nn.ConvTranspose1d: (DnnConvTranspose1d, conv_unsupported),
     nn.ConvTranspose2d: (DnnConvTranspose2d, conv_unsupported),
     nn.ConvTranspose3d: (DnnConvTranspose3d, conv_unsupported),
     nn.MaxPool2d: (DnnMaxPool2d, pool_unsupported), nn.MaxPool3d: (DnnMaxPool3d, pool_unsupported),

@@ -41,6 +41,9 @@ class _DnnRecurrent:
             got = cache[key] = (cfg, layout(cfg))
         return got
 
+    # outside any torch.compile graph (a graph break): the recurrent layers stay
+    # autograd.Functions (functions_rnn.py), whose cuDNN state Dynamo cannot trace
+    @torch.compiler.disable
     def _dnnkit_run(self, x, h0, c0):
         if isinstance(x, nn.utils.rnn.PackedSequence):
             raise TypeError(f"dnnkit.torch {type(self).__name__}: a PackedSequence input is not "

@@ -41,14 +41,27 @@ def close(a, b, tol, what):
     assert err <= tol * scale, f"{what}: max |difference| {err:g} > {tol * scale:g}"
 
 
-def check_module(make, x, backend, *, tol=1e-9, args=(), steps=1, train=True):
-    """A module from ``make()`` converted to ``backend`` against an unconverted copy: outputs,
-    the input's gradient, every parameter's gradient and every buffer after ``steps``
-    forward/backward passes."""
+def check_half_dropout(y, y2, x, g):
+    """``y`` and ``y2`` (two dropouts of ``x`` with p = 0.5 and one seed) are one mask: kept
+    elements doubled, the others 0, some of each; after ``y.backward(g)``, x.grad is g under
+    the same mask."""
+    close(y, y2, 0, "the same seed, the same mask")
+    kept = y != 0
+    assert 0 < int(kept.sum()) < x.numel()
+    close(y, torch.where(kept, x * 2, torch.zeros_like(x)), 1e-12, "y = x * mask / (1 - p)")
+    y.backward(g)
+    close(x.grad, torch.where(kept, g * 2, torch.zeros_like(g)), 1e-12, "dx = dy * mask / 0.5")
+
+
+def check_module(make, x, backend, *, tol=1e-9, args=(), steps=1, train=True,
+                 custom_ops=None):
+    """A module from ``make()`` converted to ``backend`` (``custom_ops`` as convert's) against
+    an unconverted copy: outputs, the input's gradient, every parameter's gradient and every
+    buffer after ``steps`` forward/backward passes."""
     torch.manual_seed(0)
     ref = make().to(DEVICE, x.dtype).train(train)
     m = copy.deepcopy(ref)
-    report = dt.convert(m, backend)
+    report = dt.convert(m, backend, custom_ops=custom_ops)
     assert report.converted and not report.skipped, str(report)
     for _ in range(steps):
         xa = x.detach().clone().to(DEVICE).requires_grad_()

@@ -111,6 +111,17 @@ def test_supported_options_convert():
     assert modules.ORIGINAL[type(m[12])] is nn.LSTM
 
 
+def test_conv1d_and_conv_transpose1d_convert_and_are_reported():
+    m = nn.Sequential(nn.Conv1d(2, 4, 3, padding="same"), nn.ConvTranspose1d(4, 2, 3, stride=2),
+                      nn.Conv1d(2, 2, 3, padding=1, padding_mode="circular"))
+    report = dt.convert(m, "numba")
+    assert report.converted == [("0", "Conv1d"), ("1", "ConvTranspose1d")]
+    assert report.skipped == [("2", "padding_mode='circular'; dnnkit pads with zeros only")]
+    assert "    0: Conv1d" in str(report) and isinstance(m[0], nn.Conv1d)
+    dt.convert(m, "torch")
+    assert type(m[0]) is nn.Conv1d and type(m[1]) is nn.ConvTranspose1d
+
+
 def test_subclasses_are_not_converted():
     class MyConv(nn.Conv2d):
         def forward(self, x):
@@ -135,6 +146,8 @@ def test_bad_arguments_raise_naming_the_value():
         dt.convert([nn.ReLU()], "numba")
     with pytest.raises(TypeError, match="exclude must be a callable"):
         dt.convert(_model(), "numba", exclude=3)
+    with pytest.raises(TypeError, match="custom_ops must be None, True or False; got 'yes'"):
+        dt.convert(_model(), "numba", custom_ops="yes")
 
 
 def test_the_report_prints_every_row():

@@ -9,7 +9,7 @@ from torch import nn  # noqa: E402
 
 import dnnkit.torch as dt  # noqa: E402
 from tests.conftest import backend_params  # noqa: E402
-from tests.torch.helpers import DEVICE, check_module, close  # noqa: E402
+from tests.torch.helpers import DEVICE, check_half_dropout, check_module, close  # noqa: E402
 
 F64 = torch.float64
 
@@ -27,6 +27,11 @@ CONV = [
     (lambda: nn.ConvTranspose2d(2, 3, 3, stride=2, padding=1, output_padding=1), (1, 2, 3, 3)),
     (lambda: nn.ConvTranspose3d(2, 2, 2, stride=2, bias=False), (1, 2, 2, 2, 2)),
     (lambda: nn.Linear(3, 2), (2, 4, 3)),
+    (lambda: nn.Conv1d(4, 2, 3, stride=2, padding=1, dilation=2, groups=2), (2, 4, 9)),
+    (lambda: nn.Conv1d(2, 3, 3, padding="same", bias=False), (1, 2, 5)),
+    (lambda: nn.Conv1d(2, 3, 3), (2, 6)),                               # unbatched (C, L)
+    (lambda: nn.ConvTranspose1d(2, 4, 3, stride=2, padding=1, output_padding=1, groups=2),
+     (2, 2, 4)),
 ]
 
 
@@ -138,13 +143,7 @@ def test_dropout_scales_the_kept_elements_and_repeats_with_the_seed(backend):
     y = m(x)
     torch.manual_seed(3)
     y2 = m(x)
-    close(y, y2, 0, "the same seed, the same mask")
-    kept = y != 0
-    assert 0 < int(kept.sum()) < x.numel()
-    close(y, torch.where(kept, x * 2, torch.zeros_like(x)), 1e-12, "y = x * mask / (1 - p)")
-    g = rand(4, 8).to(DEVICE)
-    y.backward(g)
-    close(x.grad, torch.where(kept, g * 2, torch.zeros_like(g)), 1e-12, "dx = dy * mask / 0.5")
+    check_half_dropout(y, y2, x, rand(4, 8).to(DEVICE))
     m.eval()
     assert m(x) is x
 
