@@ -12,6 +12,7 @@
 """
 
 import ctypes
+import threading
 from ctypes import POINTER, c_int, c_size_t, c_void_p
 
 from .. import config, device
@@ -64,15 +65,17 @@ def library():
     return st.lib
 
 
-_fast = [None, None, None, {}]   # [merged flags, thread epoch, probe cache, {name: function}]
+# Per thread (a change_flags block is per thread): [merged flags, epoch, probe cache,
+# {name: function}]
+_fast = threading.local()
 
 
 def function(name):
     """cuDNN function ``name`` of the library the flags name, its prototype set. Repeated
     lookups under the same flags (no ``change_flags`` block entered or left, no new probe)
     are one dict lookup: every cuDNN call asks."""
-    f = _fast
-    if f[0] is config.state.merged and f[0] is not None and f[2] is loader.probed() and \
+    f = _fast.__dict__.get("v")
+    if f is not None and f[0] is config.state.merged and f[2] is loader.probed() and \
             f[1] == config.state.local.__dict__.get("epoch"):
         fn = f[3].get(name)
         if fn is not None:
@@ -82,9 +85,9 @@ def function(name):
                              loader.probed())
     if merged is None:
         return fn
-    if f[0] is not merged or f[1] != epoch or f[2] is not probed:
-        _fast[:] = [merged, epoch, probed, {}]
-    _fast[3][name] = fn
+    if f is None or f[0] is not merged or f[1] != epoch or f[2] is not probed:
+        f = _fast.v = [merged, epoch, probed, {}]
+    f[3][name] = fn
     return fn
 
 

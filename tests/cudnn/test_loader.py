@@ -132,3 +132,31 @@ def test_not_found_reason_names_the_dependency_when_cudnn_is_there(monkeypatch):
 
 def test_main_file_finds_the_wheel_without_loading_it(real):
     assert os.path.realpath(loader.main_file()) == os.path.realpath(real.path)
+
+
+def test_function_lookups_are_kept_per_thread_and_per_flags(monkeypatch):
+    """api.function keeps the functions it looked up for the flags in force in this thread:
+    a change_flags block (per thread) or a flag change looks them up again, and another
+    thread never gets this thread's."""
+    import threading
+
+    from dnnkit import config
+    from dnnkit.cudnn import api
+    looked = []
+
+    def lookup(name):
+        looked.append((threading.get_ident(), config.get("dnn.library_path"), name))
+        return (config.get("dnn.library_path"), name)
+    monkeypatch.setattr(api, "_function", lookup)
+    monkeypatch.setattr(api, "_fast", threading.local())
+    config.get("dnn.memo")                                   # the flags merged
+    first = api.function("cudnnCreate")
+    assert api.function("cudnnCreate") is first and len(looked) == 1
+    with config.change_flags({"dnn.library_path": "/elsewhere/libcudnn.so"}):
+        assert api.function("cudnnCreate") == ("/elsewhere/libcudnn.so", "cudnnCreate")
+        got = []
+        t = threading.Thread(target=lambda: got.append(api.function("cudnnCreate")))
+        t.start()
+        t.join()
+        assert got == [first]          # the other thread is outside this block
+    assert api.function("cudnnCreate") == first and len(looked) == 4
