@@ -117,14 +117,22 @@ def _key(p, seed, stream_value):
     return (_device_id(), stream_value, seed, p)
 
 
+def standing(cache, key, offset, seed):
+    """None when generator states kept in ``cache`` under ``key`` can draw call ``offset`` of
+    ``seed`` now (offset 0, seed None, or the call after the states' last one); else the
+    offset the states stand at (cuDNN's generators only move forward, one call at a time)."""
+    if offset == 0 or seed is None:
+        return None
+    e = cache.get(key)
+    at = 0 if e is None else e.next
+    return None if offset == at else at
+
+
 def reachable(p, seed, offset, stream):
     """None when cuDNN can draw mask ``offset`` of ``seed`` on ``stream`` now (offset 0, or the
     offset after this stream's previous call with the seed); else the reason."""
-    if offset == 0 or seed is None:
-        return None
-    e = _cache.get(_key(p, seed, stream_pointer(stream)))
-    at = 0 if e is None else e.next
-    if offset == at:
+    at = standing(_cache, _key(p, seed, stream_pointer(stream)), offset, seed)
+    if at is None:
         return None
     return (f"cuDNN's dropout generator advances one call at a time: mask {offset} of seed "
             f"{seed} follows mask {offset - 1}, but this stream's states stand at {at}")

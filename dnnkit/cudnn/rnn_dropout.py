@@ -28,7 +28,7 @@ from ..device import device_id, stream_pointer
 from ..memory import device_array
 from . import api
 from .api import copy_async, ptr
-from .dropout import DropoutDescriptor
+from .dropout import DropoutDescriptor, standing
 
 CACHE_MAX = 8
 
@@ -64,11 +64,8 @@ def reachable(p, seed, offset, stream):
     """None when a training forward can draw the masks of call ``offset`` of ``seed`` on
     ``stream`` now (offset 0, the call after this stream's previous one, or seed None); else
     the reason."""
-    if offset == 0 or seed is None:
-        return None
-    e = _cache.get(_key(p, seed, stream_pointer(stream)))
-    at = 0 if e is None else e.next
-    if offset == at:
+    at = standing(_cache, _key(p, seed, stream_pointer(stream)), offset, seed)
+    if at is None:
         return None
     return (f"cuDNN's RNN dropout generator advances one training forward at a time: call "
             f"{offset} of seed {seed} follows call {offset - 1}, but this stream's states "

@@ -160,3 +160,21 @@ def test_function_lookups_are_kept_per_thread_and_per_flags(monkeypatch):
         t.join()
         assert got == [first]          # the other thread is outside this block
     assert api.function("cudnnCreate") == first and len(looked) == 4
+
+
+def test_dropout_generators_reach_only_the_next_call_of_their_seed():
+    """cuDNN's dropout states (plain and RNN) move forward one call at a time: call 0 and the
+    call after the states' last one can be drawn, any other offset names where they stand."""
+    import types
+
+    from dnnkit.cudnn import dropout, rnn_dropout
+    cache = {"k": types.SimpleNamespace(next=3)}
+    assert dropout.standing(cache, "k", 0, 5) is None
+    assert dropout.standing(cache, "k", 7, None) is None
+    assert dropout.standing(cache, "k", 3, 5) is None
+    assert dropout.standing(cache, "k", 4, 5) == 3
+    assert dropout.standing(cache, "other", 2, 5) == 0
+    for mod in (dropout, rnn_dropout):
+        assert mod.reachable(0.5, 11, 0, None) is None
+        why = mod.reachable(0.5, 11, 2, None)
+        assert "stand at 0" in why and "seed 11" in why
