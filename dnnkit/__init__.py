@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 # memory registers the dnn.allocator flag: imported here so that the flag exists (for
 # DNNKIT_FLAGS, the rc file and config.describe()) before the first op runs
-from . import backends, config, dispatch, memory, ops, reference  # noqa: F401
+from . import config, dispatch, memory, ops, reference  # noqa: F401
 from .arrays import current_stream, stream  # noqa: F401
 from .dlpack import to_dlpack  # noqa: F401
 from .errors import (CrosscheckError, CudnnError, CudnnUnavailableError,  # noqa: F401
@@ -44,11 +44,12 @@ __all__ += ops.__all__
 
 # the subpackages a user names, imported on first access: dnnkit.nn.Conv2d after a plain
 # `import dnnkit` (PEP 562); a type checker reads them as the imports below
-_SUBMODULES = ("cudnn", "graphs", "models", "nn", "ops", "optim", "testing")
+_SUBMODULES = ("backends", "cudnn", "graphs", "models", "nn", "ops", "optim", "testing")
 
 if TYPE_CHECKING:
     # (``import x as x``: re-exported, which --strict requires of names not in __all__)
-    from . import cudnn as cudnn, graphs as graphs, models as models, nn as nn  # noqa: F401
+    from . import backends as backends, cudnn as cudnn, graphs as graphs  # noqa: F401
+    from . import models as models, nn as nn  # noqa: F401
     from . import ops as ops, optim as optim, testing as testing  # noqa: F401
 else:
     def __getattr__(name):

@@ -19,8 +19,6 @@ wins over the same flag set through an old name. ``dnn.benchmark = True`` moves 
 the three ``dnn.conv.algo_*`` flags to ``time_once``; one given a value anywhere keeps it.
 """
 
-import ast
-import configparser
 import contextlib
 import os
 import re
@@ -225,6 +223,8 @@ def _key_line(text, section, key):
 
 def _ini_problem(e):
     """(line, what) of a configparser error, in one line."""
+    import ast
+    import configparser
     if isinstance(e, configparser.MissingSectionHeaderError):
         return e.lineno, f"{e.line.strip()!r} comes before any [section] header"
     if isinstance(e, configparser.ParsingError):
@@ -251,6 +251,8 @@ def _read_rc():
         raise ConfigError(str(e)) from None
     except OSError as e:
         raise ConfigError(f"rc file {path}: cannot be read ({e.strerror or e})") from None
+    # configparser (and its regular expressions, 3 ms) only when there is an rc file to read
+    import configparser
     cp = configparser.ConfigParser(interpolation=None)
     try:
         cp.read_string(text, source=path)

@@ -1,16 +1,15 @@
 """Cross-checking two backends: ``compare`` (the tolerance test) and ``crosscheck`` (the
 ``dnn.crosscheck`` flag's second run of a call on the other backend)."""
 
-import logging
 
 import numpy as np
 
+from .log import log
 from . import policy
 from .arrays import to_host
 from .errors import CrosscheckError
 from .registry import OPS, REGISTRY, OpInfo
 
-log = logging.getLogger("dnnkit")
 
 
 def crosscheck(op, chosen, out, args, kw):

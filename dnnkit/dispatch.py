@@ -9,9 +9,9 @@ signature skips all of that and runs its memoised runner (dnnkit/fastpath.py).
 """
 
 import functools
-import logging
 from typing import Any, Callable
 
+from .log import debug_enabled
 from . import arrays, config, fastpath, foreign, placement, tensors
 from .autograd import PUBLIC
 from .crosscheck import crosscheck
@@ -24,7 +24,6 @@ from .registry import OPS, PREPARE, bound
 from .tensors import Tensor
 from .tracing import record, trace_state
 
-log = logging.getLogger("dnnkit")
 
 
 def public_op(name: str, memo: bool = True
@@ -93,7 +92,7 @@ def _fast_find(op, args, backend, kw):
     __dict__: getattr of an attribute a thread never set raises and catches AttributeError
     inside, 0.35 us of a memoised call's ~1.5 us of dispatch (measured on the CI machine)."""
     if trace_state.__dict__.get("traces") or profile_state.__dict__.get("stack") or \
-            log.isEnabledFor(logging.DEBUG):
+            debug_enabled():
         return None, None
     if placement.one_device or placement.single_device():
         return fastpath.find(op, args, backend, kw)

@@ -10,14 +10,13 @@ for this call) and ``"numba"`` (disabled for this call) override it.
 - disabled: Numba; cuDNN is never loaded.
 """
 
-import logging
 
+from .log import DEBUG, INFO, log
 from . import config
 from .cudnn import loader
 from .errors import CudnnUnavailableError
 from .registry import OPS, PREPARE, REGISTRY, NoCudnnCall
 
-log = logging.getLogger("dnnkit")
 
 _POLICY_OF_BACKEND = {None: None, "auto": "auto", "cudnn": "forced", "numba": "disabled"}
 
@@ -93,6 +92,6 @@ def log_decision(op, chosen, reason, from_library=False):
         announced.add(reason)   # say why cuDNN is not used once, at INFO
         log.info("cuDNN not used (%s); ops run on the Numba kernels", reason)
     verbose = config.get("dnn.verbose")
-    if verbose or log.isEnabledFor(logging.DEBUG):
-        log.log(logging.INFO if verbose else logging.DEBUG, "%s: %s backend (%s)", op, chosen,
+    if verbose or log.isEnabledFor(DEBUG):
+        log.log(INFO if verbose else DEBUG, "%s: %s backend (%s)", op, chosen,
                 reason)

@@ -20,8 +20,7 @@ import pytest
 import dnnkit
 
 ROOT = Path(__file__).resolve().parents[1]
-IMPORT_BUDGET_S = 0.3       # CPU time of `import dnnkit` (NumPy included), bytecode cached
-OWN_BUDGET_S = 0.15         # ... of which dnnkit's own share: beyond `import numpy`'s
+OWN_BUDGET_S = 0.15         # CPU time of `import dnnkit` beyond `import numpy`'s, bytecode cached
 
 
 def _pyproject():
@@ -132,29 +131,25 @@ def test_subpackages_are_attributes_loaded_on_first_use():
 
 
 def test_import_dnnkit_is_fast(tmp_path):
-    """``import dnnkit`` (NumPy included) under IMPORT_BUDGET_S of CPU time, the best of three
-    fresh processes with bytecode cached (in tmp_path: the tree is not written to). CPU time,
-    not wall time: a busy machine slows the wall clock, not the work. A slow host slows NumPy's
-    own import too (0.17-0.23 s of CPU on the 2-core CI machine, on a quiet one 0.1): the
-    budget is IMPORT_BUDGET_S or NumPy's best time plus OWN_BUDGET_S, whichever is larger."""
+    """dnnkit's own share of ``import dnnkit`` under OWN_BUDGET_S of CPU time: in each fresh
+    process (bytecode cached in tmp_path: the tree is not written to) NumPy is imported first
+    and timed, then dnnkit, so the share excludes NumPy and both are measured on the same
+    moment of a busy machine; the best of five processes. CPU time, not wall time: a busy
+    machine slows the wall clock, not the work. (NumPy alone takes 0.17-0.23 s of CPU on the
+    2-core CI machine, 0.1 on a quiet one; its time is printed, not judged.)"""
     env = _child_env(PYTHONPYCACHEPREFIX=str(tmp_path))
     env.pop("PYTHONDONTWRITEBYTECODE", None)
-
-    def best(module):
-        code = f"import time; t = time.process_time(); import {module}; " \
-               "print(time.process_time() - t)"
-        times = []
-        for _ in range(4):               # the first run compiles and caches the bytecode
-            r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
-                               text=True, timeout=300, env=env)
-            assert r.returncode == 0, r.stderr
-            times.append(float(r.stdout.strip().splitlines()[-1]))
-        return min(times[1:]), times[1:]
-    numpy_s, _ = best("numpy")
-    got, times = best("dnnkit")
-    budget = max(IMPORT_BUDGET_S, numpy_s + OWN_BUDGET_S)
-    assert got < budget, (f"import dnnkit took {times} s of CPU (budget {budget:.3f}: "
-                          f"NumPy's import {numpy_s:.3f})")
+    code = "import time; t0 = time.process_time(); import numpy; t1 = time.process_time(); " \
+           "import dnnkit; print(t1 - t0, time.process_time() - t1)"
+    runs = []
+    for _ in range(6):                  # the first run compiles and caches the bytecode
+        r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                           text=True, timeout=300, env=env)
+        assert r.returncode == 0, r.stderr
+        runs.append(tuple(map(float, r.stdout.strip().splitlines()[-1].split())))
+    own_s = min(own for _, own in runs[1:])
+    assert own_s < OWN_BUDGET_S, (f"import dnnkit took {own_s:.3f} s of CPU beyond NumPy's "
+                                  f"(budget {OWN_BUDGET_S}); (NumPy, dnnkit) per run: {runs[1:]}")
 
 
 # ---------------------------------------------------------------- type hints

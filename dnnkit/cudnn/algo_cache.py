@@ -15,10 +15,11 @@ another device or cuDNN version load harmlessly: their keys never match a lookup
 The lock guards the dicts only; choosing (GPU work) happens outside it, so two threads that miss
 at once may both choose, and the last ``put`` wins.
 
-Numba is imported inside ``current_device``: ``import dnnkit`` must not load it.
+Numba is imported inside ``current_device``: ``import dnnkit`` must not load it; ``json`` is
+imported where a key is made or a file read or written, which keeps it (3 ms) out of
+``import dnnkit`` too.
 """
 
-import json
 import os
 import re
 import threading
@@ -68,6 +69,7 @@ def _ints(t):
 
 
 def _canonical(obj):
+    import json
     return json.dumps(obj, sort_keys=True, separators=(",", ":"))
 
 
@@ -176,6 +178,7 @@ def save(path):
     file is kept and no temporary file is left."""
     with _lock:
         items = sorted(_once.items())
+    import json
     # One entry a line: readable, and diffs between two saved caches stay small.
     rows = ",\n".join(json.dumps({"algo": v, "key": json.loads(k)}, sort_keys=True)
                       for k, v in items)
@@ -184,6 +187,7 @@ def save(path):
 
 
 def _parse(path, text):
+    import json
     try:
         doc = json.loads(text)
     except ValueError as e:

@@ -34,13 +34,13 @@ DnnkitError is raised. ``workspace_limit=None`` means no limit.
 overwrites all of it (beta = 0), and the inputs are only read.
 """
 
-import logging
 import math
 import types
 from ctypes import c_int, c_size_t, c_void_p
 
 import numpy as np
 
+from ..log import log
 from ..arrays import float_name
 from ..errors import CudnnError
 from . import algo_cache, api, conv_graph, graph, handle
@@ -51,7 +51,6 @@ from .descriptors import INT_MAX, scalar_refs, tensor
 from .enums import DATA_TYPES, MATH_DEFAULT, MATH_FMA, MATH_TENSOR_OP
 from .workspace import alloc, held
 
-log = logging.getLogger("dnnkit")
 
 _p = c_void_p
 

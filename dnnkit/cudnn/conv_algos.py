@@ -14,9 +14,9 @@ Numba is imported inside ``cache_key``: ``import dnnkit`` must not load it.
 
 import ctypes
 import dataclasses
-import logging
 from ctypes import POINTER, c_int, c_size_t, c_void_p
 
+from ..log import log
 from .. import device
 from ..errors import CudnnError, DnnkitError
 from . import algo_cache, api, loader
@@ -24,7 +24,6 @@ from .enums import (CONV_BWD_DATA_ALGO, CONV_BWD_FILTER_ALGO, CONV_FWD_ALGO, DET
                     STATUS_SUCCESS)
 from .workspace import alloc, held
 
-log = logging.getLogger("dnnkit")
 
 _p = c_void_p
 _int_p = POINTER(c_int)

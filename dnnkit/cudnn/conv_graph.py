@@ -15,15 +15,14 @@ direction's (a, b, o) argument order (``UIDS``), as in conv.py.
 Numba is imported inside ``_time``: ``import dnnkit`` must not load it.
 """
 
-import logging
 import threading
 
+from ..log import log
 from .. import device, fastpath, memory
 from ..errors import CudnnError
 from . import algo_cache, graph, handle, workspace
 from .enums import CONVOLUTION, CROSS_CORRELATION, DATA_TYPES
 
-log = logging.getLogger("dnnkit")
 
 TIME_MAX = 12               # candidates timed by time_* (heuristics order: the best are first)
 TIME_REPS = 3

@@ -30,7 +30,6 @@ Numba is imported inside the functions that use it: ``import dnnkit`` must not l
 
 import collections
 import ctypes
-import secrets
 import threading
 from ctypes import POINTER, c_float, c_size_t, c_ulonglong, c_void_p
 
@@ -38,6 +37,7 @@ import numpy as np
 
 from ..device import stream_pointer
 from ..memory import device_array
+from ..seeds import fresh_seed
 from . import api, handle
 from .api import copy_async, ptr
 from .descriptors import Descriptor, tensor
@@ -95,7 +95,7 @@ class _Entry:
         api.call("cudnnDropoutGetStatesSize", h, ctypes.byref(size))
         self.size, self.p, self.seed = size.value, p, seed
         if seed is None:               # the anonymous generator: a fresh seed, once
-            seed = secrets.randbits(64)
+            seed = fresh_seed()
         self.init_seed = seed
         # from the caching pool on the entry's stream: the init kernel below runs on it too
         # (h is bound to it), so the states are ready in stream order, with no host wait

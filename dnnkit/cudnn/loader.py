@@ -15,7 +15,6 @@ dnnkit`` loads neither (tests/cudnn/test_loader.py checks).
 """
 
 import ctypes
-import ctypes.util
 import dataclasses
 import glob
 import os
@@ -187,6 +186,8 @@ def main_file():
     for d in filter(None, dirs):
         if os.path.isfile(os.path.join(d, MAIN_NAME)):
             return os.path.join(d, MAIN_NAME)
+    # ctypes.util loads subprocess (7 ms): imported here, off `import dnnkit`
+    import ctypes.util
     found = ctypes.util.find_library("cudnn")      # the linker cache: a name, not a path
     return found if found == MAIN_NAME else None
 

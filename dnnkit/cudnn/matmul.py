@@ -23,9 +23,9 @@ reaches the caller.
 Tensor unique ids: 1 = A, 2 = B, 3 = C; pointers bound in that order.
 """
 
-import logging
 import threading
 
+from ..log import log
 from .. import memory
 from ..errors import CudnnError
 from . import api, graph, handle, workspace
@@ -34,7 +34,6 @@ from .api import ptr
 from .descriptors import scalar_refs, tensor
 from .enums import DATA_TYPES, STATUS_NOT_SUPPORTED, STATUS_NAMES
 
-log = logging.getLogger("dnnkit")
 
 UIDS = (1, 2, 3)
 PLANS_MAX = 512

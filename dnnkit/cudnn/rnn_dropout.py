@@ -18,7 +18,6 @@ every call. The backward reads the masks from the forward's reserve space, not t
 
 import collections
 import ctypes
-import secrets
 import threading
 from ctypes import c_float, c_size_t, c_ulonglong
 
@@ -26,6 +25,7 @@ import numpy as np
 
 from ..device import device_id, stream_pointer
 from ..memory import device_array
+from ..seeds import fresh_seed
 from . import api
 from .api import copy_async, ptr
 from .dropout import DropoutDescriptor, standing
@@ -41,7 +41,7 @@ class Entry:
         size = c_size_t()
         api.call("cudnnDropoutGetStatesSize", h, ctypes.byref(size))
         self.size, self.p, self.seed, self.key = size.value, p, seed, key
-        self.init_seed = secrets.randbits(64) if seed is None else seed
+        self.init_seed = fresh_seed() if seed is None else seed
         self.pristine = device_array((max(1, self.size),), np.uint8, stream)
         self.work = device_array((max(1, self.size),), np.uint8, stream)
         self.next = 0                  # the offset the working states stand at

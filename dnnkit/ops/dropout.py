@@ -37,7 +37,6 @@ mask, never x: backward through an in-place dropout is exact.
 
 from __future__ import annotations
 
-import secrets
 import warnings
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -52,6 +51,7 @@ from ..autograd import gradient
 from ..dispatch import public_op
 from ..hints import ArrayLike, Backend, DType, Shape, Stream
 from ..launch import launch
+from ..seeds import fresh_seed
 from ..registry import register
 from . import inplace
 
@@ -215,7 +215,7 @@ def _apply_numba(a, state, stream, out=None):
 
 @register("dropout", "numba", crosscheck=False)
 def _dropout_numba(x, p, seed, offset, stream, out=None):
-    seed = secrets.randbits(64) if seed is None else (seed + offset) % 2**64
+    seed = fresh_seed() if seed is None else (seed + offset) % 2**64
     state = DropoutState("numba", p, seed, x.shape, x.dtype)
     return _apply_numba(x, state, stream, out), state
 

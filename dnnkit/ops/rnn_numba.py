@@ -24,7 +24,6 @@ Precision: gates, c and every gradient accumulate in float32 for float16 data (f
 float64); h, y, hy, dx, dhx and dw are in the data type (as cuDNN keeps them).
 """
 
-import secrets
 import warnings
 
 import numpy as np
@@ -32,6 +31,7 @@ import numpy as np
 from .. import arrays, device
 from ..launch import Site, at, launch
 from ..registry import register
+from ..seeds import fresh_seed
 from ..tracing import note_algo
 from ..rnn_layout import GATES, has_input_matrix, layer_input_size, param_layout
 from . import gemm
@@ -196,7 +196,7 @@ def rnn_forward_numba(cfg, w, x, hx, cx, lengths, training, seed, offset, algo, 
     kc = pw // parts
     gr = arrays.cuda_empty((parts * d_ * n_ * gh,), acc.dtype, stream)
     drop = training and cfg.dropout > 0 and cfg.num_layers > 1
-    seed = secrets.randbits(64) if drop and seed is None else seed
+    seed = fresh_seed() if drop and seed is None else seed
     hsteps = t_ if training else 1          # hc (projection input) keeps every step to train
     pr = arrays.cuda_empty((d_ * n_ * pw,), acc.dtype, stream) if proj else None
     hc = arrays.cuda_empty((d_ * hsteps * n_ * h,), dt, stream) if proj else None
