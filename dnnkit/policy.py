@@ -11,7 +11,7 @@ for this call) and ``"numba"`` (disabled for this call) override it.
 """
 
 
-from .log import DEBUG, INFO, log
+from .log import DEBUG, INFO, debug_enabled, log
 from . import config
 from .cudnn import loader
 from .errors import CudnnUnavailableError
@@ -92,6 +92,6 @@ def log_decision(op, chosen, reason, from_library=False):
         announced.add(reason)   # say why cuDNN is not used once, at INFO
         log.info("cuDNN not used (%s); ops run on the Numba kernels", reason)
     verbose = config.get("dnn.verbose")
-    if verbose or log.isEnabledFor(DEBUG):
+    if verbose or debug_enabled():
         log.log(INFO if verbose else DEBUG, "%s: %s backend (%s)", op, chosen,
                 reason)
