@@ -66,7 +66,14 @@ def cudnn_ok():
     return loader.status("").available
 
 
+# Test files that take minutes on the CPU (compiling every kernel to PTX, in three processes):
+# collected first, so that under pytest-xdist (README's command: ``-n auto --dist loadfile``)
+# one worker starts on them while the others take the rest, instead of a serial tail.
+LONG_FIRST = ("tests/kernels/test_ptx.py",)
+
+
 def pytest_collection_modifyitems(config, items):  # noqa: F811 - pytest hook name
+    items.sort(key=lambda item: item.nodeid.split("::")[0] not in LONG_FIRST)   # stable
     skip_gpu = pytest.mark.skip(reason="needs a real CUDA GPU (running on the simulator)")
     skip_cudnn = None
     for item in items:
@@ -82,10 +89,38 @@ def pytest_collection_modifyitems(config, items):  # noqa: F811 - pytest hook na
                 item.add_marker(skip_cudnn)
 
 
+_FUZZ = "tests.fuzz.common"      # the fuzzer's case counter, once a fuzz test module loaded it
+
+
+def pytest_sessionfinish(session):
+    """In a pytest-xdist worker: hand the fuzzer's case counts to the controller, which prints
+    the summary (pytest_testnodedown below)."""
+    out = getattr(session.config, "workeroutput", None)
+    common = sys.modules.get(_FUZZ)
+    if out is not None and common is not None:
+        out["fuzz_counts"] = {op: dict(c) for op, c in common.COUNTS.items()}
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    """pytest-xdist's controller: add a finished worker's fuzz case counts to its own."""
+    counts = getattr(node, "workeroutput", {}).get("fuzz_counts")
+    if counts:
+        from tests.fuzz import common
+        for op, c in counts.items():
+            common.COUNTS[op].update(c)
+
+
 def pytest_terminal_summary(terminalreporter, config):  # noqa: F811 - pytest hook name
-    """Skips in brief: one line per reason with its count. (pyproject's addopts reports
-    failures and errors in full, ``-rfE``; ``-ra`` would print a line per skipped test, some
-    800 on the simulator, burying the summary. ``-rs`` still lists them.)"""
+    """The fuzzer's case counts, when fuzz tests ran; then skips in brief: one line per reason
+    with its count. (pyproject's addopts reports failures and errors in full, ``-rfE``;
+    ``-ra`` would print a line per skipped test, some 800 on the simulator, burying the
+    summary. ``-rs`` still lists them.)"""
+    common = sys.modules.get(_FUZZ)
+    if common is not None and common.COUNTS:
+        head, rows = common.summary()
+        for line in (head, *rows):
+            terminalreporter.write_line(line)
     skipped = terminalreporter.stats.get("skipped", [])
     if not skipped or "s" in config.option.reportchars.replace("A", "s").replace("a", "s"):
         return

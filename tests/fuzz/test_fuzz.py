@@ -62,20 +62,10 @@ FAMILIES = {
 }
 
 
-class _Summary:
-    def pytest_terminal_summary(self, terminalreporter):
-        head, rows = common.summary()
-        terminalreporter.write_line(head)
-        for r in rows:
-            terminalreporter.write_line(r)
-
-
 @pytest.fixture(scope="module", autouse=True)
-def _fuzz_report(request):
-    """The case count: printed (pytest -s), in the terminal summary and in
-    $DNNKIT_FUZZ_REPORT."""
-    plugin = _Summary()
-    request.config.pluginmanager.register(plugin, "dnnkit-fuzz-summary")
+def _fuzz_report():
+    """The case count: printed (pytest -s), in the terminal summary (tests/conftest.py, which
+    gathers the counts of every xdist worker) and in $DNNKIT_FUZZ_REPORT."""
     yield
     head, rows = common.summary()
     print("\n" + head)
