@@ -26,23 +26,28 @@ from .tracing import record, trace_state
 
 
 
-def public_op(name: str, memo: bool = True
+def public_op(name: str, memo: bool | Callable[[tuple, dict], bool] = True
               ) -> Callable[[Callable[OpParams, Any]], PublicOp[OpParams]]:
     """Decorator for an op's public function. The decorated body validates the user's
     arguments and returns the (device) arguments the implementations take, a NamedTuple of
     the family's own; the returned wrapper adds ``backend=`` and dispatches.
     ``select_backend`` reuses the body. ``memo=False`` for an op whose body is not a function
     of the call's signature (dropout draws a fresh seed): its calls always take the full path
-    (dnnkit/fastpath.py). A call with a ``dnnkit.Tensor`` among its arguments runs the same
+    (dnnkit/fastpath.py); a function ``memo(args, kw) -> bool`` decides per call (a cuDNN
+    support check that depends on earlier calls, such as an RNN's explicit dropout seed). A call with a ``dnnkit.Tensor`` among its arguments runs the same
     way on the Tensors' arrays and is recorded for autograd (dnnkit/tensors.py)."""
     def deco(prepare):
+        when = memo if callable(memo) else None
+
         def call(args, kw, backend):
             """(output, the backend that ran it)."""
             if backend is not None and type(backend) is not str:
                 policy(name, backend)      # raises the clear error before anything hashes it
-            sig, entry = _fast_find(name, args, backend, kw) if memo else (None, None)
-            if entry is not None:          # a memoised call: its runner on these arrays
-                runner, prepared, subs, ran_on = entry
+            sig, entry = _fast_find(name, args, backend, kw) \
+                if memo is True or (when is not None and when(args, kw)) else (None, None)
+            if entry is not None and (entry[4] is None or fastpath.usable(entry, args, kw)):
+                # a memoised call: its runner on these arrays
+                runner, prepared, subs, ran_on, _ = entry
                 fastpath.stats["hits"] += 1
                 if subs:
                     prepared = list(prepared)

@@ -11,8 +11,11 @@ directly: the host cost of an op becomes an allocation and the cuDNN call or ker
 
 The signature: the op, ``backend=``, the thread's current stream (dnnkit.stream: a runner
 holds the stream it was bound to), and per argument its type and value for plain scalars (str,
-int, float, bool, None, tuples of ints), (shape, strides, dtype) for a device array, or the raw
-handle of a stream object (Numba's, PyTorch's, CuPy's). A foreign array (PyTorch, CuPy, any
+int, float, bool, None, tuples of ints) and registered immutable values (``value_type``: an
+RNNConfig), (shape, strides, dtype) for a device array, the raw handle of a stream object
+(Numba's, PyTorch's, CuPy's), or ``memo_key()`` of a registered per-call object
+(``carried_type``: a forward's state for its backward, put in place on each call like an
+array). A foreign array (PyTorch, CuPy, any
 ``__cuda_array_interface__`` or ``__dlpack__``) makes ``signature`` answer ``FOREIGN``: the
 dispatcher turns it into a Numba view (dnnkit/foreign.py) and the call is memoised as any.
 Anything else (host arrays) is not memoised: such calls always take the full path.
@@ -33,9 +36,28 @@ from .device import simulator, stream_pointer, stream_state
 MAX_ENTRIES = 1024          # per thread; a program with more signatures starts over
 _PLAIN = frozenset((str, int, float, bool, type(None)))
 _arrays = set()             # the device array types (bound on first use: imports numba)
+_VALUES = set()             # immutable value types, hashed into a signature as they are
+_CARRIED = set()            # per-call objects (a forward's state): keyed by memo_key(), put
+                            # in their place on each call like arrays
 _gen = [0]                  # bumped by invalidate(): every thread's memo is stale
 _local = threading.local()
 stats = {"hits": 0, "stores": 0}
+
+
+def value_type(cls):
+    """Register an immutable, hashable class (a frozen configuration such as RNNConfig): its
+    instances enter a call's signature by value, as ints and strings do."""
+    _VALUES.add(cls)
+    return cls
+
+
+def carried_type(cls):
+    """Register a class of per-call objects (a forward's state for its backward): an instance
+    enters the signature as ``(type, obj.memo_key())``, which must hold everything the op's
+    argument checks read of it, and a memoised call gets the caller's own object in its
+    place, as it gets the caller's arrays."""
+    _CARRIED.add(cls)
+    return cls
 
 
 def invalidate():
@@ -120,6 +142,10 @@ def signature(op, args, backend, kw, dev=None):
             k += (a.shape, a.strides, a.dtype)
         elif t in _PLAIN or (t is tuple and all(type(v) is int for v in a)):
             k += (t, a)
+        elif t in _VALUES:
+            k += (t, a)
+        elif t in _CARRIED:
+            k += (t, a.memo_key())
         else:
             o = _other(a, t)
             if o is None or o is FOREIGN:
@@ -131,6 +157,10 @@ def signature(op, args, backend, kw, dev=None):
             k += (name, a.shape, a.strides, a.dtype)
         elif t in _PLAIN or (t is tuple and all(type(v) is int for v in a)):
             k += (name, t, a)
+        elif t in _VALUES:
+            k += (name, t, a)
+        elif t in _CARRIED:
+            k += (name, t, a.memo_key())
         else:
             o = _other(a, t)
             if o is None or o is FOREIGN:
@@ -160,16 +190,26 @@ def store(sig, args, kw, prepared, runner, backend):
     ``runner(*prepared')`` where ``prepared'`` is ``prepared`` with the caller's new arrays in
     the places its arrays held now. Not stored when a checked array is not one of the caller's
     (a host input copied to the device, a made-contiguous copy): that work must happen on
-    every call."""
+    every call.
+
+    A call that passes one array in several places (``add(a, a)``, a gradient rule's
+    ``activation_backward(y, y, dy)``) is stored with that pattern (``same``: pairs of
+    argument places that held one array): the signature cannot tell it from a call with
+    distinct arrays of the same shapes, so ``usable`` lets a later call take the entry only
+    when its arrays coincide in the same places; one that does not takes the full path and
+    stores its own entry, which serves both."""
     arrays = _arrays or _array_types()
-    where = {id(a): i for i, a in enumerate(args) if type(a) in arrays}
-    named = {id(a): name for name, a in kw.items() if type(a) in arrays}
-    ids = [id(a) for a in (*args, *kw.values()) if type(a) in arrays]
-    if len(set(ids)) != len(ids):
-        return      # one array in two places: which place feeds which argument is unknown
+    where, same = {}, []         # id(array) -> its first place (index in args, or kw name)
+    for place, a in (*enumerate(args), *kw.items()):
+        if type(a) in arrays or type(a) in _CARRIED:
+            first = where.setdefault(id(a), place)
+            if first != place:
+                same.append((first, place))
+    named = {i: place for i, place in where.items() if type(place) is str}
+    where = {i: place for i, place in where.items() if type(place) is int}
     subs = []
     for i, p in enumerate(prepared):
-        if type(p) in arrays:
+        if type(p) in arrays or type(p) in _CARRIED:
             if id(p) in where:
                 subs.append((i, where[id(p)], None))
             elif id(p) in named:
@@ -186,8 +226,21 @@ def store(sig, args, kw, prepared, runner, backend):
     kept = list(prepared)
     for i, _, _ in subs:
         kept[i] = None
-    m[sig] = (runner, tuple(kept), tuple(subs), backend)
+    m[sig] = (runner, tuple(kept), tuple(subs), backend, tuple(same) or None)
     stats["stores"] += 1
+
+
+def usable(entry, args, kw):
+    """Whether a found entry serves this call: always, unless it was stored from a call that
+    passed one array in several places and this call's arrays do not coincide there too."""
+    same = entry[4]
+    if same is None:
+        return True
+    for p, q in same:
+        if (args[p] if type(p) is int else kw.get(p)) is not \
+                (args[q] if type(q) is int else kw.get(q)):
+            return False
+    return True
 
 
 def drop(sig):

@@ -183,16 +183,38 @@ def test_dropout_draws_a_fresh_mask_on_every_call(rng):
     assert len(masks) == 3
 
 
-def test_a_call_with_one_array_in_two_places_is_not_memoised():
-    """Stored from (a, a), a later (b, c) could not tell which array goes where."""
-    a, b = _dev([1.0, 2.0]), _dev([3.0, 4.0])
-    before = fastpath.stats["stores"]
-    fastpath.store(("sig",), (a, a), {}, (a, a), lambda *p: None, "numba")
-    fastpath.store(("sig2",), (a,), {"y": a}, (a, a), lambda *p: None, "numba")
-    assert fastpath.stats["stores"] == before
-    assert fastpath._memo().get(("sig",)) is None and fastpath._memo().get(("sig2",)) is None
-    fastpath.store(("sig3",), (a, b), {}, (b, a), lambda *p: None, "numba")   # distinct: stored
-    assert fastpath._memo()[("sig3",)][2] == ((0, 1, None), (1, 0, None))
+def test_a_call_with_one_array_in_two_places_is_stored_with_that_pattern():
+    """Stored from (a, a), the entry serves (b, b) but not (b, c): which of b and c goes where
+    is unknown. Stored from distinct arrays, it serves every call of its signature."""
+    a, b, c = _dev([1.0, 2.0]), _dev([3.0, 4.0]), _dev([5.0, 6.0])
+    run = lambda *p: None     # noqa: E731
+    fastpath.store(("sig",), (a, a), {}, (a, a), run, "numba")
+    fastpath.store(("sig2",), (a,), {"y": a}, (a, a), run, "numba")
+    fastpath.store(("sig3",), (a, b), {}, (b, a), run, "numba")   # distinct
+    m = fastpath._memo()
+    assert m[("sig",)][2] == ((0, 0, None), (1, 0, None)) and m[("sig",)][4] == ((0, 1),)
+    assert m[("sig2",)][2] == ((0, 0, None), (1, 0, None)) and m[("sig2",)][4] == ((0, "y"),)
+    assert m[("sig3",)][2] == ((0, 1, None), (1, 0, None)) and m[("sig3",)][4] is None
+    assert fastpath.usable(m[("sig",)], (b, b), {})
+    assert not fastpath.usable(m[("sig",)], (b, c), {})
+    assert fastpath.usable(m[("sig2",)], (c,), {"y": c})
+    assert not fastpath.usable(m[("sig2",)], (c,), {"y": b})
+    assert fastpath.usable(m[("sig3",)], (c, c), {}) and fastpath.usable(m[("sig3",)], (c, b), {})
+
+
+def test_aliased_and_distinct_calls_of_one_signature_both_give_their_own_answer():
+    """add(x, x) is memoised (a gradient rule passes one array twice every step); add(b, c)
+    with the same shapes then takes the full path once and stores an entry that serves both."""
+    a, b, c = _dev([1.0, 2.0]), _dev([3.0, 4.0]), _dev([5.0, 6.0])
+    dnnkit.add(a, a, backend="numba")
+    hits = fastpath.stats["hits"]
+    np.testing.assert_array_equal(dnnkit.add(b, b, backend="numba").copy_to_host(), [6, 8])
+    assert fastpath.stats["hits"] == hits + 1
+    np.testing.assert_array_equal(dnnkit.add(b, c, backend="numba").copy_to_host(), [8, 10])
+    assert fastpath.stats["hits"] == hits + 1                  # not the (x, x) entry
+    np.testing.assert_array_equal(dnnkit.add(c, c, backend="numba").copy_to_host(), [10, 12])
+    np.testing.assert_array_equal(dnnkit.add(a, b, backend="numba").copy_to_host(), [4, 6])
+    assert fastpath.stats["hits"] == hits + 3
 
 
 def test_the_memo_flag_turns_it_off(counted):

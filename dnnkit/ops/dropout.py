@@ -45,7 +45,7 @@ import numpy as np
 if TYPE_CHECKING:       # (numpy.typing costs ~15 ms of `import dnnkit`)
     import numpy.typing as npt
 
-from .. import arrays, device
+from .. import arrays, device, fastpath
 from ..cudnn import dropout as cudnn_dropout
 from ..autograd import gradient
 from ..dispatch import public_op
@@ -65,6 +65,11 @@ class DropoutState:
         self.backend, self.p, self.seed = backend, p, seed
         self.x_shape, self.x_dtype, self.saved = tuple(x_shape), np.dtype(x_dtype), saved
 
+    def memo_key(self) -> tuple:
+        """What dropout_backward's checks read (dnnkit/fastpath.py): not the seed, so that
+        each step's new state takes the memoised call."""
+        return self.backend, self.p, self.x_shape, self.x_dtype.str
+
     def mask(self, *, stream: Stream = None) -> npt.NDArray[np.bool_]:
         """The kept elements (True) as a host bool array: the backward pass of ones."""
         ones = np.ones(self.x_shape, self.x_dtype)
@@ -74,6 +79,9 @@ class DropoutState:
     def __repr__(self):
         return (f"DropoutState(backend={self.backend!r}, p={self.p}, seed={self.seed}, "
                 f"shape={self.x_shape}, dtype={self.x_dtype})")
+
+
+fastpath.carried_type(DropoutState)      # a backward call gets each step's own state
 
 
 class DropoutArgs(NamedTuple):

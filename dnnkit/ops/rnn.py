@@ -23,7 +23,7 @@ import dataclasses
 
 import numpy as np
 
-from .. import arrays, reference
+from .. import arrays, fastpath, reference
 from ..autograd import gradient
 from ..dispatch import public_op
 from ..hints import ArrayLike, Backend, Lengths, Stream
@@ -169,7 +169,18 @@ def _check_seed(op, seed, offset):
     return None if seed is None else int(seed), int(offset)
 
 
-@public_op("rnn_forward")
+# an RNNConfig is a frozen value: calls with one memoise (dnnkit/fastpath.py)
+fastpath.value_type(RNNConfig)
+
+
+def _memoisable_forward(args, kw):
+    """A training forward with an explicit dropout seed is not memoised: whether cuDNN can
+    start its masks at ``offset`` depends on the calls before (cudnn/rnn_dropout.py), a check
+    the full path makes on every call. seed None (fresh masks) and inference calls are."""
+    return not (kw.get("training") and kw.get("seed") is not None)
+
+
+@public_op("rnn_forward", memo=_memoisable_forward)
 def rnn_forward(cfg: RNNConfig, w: ArrayLike, x: ArrayLike, hx: ArrayLike | None = None,
                 cx: ArrayLike | None = None, *, lengths: Lengths = None, training: bool = False,
                 seed: int | None = None, offset: int = 0, algo: str = "auto",

@@ -28,7 +28,7 @@ dnnkit.dropout).
 
 import numpy as np
 
-from .. import arrays
+from .. import arrays, fastpath
 from ..cudnn import rnn as cudnn_rnn, rnn_dropout
 from ..cudnn.descriptors import INT_MAX
 from ..errors import CudnnError
@@ -62,9 +62,17 @@ class CudnnRNNState:
     def algo(self):
         return self.saved.net.algo
 
+    def memo_key(self):
+        """The backward checks the state against its arguments on every call (cudnn/rnn.py);
+        the signature holds what picks the backend and the runner."""
+        return self.cfg, self.x_shape
+
     def __repr__(self):
         return (f"CudnnRNNState({self.cfg.mode}, x shape {self.x_shape}, algo {self.algo}, "
                 f"{self.saved.reserve_bytes}-byte reserve space)")
+
+
+fastpath.carried_type(CudnnRNNState)
 
 
 def _same_lengths(a, b, t):

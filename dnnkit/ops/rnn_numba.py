@@ -28,7 +28,7 @@ import warnings
 
 import numpy as np
 
-from .. import arrays, device
+from .. import arrays, device, fastpath
 from ..launch import Site, at, launch
 from ..registry import register
 from ..seeds import fresh_seed
@@ -63,8 +63,16 @@ class NumbaRNNState:
         self.cfg, self.shape, self.lengths, self.layers = cfg, tuple(shape), lengths, layers
         self.drop = drop
 
+    def memo_key(self):
+        """The backward's checks of the state run in the backend (_check_state), on every
+        call; the signature holds what picks the backend and the runner."""
+        return self.cfg, self.shape
+
     def __repr__(self):
         return f"NumbaRNNState({self.cfg.mode}, x shape {self.shape})"
+
+
+fastpath.carried_type(NumbaRNNState)
 
 
 def _blocks(cfg):
