@@ -10,13 +10,13 @@ directly: the host cost of an op becomes an allocation and the cuDNN call or ker
 (PyTorch's per-op cost is the bar).
 
 The signature: the op, ``backend=``, the thread's current stream (dnnkit.stream: a runner
-holds the stream it was bound to), and per argument its type and value for plain scalars (str,
-int, float, bool, None, tuples of ints) and registered immutable values (``value_type``: an
-RNNConfig), (shape, strides, dtype) for a device array, the raw handle of a stream object
-(Numba's, PyTorch's, CuPy's), or ``memo_key()`` of a registered per-call object
+holds the stream it was bound to), and per argument its type and value for plain values (str,
+int, float, bool, None, tuples of these, NumPy scalars) and registered immutable ones
+(``value_type``: an RNNConfig), (shape, strides, dtype) for a device array, the raw handle of a
+stream object (Numba's, PyTorch's, CuPy's), or ``memo_key()`` of a registered per-call object
 (``carried_type``: a forward's state for its backward, put in place on each call like an
-array). A foreign array (PyTorch, CuPy, any
-``__cuda_array_interface__`` or ``__dlpack__``) makes ``signature`` answer ``FOREIGN``: the
+array). A foreign array (PyTorch, CuPy, any ``__cuda_array_interface__`` or ``__dlpack__``)
+makes ``signature`` answer ``FOREIGN``: the
 dispatcher turns it into a Numba view (dnnkit/foreign.py) and the call is memoised as any.
 Anything else (host arrays) is not memoised: such calls always take the full path.
 
@@ -29,6 +29,8 @@ switches to theirs). ``dnn.memo = False`` turns it off.
 """
 
 import threading
+
+import numpy as np
 
 from . import config
 from .device import simulator, stream_pointer, stream_state
@@ -92,17 +94,21 @@ def _memo():
 
 _OFF = {}           # the memo of a thread with dnn.memo off: stays empty
 FOREIGN = ("foreign",)     # signature()'s answer for a call with a foreign array
-_STREAM = 1
-_kinds = {}         # type -> _STREAM, FOREIGN or None (asked once per type)
+_STREAM, _SCALAR = 1, 2
+_kinds = {}         # type -> _STREAM, _SCALAR, FOREIGN or None (asked once per type)
 
 
 def _kind(t):
     """_STREAM for a stream object type (Numba's, or one carrying ``.cuda_stream`` or ``.ptr``),
-    FOREIGN for another library's array type, None for anything else (not memoised)."""
+    _SCALAR for a NumPy scalar (np.float32(2), a shape's np.int64: hashable values, keyed as
+    ints and floats are), FOREIGN for another library's array type, None for anything else
+    (not memoised)."""
     k = _kinds.get(t, 0)
     if k == 0:
         names = {c.__name__ for c in t.__mro__}
-        if "DeviceNDArrayBase" in names or t.__module__.startswith("dnnkit"):
+        if issubclass(t, np.generic):
+            k = _SCALAR
+        elif "DeviceNDArrayBase" in names or t.__module__.startswith("dnnkit"):
             k = None          # Numba's other array classes, dnnkit's own objects
         elif hasattr(t, "auto_synchronize") or hasattr(t, "cuda_stream") or \
                 (hasattr(t, "ptr") and "Stream" in t.__name__):
@@ -118,10 +124,12 @@ def _kind(t):
 
 def _other(a, t):
     """The signature part of an argument that is neither plain nor a Numba array: a stream's
-    raw handle; FOREIGN; None (not memoised)."""
+    raw handle; a NumPy scalar's type and value; FOREIGN; None (not memoised)."""
     k = _kinds.get(t, 0)
     if k == 0:
         k = _kind(t)
+    if k is _SCALAR:
+        return t, a
     if k is _STREAM:
         if hasattr(a, "auto_synchronize"):      # a Numba stream; the simulator's have no handle
             return t, (stream_pointer(a) if getattr(a, "handle", None) is not None else id(a))
@@ -140,7 +148,7 @@ def signature(op, args, backend, kw, dev=None):
         t = type(a)
         if t in arrays:
             k += (a.shape, a.strides, a.dtype)
-        elif t in _PLAIN or (t is tuple and all(type(v) is int for v in a)):
+        elif t in _PLAIN or (t is tuple and all(type(v) in _PLAIN for v in a)):
             k += (t, a)
         elif t in _VALUES:
             k += (t, a)
@@ -155,7 +163,7 @@ def signature(op, args, backend, kw, dev=None):
         t = type(a)
         if t in arrays:
             k += (name, a.shape, a.strides, a.dtype)
-        elif t in _PLAIN or (t is tuple and all(type(v) is int for v in a)):
+        elif t in _PLAIN or (t is tuple and all(type(v) in _PLAIN for v in a)):
             k += (name, t, a)
         elif t in _VALUES:
             k += (name, t, a)

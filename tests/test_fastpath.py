@@ -66,6 +66,21 @@ def test_a_repeated_call_skips_checks_and_binding_and_uses_its_own_arrays(counte
     assert (n["prepare"], n["bind"]) == (3, 3)
 
 
+def test_numpy_scalars_and_tuples_of_numbers_are_keyed_by_value(counted):
+    """np.float64(3.0) (a computed scale) and (1.5, 2) are values like 3.0 and (1, 2): their
+    calls take the memo; another value is another signature."""
+    op, n = counted
+    a = _dev([1.0, 2.0])
+    for scale in (np.float64(3.0), np.float64(3.0), np.float64(4.0)):
+        op(a, scale)
+    assert (n["prepare"], n["run"]) == (2, 3)
+    sig = fastpath.signature("x", ((1.5, 2), np.int64(3)), None, {})
+    assert sig == fastpath.signature("x", ((1.5, 2), np.int64(3)), None, {})
+    assert sig != fastpath.signature("x", ((1.5, 2), np.int64(4)), None, {})
+    assert sig != fastpath.signature("x", ((1.5, 2), 3), None, {})     # the type is keyed too
+    assert fastpath.signature("x", (np.zeros(2),), None, {}) is None    # host arrays are not
+
+
 def test_calls_inside_the_profiler_take_the_full_path(counted):
     """dnnkit.profile() times every call (the dispatcher's full path records it): a memoised
     signature is not used inside it, in this thread, and is used again after it."""
