@@ -67,8 +67,9 @@ def cudnn_ok():
 
 
 # Test files that take minutes on the CPU (compiling every kernel to PTX, in three processes):
-# collected first, so that under pytest-xdist (README's command: ``-n auto --dist loadfile``)
-# one worker starts on them while the others take the rest, instead of a serial tail.
+# collected first, so that under pytest-xdist (README's command: ``-n auto --dist loadfile
+# --no-loadscope-reorder``, which hands out files in this order instead of largest first) one
+# worker starts on them while the others take the rest, instead of a serial tail.
 LONG_FIRST = ("tests/kernels/test_ptx.py",)
 
 
