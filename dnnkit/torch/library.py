@@ -102,16 +102,23 @@ _BWD = ("(Tensor dy, Tensor {other}, SymInt[] {shape}, int[] stride, int[] paddi
         "int[] dilation, int groups, str backend) -> Tensor")
 
 
+def _conv_gradient(which, name, a, b, dy, shape, stride, padding, dilation, groups, backend):
+    """``_CONV[nd][which](a, b, shape, ...)`` (1: the data gradient, 2: the filter gradient)
+    on dy's stream, as a Tensor; nd from ``a``, the operand with spatial dimensions."""
+    nd = spatial_dims(name, a)
+    s = stream_of(dy)
+    with bridge.graph_pool():
+        out = _CONV[nd][which](view(a, s), view(b, s), tuple(shape),
+                               **_kw(stride, padding, dilation, groups, backend, s))
+    return tensor(out, dy)
+
+
 @custom_op("dnnkit::conv_backward_data", mutates_args=(),
            schema=_BWD.format(other="w", shape="x_shape"))
 def conv_backward_data(dy, w, x_shape, stride, padding, dilation, groups, backend):
     """dx of conv, x of shape ``x_shape``."""
-    nd = spatial_dims("dnnkit::conv_backward_data", dy)
-    s = stream_of(dy)
-    with bridge.graph_pool():
-        dx = _CONV[nd][1](view(dy, s), view(w, s), tuple(x_shape),
-                          **_kw(stride, padding, dilation, groups, backend, s))
-    return tensor(dx, dy)
+    return _conv_gradient(1, "dnnkit::conv_backward_data", dy, w, dy, x_shape, stride,
+                          padding, dilation, groups, backend)
 
 
 @conv_backward_data.register_fake
@@ -124,12 +131,8 @@ def _conv_backward_data_fake(dy, w, x_shape, stride, padding, dilation, groups, 
                                                                    "Tensor x, Tensor dy"))
 def conv_backward_filter(x, dy, w_shape, stride, padding, dilation, groups, backend):
     """dw of conv, w of shape ``w_shape``."""
-    nd = spatial_dims("dnnkit::conv_backward_filter", x)
-    s = stream_of(dy)
-    with bridge.graph_pool():
-        dw = _CONV[nd][2](view(x, s), view(dy, s), tuple(w_shape),
-                          **_kw(stride, padding, dilation, groups, backend, s))
-    return tensor(dw, dy)
+    return _conv_gradient(2, "dnnkit::conv_backward_filter", x, dy, dy, w_shape, stride,
+                          padding, dilation, groups, backend)
 
 
 @conv_backward_filter.register_fake
