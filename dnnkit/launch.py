@@ -54,15 +54,16 @@ def _blocks(grid):
 
 
 class At:
-    """A flat (1-D, C-contiguous) device array from element ``offset`` on, for kernel
-    arguments: the launch adds the offset to the data pointer (no Numba view is built)."""
+    """A C-contiguous device array, read as flat (1-D), from element ``offset`` on, for kernel
+    arguments: the launch adds the offset to the data pointer and passes the array's own
+    pointer and size, so no Numba view is built (a Numba view costs several us of host time:
+    per-step slices of an RNN's buffers, or an optimizer's flat gradients, would pay it on every
+    call). The base may have any number of dimensions; the kernel sees a 1-D C array."""
     __slots__ = ("base", "offset")
 
     def __init__(self, base, offset):
         if isinstance(base, At):
             base, offset = base.base, base.offset + offset
-        if base.ndim != 1:
-            raise ValueError(f"At: the base must be a flat device array, got shape {base.shape}")
         self.base, self.offset = base, int(offset)
 
     @property
@@ -74,13 +75,26 @@ class At:
         return self.base.size - self.offset
 
     def view(self):
-        """The Numba view this stands for (the simulator's path)."""
-        return self.base[self.offset:]
-
+        """The Numba view this stands for (the simulator's path, and Numba's first launch)."""
+        b = self.base
+        if b.ndim != 1:
+            from .memory import reshaped
+            b = reshaped(b, (b.size,))
+        return b[self.offset:] if self.offset else b
 
 def at(a, offset):
     """``At(a, offset)``, or ``a`` itself for offset 0."""
     return At(a, offset) if offset else a
+
+
+def _views(args):
+    """``args`` with every ``At`` (tuple members too) replaced by its Numba view."""
+    return tuple(a.view() if type(a) is At else _views(a) if type(a) is tuple else a
+                 for a in args)
+
+
+def _has_at(args):
+    return any(type(a) is At or (type(a) is tuple and _has_at(a)) for a in args)
 
 
 def launch(kernel, grid, block, stream, args, shared=0):
@@ -91,8 +105,8 @@ def launch(kernel, grid, block, stream, args, shared=0):
         if fast is not None:
             fast(grid, block, sp, args, shared)
             return
-    if any(isinstance(a, At) for a in args):
-        args = tuple(a.view() if isinstance(a, At) else a for a in args)
+    if _has_at(args):
+        args = _views(args)
     # By the raw stream handle: Numba hands out a new Stream object for the same stream.
     key = (id(kernel), grid, block, sp, shared)
     configured = _cache.get(key)
@@ -153,7 +167,7 @@ def _types(args):
     for a in args:
         t = type(a)
         if t is At:
-            out.append(id(a.base._numba_type_))
+            out.append(_flat_type(a.base._numba_type_))
         elif t is tuple:
             ts = tuple(map(type, a))     # a geometry tuple of plain numbers: the common case
             out.append(ts if _PLAIN.issuperset(ts) else _types(a))
@@ -163,6 +177,19 @@ def _types(args):
             nt = getattr(a, "_numba_type_", None)
             out.append(t if nt is None else id(nt))
     return tuple(out)
+
+
+_flat_types = {}     # id(Numba array type) -> id(its 1-D C form), both kept alive here
+
+
+def _flat_type(nt):
+    """The key of the 1-D C array type an ``At`` of a base of Numba type ``nt`` stands for."""
+    k = _flat_types.get(id(nt))
+    if k is None:
+        flat = nt if nt.ndim == 1 else nt.copy(ndim=1, layout="C")
+        _flat_types[id(nt)] = k = id(flat)
+        _flat_types[("keep", id(nt))] = (nt, flat)
+    return k
 
 
 def _learn(kernel, args):
@@ -219,8 +246,10 @@ def _arr(a):
         return (0, 0, n, item, base[4] + a.offset * item, n, item)
     p = a.__dict__.get("_dnnkit_params")
     if p is None:
-        p = (0, 0, a.size, a.dtype.itemsize, a.device_ctypes_pointer.value or 0) + \
-            tuple(a.shape) + tuple(a.strides)
+        # a pooled array carries its address (memory.py): Numba's device_ctypes_pointer
+        # makes a ctypes object per read
+        ptr = a.__dict__.get("_dnnkit_ptr") or a.device_ctypes_pointer.value or 0
+        p = (0, 0, a.size, a.dtype.itemsize, ptr) + tuple(a.shape) + tuple(a.strides)
         a._dnnkit_params = p
     return p
 

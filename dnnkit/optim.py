@@ -32,7 +32,7 @@ import numpy as np
 from . import arrays
 from .autograd import no_grad
 from .hints import Stream
-from .launch import launch, pow2_at_most
+from .launch import At, launch, pow2_at_most
 from .tensors import Tensor
 
 
@@ -123,18 +123,21 @@ class Optimizer:
                 data, cached = p.data, flats.get(id(p))
                 if cached is None or cached[0] is not data:
                     d = arrays.device_input(op, f"parameter {i}", data, s)
-                    cached = flats[id(p)] = (data, d, arrays.flat(d))
-                grad = arrays.device_input(op, f"grad of parameter {i}",
-                                           g.data if hasattr(g, "grad_fn") else g, s)
-                d = cached[1]
-                if grad.shape != d.shape or grad.dtype != d.dtype:
+                    cached = flats[id(p)] = (data, d, At(d, 0))
+                grad, d = g.data if hasattr(g, "grad_fn") else g, cached[1]
+                # a gradient of the parameter's own array type, shape and dtype is a device
+                # array already: the full checks only for anything else
+                if type(grad) is not type(d) or grad.shape != d.shape or \
+                        grad.dtype != d.dtype or not grad.is_c_contiguous():
+                    grad = arrays.device_input(op, f"grad of parameter {i}", grad, s)
                     arrays.same_shape(op, f"parameter {i}", d, grad=grad)
                 if d.size:
                     acc = accs.get(d.dtype)
                     if acc is None:
                         acc = accs[d.dtype] = arrays.acc_array(d.dtype)
                     key = (d.dtype.str, self._prepare(st, d.size, acc, s))
-                    groups.setdefault(key, []).append((cached[2], arrays.flat(grad), st))
+                    # At: the kernel reads the gradient as flat, without a Numba view of it
+                    groups.setdefault(key, []).append((cached[2], At(grad, 0), st))
                 if hasattr(p, "bump_version"):
                     p.bump_version()
             for (_, group), items in groups.items():

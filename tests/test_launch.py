@@ -87,8 +87,22 @@ def test_at():
     assert x.base is base and x.offset == 15 and x.size == 85 and x.dtype == np.float32
     assert x.view() == ("view", base, 15)
     assert L.at(base, 0) is base
-    with pytest.raises(ValueError, match="flat"):
-        L.At(FakeArray((2, 3), "float32", 0), 1)
+
+
+def test_at_of_a_base_of_any_rank_reads_it_as_flat():
+    """An optimizer's gradients: At of a 2-D array packs its pointer and size, keyed as the
+    1-D C array Numba's first launch saw (its flat view); At inside tuples is made a view on
+    Numba's path."""
+    t = _types()
+    flat, grid = FakeArray((100,), "float32", 0x3000), FakeArray((4, 25), "float32", 0x4000)
+    flat._numba_type_, grid._numba_type_ = t.Array(t.float32, 1, "C"), t.Array(t.float32, 2, "C")
+    y = L.At(grid, 3)
+    assert y.size == 97 and L._arr(y) == (0, 0, 97, 4, 0x4000 + 3 * 4, 97, 4)
+    assert L._types((y,)) == L._types((L.At(flat, 0),)) == L._types(((flat,),))[0]
+    assert L._types((L.At(grid, 0),)) != L._types((grid,))
+    assert L._has_at((1, (flat, y))) and not L._has_at((1, (flat, grid)))
+    assert L._views((1, (L.At(flat, 2), flat), L.At(flat, 0))) == \
+        (1, (("view", flat, 2), flat), flat)
 
 
 def test_unpackable_arguments_stay_on_numbas_path():

@@ -67,10 +67,12 @@ def test_a_bound_allocator_reuses_blocks_also_after_the_cache_is_emptied():
     assert a.__dict__["_dnnkit_ptr"] == ptr and a.shape == (256,)
     view = a[10:]                      # a view holds the block: not given back yet
     del a
-    assert alloc().device_ctypes_pointer.value != ptr
+    other = alloc()                    # held, so that ptr is the only free block below
+    assert other.device_ctypes_pointer.value != ptr
     del view
     b = alloc()
     assert b.device_ctypes_pointer.value == ptr
+    del other
     host = np.arange(256, dtype=np.float32)
     b.copy_to_device(host, stream=s)
     np.testing.assert_array_equal(b.copy_to_host(stream=s), host)

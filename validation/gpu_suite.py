@@ -1,12 +1,15 @@
 """The GPU suite (every test marked ``gpu`` or ``cudnn``) in one call of under ten minutes.
 
 The tests are collected once, then run by several pytest processes side by side on the one GPU,
-a file per process at a time (balanced by test count), followed by the tests that read the
+whole files dealt to the least-loaded process (a file of more than one process's share in
+pieces: on a fresh machine the pooling tests compile kernels of their own, seconds a test, and
+one process would be left with them), followed by the tests that read the
 device's free memory or start threads and processes of their own (leaks, faults, scale,
 threads, several GPUs), which run alone. Each process gets the time left to the deadline; one
-that does not finish is reported as such, with its log.
+that does not finish is reported as such, with its log; each log names the tests as they start,
+and a test still running after HANG_S seconds has every thread's stack written there.
 
-    python -m validation.gpu_suite [--workers 4] [--budget 560] [--logs DIR] [PATH ...]
+    python -m validation.gpu_suite [--workers 8] [--budget 560] [--logs DIR] [PATH ...]
 
 Prints one line per process (its pytest summary) and exits non-zero when any failed or did not
 finish. Logs: DIR/worker-K.log and DIR/alone.log (default: $OUT/gpu_suite or /tmp/gpu_suite).
@@ -16,6 +19,7 @@ import argparse
 import collections
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -24,6 +28,9 @@ import time
 # threads or several devices: alone.
 ALONE = re.compile(r"(leaks|faults|scale|threads|multi|autograd)\.py$")
 PYTEST = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts="]
+# a worker's log names each test as it starts (-v), and a test still running after this many
+# seconds has every thread's stack written there: a hang shows where it is
+HANG_S = 120
 
 
 def collect(marks, paths):
@@ -42,8 +49,12 @@ def split(ids, workers):
         files.setdefault(i.split("::")[0], []).append(i)
     alone = [i for f, t in files.items() if ALONE.search(f) for i in t]
     loads = [[0, []] for _ in range(workers)]
-    for f, t in sorted(((f, t) for f, t in files.items() if not ALONE.search(f)),
-                       key=lambda ft: -len(ft[1])):
+    # a file of more than a worker's share is dealt in pieces: a file whose tests each compile
+    # kernels of their own (pooling: seconds a test on a fresh machine) would set the end alone
+    share = max(1, -(-sum(len(t) for f, t in files.items() if not ALONE.search(f)) // workers))
+    pieces = [(f, t[k:k + share]) for f, t in files.items() if not ALONE.search(f)
+              for k in range(0, len(t), share)]
+    for f, t in sorted(pieces, key=lambda ft: -len(ft[1])):
         w = min(loads, key=lambda lw: lw[0])
         w[0] += len(t)
         w[1].extend(t)
@@ -53,8 +64,12 @@ def split(ids, workers):
 def start(name, ids, marks, logs):
     log = open(os.path.join(logs, f"{name}.log"), "w")
     # a few hundred node ids (~100 bytes each) are far under the argument-size limit
-    cmd = PYTEST + ["-m", marks, "-rfE"] + ids
-    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT), log
+    cmd = [a for a in PYTEST if a != "-q"] + ["-m", marks, "-rfE", "-v", "-o",
+                                               f"faulthandler_timeout={HANG_S}"] + ids
+    # a session of its own: at the deadline the whole group goes, the processes a test
+    # started too, so nothing runs on beside the next measurement
+    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True), log
 
 
 def summary(path):
@@ -71,7 +86,7 @@ def wait_all(procs, deadline):
         try:
             rc = p.wait(timeout=max(1.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
-            p.kill()
+            os.killpg(p.pid, signal.SIGKILL)
             p.wait()
             rc = None
         log.close()
@@ -84,7 +99,7 @@ def wait_all(procs, deadline):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--workers", type=int, default=4)
+    ap.add_argument("--workers", type=int, default=8)
     ap.add_argument("--budget", type=float, default=560.0, help="seconds for the whole run")
     ap.add_argument("--marks", default="gpu or cudnn")
     ap.add_argument("--logs", default=os.path.join(os.environ.get("OUT", "/tmp"), "gpu_suite"))

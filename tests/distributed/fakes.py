@@ -23,6 +23,27 @@ def _reduce(values, op):
             "min": stack.min(0), "prod": stack.prod(0)}[op].astype(values[0].dtype)
 
 
+def _get(x, stream):
+    """x's values on the host, read in order on the collective's stream. The reducer's stream
+    is non-blocking: a copy on the legacy default stream would not wait for the gradients
+    queued there (on a GPU it read them half-written)."""
+    if stream is None:
+        return x.copy_to_host()
+    h = x.copy_to_host(stream=stream)
+    stream.synchronize()
+    return h
+
+
+def _put(out, value, stream):
+    """value into ``out`` on the collective's stream, done before returning (as a finished
+    NCCL call would be, for the work queued after it on that stream)."""
+    if stream is None:
+        out.copy_to_device(value)
+        return
+    out.copy_to_device(value, stream=stream)
+    stream.synchronize()
+
+
 def group_of(comm, rank=0, world=2):
     return ProcessGroup(ProcessEnv(rank, world, rank, None, None, "env"), 30.0, None, comm)
 
@@ -75,22 +96,22 @@ class PairComm:
 
     def all_reduce(self, x, out, op, stream):
         self.calls.append(("all_reduce", x.size, op))
-        out.copy_to_device(_reduce(self._exchange(x.copy_to_host()), op))
+        _put(out, _reduce(self._exchange(_get(x, stream)), op), stream)
 
     def broadcast(self, x, out, root, stream):
         self.calls.append(("broadcast", x.size, root))
-        out.copy_to_device(self._exchange(x.copy_to_host())[root])
+        _put(out, self._exchange(_get(x, stream))[root], stream)
 
     def all_gather(self, x, out, stream):
         self.calls.append(("all_gather", x.size))
-        both = self._exchange(x.copy_to_host())
-        out.copy_to_device(np.concatenate([b.reshape(-1) for b in both]).reshape(out.shape))
+        both = self._exchange(_get(x, stream))
+        _put(out, np.concatenate([b.reshape(-1) for b in both]).reshape(out.shape), stream)
 
     def reduce_scatter(self, x, out, op, stream):
         self.calls.append(("reduce_scatter", x.size, op))
-        total = _reduce(self._exchange(x.copy_to_host()), op).reshape(-1)
+        total = _reduce(self._exchange(_get(x, stream)), op).reshape(-1)
         n = out.size
-        out.copy_to_device(total[self.rank * n:(self.rank + 1) * n].reshape(out.shape))
+        _put(out, total[self.rank * n:(self.rank + 1) * n].reshape(out.shape), stream)
 
     @contextlib.contextmanager
     def group(self):
@@ -148,8 +169,8 @@ class PhantomComm:
 
     def all_reduce(self, x, out, op, stream):
         self.calls.append(("all_reduce", x.size, op, self.probe() if self.probe else None))
-        v = x.copy_to_host()
-        out.copy_to_device(_reduce([v, (v * self.factor).astype(v.dtype)], op))
+        v = _get(x, stream)
+        _put(out, _reduce([v, (v * self.factor).astype(v.dtype)], op), stream)
 
     def broadcast(self, x, out, root, stream):
         self.calls.append(("broadcast", x.size, root, None))

@@ -111,7 +111,7 @@ def relu_errors(x, y, dy, dx):
 def poison(*shapes_dtypes):
     """Fill with NaN, then free, one dnnkit-allocator block per (shape, dtype): the op's
     outputs of those sizes (default stream) then take these blocks (the cache hands out the
-    last block freed first), so an element the op never writes stays NaN instead of holding
+    lowest free block of a size, and at these sizes no other is free), so an element the op never writes stays NaN instead of holding
     another run's correct answer. Best effort: with another allocator the check is weaker,
     never wrong."""
     from dnnkit import arrays
