@@ -270,22 +270,33 @@ def to_host(a):
     return np.asarray(a)
 
 
+_acc_dtypes = {}      # dtype as asked -> its accumulation dtype
+_acc_cache = {}       # (device, accumulation dtype) -> the acc array
+_acc_fast = {}        # (device, dtype as asked) -> the acc array
+
+
 def acc_dtype(dtype):
-    """Accumulation dtype of the Numba kernels: float32 for float16 and float32, else float64."""
-    return np.dtype(np.float64) if np.dtype(dtype) == np.float64 else np.dtype(np.float32)
-
-
-_acc_cache = {}
+    """Accumulation dtype of the Numba kernels: float32 for float16 and float32, else float64.
+    (Kept per dtype as asked: ``np.dtype(d) == np.float64`` costs a few us of NumPy's Python
+    on every Numba op call.)"""
+    dt = _acc_dtypes.get(dtype)
+    if dt is None:
+        dt = np.dtype(np.float64) if np.dtype(dtype) == np.float64 else np.dtype(np.float32)
+        _acc_dtypes[dtype] = dt
+    return dt
 
 
 def acc_array(dtype):
-    """The kernels' one-element ``acc`` array (0 in the accumulation type), per device."""
-    cuda = numba_cuda()
-    dt = acc_dtype(dtype)
-    key = (device_id(), dt.name)
-    a = _acc_cache.get(key)
+    """The kernels' one-element ``acc`` array (0 in the accumulation type), per device: one
+    dict lookup a call once made."""
+    dev = device_id()
+    a = _acc_fast.get((dev, dtype))
     if a is None:
-        a = _acc_cache[key] = cuda.to_device(np.zeros(1, dtype=dt))
+        dt = acc_dtype(dtype)
+        a = _acc_cache.get((dev, dt.str))
+        if a is None:
+            a = _acc_cache[(dev, dt.str)] = numba_cuda().to_device(np.zeros(1, dtype=dt))
+        _acc_fast[(dev, dtype)] = a
     return a
 
 

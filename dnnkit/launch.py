@@ -87,6 +87,13 @@ def at(a, offset):
     return At(a, offset) if offset else a
 
 
+def flat(a):
+    """A C-contiguous device array as a flat kernel argument: ``a`` itself when 1-D, else
+    ``At(a, 0)`` (no Numba view object: a reshape's view costs microseconds of host time, and
+    a convolution flattens four or five arrays a call)."""
+    return a if a.ndim == 1 else At(a, 0)
+
+
 def _views(args):
     """``args`` with every ``At`` (tuple members too) replaced by its Numba view."""
     return tuple(a.view() if type(a) is At else _views(a) if type(a) is tuple else a
@@ -186,7 +193,7 @@ def _flat_type(nt):
     """The key of the 1-D C array type an ``At`` of a base of Numba type ``nt`` stands for."""
     k = _flat_types.get(id(nt))
     if k is None:
-        flat = nt if nt.ndim == 1 else nt.copy(ndim=1, layout="C")
+        flat = nt if nt.ndim == 1 and nt.layout == "C" else nt.copy(ndim=1, layout="C")
         _flat_types[id(nt)] = k = id(flat)
         _flat_types[("keep", id(nt))] = (nt, flat)
     return k

@@ -101,6 +101,7 @@ def test_at_of_a_base_of_any_rank_reads_it_as_flat():
     assert L._types((y,)) == L._types((L.At(flat, 0),)) == L._types(((flat,),))[0]
     assert L._types((L.At(grid, 0),)) != L._types((grid,))
     assert L._has_at((1, (flat, y))) and not L._has_at((1, (flat, grid)))
+    assert L.flat(flat) is flat and (L.flat(grid).base, L.flat(grid).offset) == (grid, 0)
     assert L._views((1, (L.At(flat, 2), flat), L.At(flat, 0))) == \
         (1, (("view", flat, 2), flat), flat)
 

@@ -1,13 +1,16 @@
-"""The GPU suite (every test marked ``gpu`` or ``cudnn``) in one call of under ten minutes.
+"""The GPU suite (every test marked ``gpu`` or ``cudnn``), side by side on one GPU.
 
 The tests are collected once, then run by several pytest processes side by side on the one GPU,
-whole files dealt to the least-loaded process (a file of more than one process's share in
-pieces: on a fresh machine the pooling tests compile kernels of their own, seconds a test, and
-one process would be left with them), followed by the tests that read the
-device's free memory or start threads and processes of their own (leaks, faults, scale,
-threads, several GPUs), which run alone. Each process gets the time left to the deadline; one
-that does not finish is reported as such, with its log; each log names the tests as they start,
-and a test still running after HANG_S seconds has every thread's stack written there.
+whole files dealt to the least-loaded process (a file of more than a quarter of one process's
+share in pieces, its tests dealt to them in turn: the pooling tests' largest cases take seconds each
+against their float64 references, and one process of consecutive ones would be left with
+them), followed by the tests that read the device's free memory or start threads and
+processes of their own (leaks, faults, scale, threads, several GPUs), which run alone. Each
+process gets the time left to the deadline; one that does not finish is reported as such,
+with its log; each log names the tests as they start, and a test still running after HANG_S
+seconds has every thread's stack written there. On a fresh machine the whole selection takes
+more than one 10-minute call (validation/notes/gpu-test-runs.md): run the alone files
+(tests/gpu/test_leaks.py, ...) as PATHs in a second call.
 
     python -m validation.gpu_suite [--workers 8] [--budget 560] [--logs DIR] [PATH ...]
 
@@ -49,11 +52,17 @@ def split(ids, workers):
         files.setdefault(i.split("::")[0], []).append(i)
     alone = [i for f, t in files.items() if ALONE.search(f) for i in t]
     loads = [[0, []] for _ in range(workers)]
-    # a file of more than a worker's share is dealt in pieces: a file whose tests each compile
-    # kernels of their own (pooling: seconds a test on a fresh machine) would set the end alone
+    # a file of more than a quarter of a worker's share is dealt in pieces, a test to each
+    # piece in turn: a parametrized test's heavy cases sit side by side (the pooling tests'
+    # largest shapes, seconds a case against float64 references), and the worker given them
+    # all would set the end alone
     share = max(1, -(-sum(len(t) for f, t in files.items() if not ALONE.search(f)) // workers))
-    pieces = [(f, t[k:k + share]) for f, t in files.items() if not ALONE.search(f)
-              for k in range(0, len(t), share)]
+    piece = max(1, share // 4)
+    pieces = []
+    for f, t in files.items():
+        if not ALONE.search(f):
+            n = -(-len(t) // piece)
+            pieces += [(f, t[k::n]) for k in range(n)]
     for f, t in sorted(pieces, key=lambda ft: -len(ft[1])):
         w = min(loads, key=lambda lw: lw[0])
         w[0] += len(t)

@@ -38,6 +38,7 @@ from ..cudnn import activation as cudnn_activation
 from ..dispatch import public_op
 from ..hints import ArrayLike, Backend, OpOutput, Stream
 from ..launch import launch
+from ..launch import flat as flat_arg
 from ..registry import binder, register
 from . import inplace, split
 from .args import choice
@@ -188,7 +189,7 @@ def _activation_numba(x, mode, coef, stream, out=None):
     from ..kernels import activation_fwd_kernel
     y = inplace.result(out, x, stream)       # the kernel reads x[i] before writing y[i]
     acc = arrays.acc_array(x.dtype)
-    _launch(activation_fwd_kernel, x.size, stream, arrays.flat(x), arrays.flat(y),
+    _launch(activation_fwd_kernel, x.size, stream, flat_arg(x), flat_arg(y),
             _MODE_ID[mode], acc.dtype.type(coef), acc)
     return y
 
@@ -198,8 +199,8 @@ def _activation_backward_numba(x, y, dy, mode, coef, stream, out=None):
     from ..kernels import activation_bwd_kernel
     dx = inplace.result(out, x, stream)      # elementwise: any of x, y, dy may be dx
     acc = arrays.acc_array(x.dtype)
-    _launch(activation_bwd_kernel, x.size, stream, arrays.flat(x), arrays.flat(y),
-            arrays.flat(dy), arrays.flat(dx), _MODE_ID[mode], acc.dtype.type(coef), acc)
+    _launch(activation_bwd_kernel, x.size, stream, flat_arg(x), flat_arg(y),
+            flat_arg(dy), flat_arg(dx), _MODE_ID[mode], acc.dtype.type(coef), acc)
     return dx
 
 

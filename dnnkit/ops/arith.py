@@ -40,6 +40,7 @@ from ..cudnn import optensor as cudnn_optensor
 from ..dispatch import public_op
 from ..hints import Backend, Operand, Stream
 from ..launch import launch
+from ..launch import flat as flat_arg
 from ..registry import register
 from . import split
 from .broadcasting import CUDNN_ADD_DIMS, broadcast, elementwise_geo, grid, merge, read_strides
@@ -148,8 +149,8 @@ def _arith_numba(a, b, op, shape, dims, a_dims, b_dims, geo, stream):
         blocks, threads = grid(y.size)
         # a scalar operand: its value, and y (never read) in its array's place
         launch(arith_fwd_kernel, blocks, threads, stream,
-               (arrays.flat(y if isinstance(a, float) else a),
-                arrays.flat(y if isinstance(b, float) else b), arrays.flat(y),
+               (flat_arg(y if isinstance(a, float) else a),
+                flat_arg(y if isinstance(b, float) else b), flat_arg(y),
                 t(a if isinstance(a, float) else 0), t(b if isinstance(b, float) else 0),
                 OP_ID[op], geo, acc))
     return y

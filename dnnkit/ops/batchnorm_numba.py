@@ -11,6 +11,7 @@ import numpy as np
 
 from .. import arrays, device
 from ..launch import launch, pow2_at_most
+from ..launch import flat as flat_arg
 from ..registry import register
 from . import inplace
 
@@ -90,17 +91,17 @@ def _train_numba(x, gamma, beta, mode, epsilon, momentum, running_mean, running_
         splits = p.grid[0]
         part = arrays.cuda_empty((3 * splits * c,), acc.dtype, stream)
         launch(batch_norm_stats_fwd_kernel, p.grid, p.threads, stream,
-               (arrays.flat(x), part, *_geo(n, c, s, p), acc),
+               (flat_arg(x), part, *_geo(n, c, s, p), acc),
                3 * p.threads * acc.dtype.itemsize)
         m = n * s
         has = rm is not None
         _launch_1d(batch_norm_finalize_fwd_kernel, c, stream,
-                   (arrays.flat(x), part, splits, c, s, mean, invstd,
-                    arrays.flat(rm) if has else mean, arrays.flat(rv) if has else invstd,
+                   (flat_arg(x), part, splits, c, s, mean, invstd,
+                    flat_arg(rm) if has else mean, flat_arg(rv) if has else invstd,
                     int(has), t(momentum), t(m / (m - 1)), t(epsilon), acc))
         launch(batch_norm_apply_fwd_kernel, p.grid, p.threads, stream,
-               (arrays.flat(x), arrays.flat(y), mean, invstd, arrays.flat(gamma),
-                arrays.flat(beta), *_geo(n, c, s, p), 0, t(epsilon), acc))
+               (flat_arg(x), flat_arg(y), mean, invstd, flat_arg(gamma),
+                flat_arg(beta), *_geo(n, c, s, p), 0, t(epsilon), acc))
     return y, mean.reshape(*gamma.shape), invstd.reshape(*gamma.shape), rm, rv
 
 
@@ -113,8 +114,8 @@ def _inference_numba(x, gamma, beta, mean, var, mode, epsilon, stream, out=None)
     if x.size:
         p = plan(n, c, s)
         launch(batch_norm_apply_fwd_kernel, p.grid, p.threads, stream,
-               (arrays.flat(x), arrays.flat(y), arrays.flat(mean), arrays.flat(var),
-                arrays.flat(gamma), arrays.flat(beta), *_geo(n, c, s, p), 1,
+               (flat_arg(x), flat_arg(y), flat_arg(mean), flat_arg(var),
+                flat_arg(gamma), flat_arg(beta), *_geo(n, c, s, p), 1,
                 acc.dtype.type(epsilon), acc))
     return y
 
@@ -131,7 +132,7 @@ def _backward_numba(x, dy, gamma, saved_mean, saved_invstd, mode, epsilon, strea
         p = plan(n, c, s)
         splits = p.grid[0]
         part = arrays.cuda_empty((2 * splits * c,), acc.dtype, stream)
-        f = arrays.flat
+        f = flat_arg
         launch(batch_norm_reduce_bwd_kernel, p.grid, p.threads, stream,
                (f(x), f(dy), f(saved_mean), part, *_geo(n, c, s, p), acc),
                2 * p.threads * acc.dtype.itemsize)

@@ -74,7 +74,7 @@ def pays(geom, dtype):
         return bool(settings.winograd)
     n, c = geom.x_shape[:2]
     flops = 2 * 9 * n * c * geom.w_shape[0] * geom.out_spatial[1] * geom.out_spatial[2]
-    return str(dtype) in DTYPES and flops >= MIN_FLOPS
+    return arrays.float_name(dtype) in DTYPES and flops >= MIN_FLOPS
 
 
 class Tiles:

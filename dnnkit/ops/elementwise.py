@@ -7,6 +7,7 @@ Arithmetic is in the accumulation type (float32 for float16 data), rounded once 
 
 from .. import arrays
 from ..launch import launch
+from ..launch import flat as flat_arg
 
 
 def axpy(alpha, x, y, *, stream=None):
@@ -35,5 +36,5 @@ def axpy(alpha, x, y, *, stream=None):
         acc = arrays.acc_array(y.dtype)
         blocks, threads = arrays.grid_1d(y.size)
         launch(axpy_fwd_kernel, blocks, threads, s,
-               (arrays.flat(x), arrays.flat(y), acc.dtype.type(alpha), acc))
+               (flat_arg(x), flat_arg(y), acc.dtype.type(alpha), acc))
     return y

@@ -45,6 +45,7 @@ from typing import NamedTuple
 import numpy as np
 
 from .. import arrays, config, device
+from ..launch import flat as flat_arg
 from ..autograd import gradient
 from ..cudnn import loader, matmul as cudnn_matmul
 from ..dispatch import public_op
@@ -204,7 +205,7 @@ def _numba_product(a, b, y, geom, stream):
     """y = op(a) . op(b) by the GEMM (module docstring)."""
     bt, m, n, k, ta, tb = geom.batch, geom.m, geom.n, geom.k, geom.ta, geom.tb
     a1, b1 = (m * k if geom.a_batch else 0), (k * n if geom.b_batch else 0)
-    fa, fb, fy = arrays.flat(a), arrays.flat(b), arrays.flat(y)
+    fa, fb, fy = flat_arg(a), flat_arg(b), flat_arg(y)
     if ta and tb:       # y^T = b_stored (n x k) . a_stored (k x m), written as y (m x n)
         gemm.gemm("00", fb, fa, fy, (n, m, k), (k, m, 1), gemm.PLAIN * 2 + (1, n),
                   (bt, 1, b1, 0, a1, 0, m * n, 0), stream=stream)
@@ -234,7 +235,7 @@ def _linear_numba(x, weight, bias, geom, stream):
         return y
     note_algo("gemm")
     r, i, o = geom.rows, geom.in_f, geom.out_f
-    fx, fw, fy = arrays.flat(x), arrays.flat(weight), arrays.flat(y)
+    fx, fw, fy = flat_arg(x), flat_arg(weight), flat_arg(y)
     if bias is None:        # y (r x o) = x (r x i) . W^T
         gemm.gemm("01", fx, fw, fy, (r, o, i), (i, i, o), gemm.PLAIN * 3, gemm.NO_BATCH,
                   stream=stream)

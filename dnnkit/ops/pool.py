@@ -39,6 +39,7 @@ from ..cudnn import pool as cudnn_pool
 from ..dispatch import public_op
 from ..hints import ArrayLike, Backend, Size, Stream
 from ..launch import launch
+from ..launch import flat as flat_arg
 from ..registry import register
 from ..tracing import note_algo
 from . import split
@@ -174,7 +175,7 @@ def _forward_numba(x, geom, mode, stream):
     shape = geom.y_shape
     planes = shape[0] * shape[1]
     _launch(_kernels(geom, mode)[0], planes, math.prod(shape[2:]), stream,
-            (arrays.flat(x), arrays.flat(y), geom.kernel_geo(), planes,
+            (flat_arg(x), flat_arg(y), geom.kernel_geo(), planes,
              arrays.acc_array(x.dtype)))
     return y
 
@@ -188,15 +189,15 @@ def _backward_numba(x, y, dy, geom, mode, stream):
     if not y.size:   # N*C = 0: dx is empty too
         return dx
     _, argmax, gather, _ = _kernels(geom, mode)
-    geo, acc, codes = geom.kernel_geo(), arrays.acc_array(x.dtype), arrays.flat(y)
+    geo, acc, codes = geom.kernel_geo(), arrays.acc_array(x.dtype), flat_arg(y)
     if _KERNEL_MODE[mode] == 0:
         # the arg-max of every output as its tap index (kernels/pool.py)
         codes = arrays.cuda_empty((y.size,), np.uint8 if geom.window_size <= 255
                                   else np.int32, stream)
         _launch(argmax, planes, math.prod(geom.y_shape[2:]), stream,
-                (arrays.flat(x), codes, geo, planes, acc))
+                (flat_arg(x), codes, geo, planes, acc))
     _launch(gather, planes, math.prod(shape[2:]), stream,
-            (codes, arrays.flat(dy), arrays.flat(dx), geo, planes, acc))
+            (codes, flat_arg(dy), flat_arg(dx), geo, planes, acc))
     return dx
 
 
@@ -309,7 +310,7 @@ def repair_max(x, y, geom, mode, stream):
     blocks, threads = arrays.grid_1d(-(-y.size // _REPAIR_PER_THREAD),
                                      32 if device.simulator() else 256)
     launch(_kernels(geom, mode)[3], blocks, threads, stream,
-           (arrays.flat(x), arrays.flat(y), geom.kernel_geo(),
+           (flat_arg(x), flat_arg(y), geom.kernel_geo(),
             acc.dtype.type(np.finfo(x.dtype).min), acc))
 
 

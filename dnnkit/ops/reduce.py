@@ -39,6 +39,7 @@ from ..cudnn import optensor as cudnn_optensor
 from ..dispatch import public_op
 from ..hints import ArrayLike, Axis, Backend, Shape, Stream
 from ..launch import launch, pow2_at_most
+from ..launch import flat as flat_arg
 from ..registry import register
 from . import split
 from .broadcasting import (CUDNN_ADD_DIMS, COPY, MAXDIM, MULTIPLY, axes, broadcast, c_strides,
@@ -236,7 +237,7 @@ def _reduce_launch(x, y, scale, count, parts, geo, stream):
     blocks = min(-(-y.size // bx), _MAX_BLOCKS)
     acc = arrays.acc_array(x.dtype)
     launch(reduce_fwd_kernel, blocks, (bx, by), stream,
-           (arrays.flat(x), arrays.flat(y), acc.dtype.type(scale), count, parts, geo, acc),
+           (flat_arg(x), flat_arg(y), acc.dtype.type(scale), count, parts, geo, acc),
            bx * by * acc.dtype.itemsize)
 
 
@@ -273,7 +274,7 @@ def _broadcast_numba(x, shape, dims, x_dims, geo, scale, stream):
         blocks, threads = grid(y.size)
         op = COPY if scale == 1.0 else MULTIPLY
         launch(arith_fwd_kernel, blocks, threads, stream,
-               (arrays.flat(x), arrays.flat(x), arrays.flat(y), acc.dtype.type(0),
+               (flat_arg(x), flat_arg(x), flat_arg(y), acc.dtype.type(0),
                 acc.dtype.type(scale), op, geo, acc))
     return y
 
