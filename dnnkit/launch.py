@@ -82,6 +82,7 @@ class At:
             b = reshaped(b, (b.size,))
         return b[self.offset:] if self.offset else b
 
+
 def at(a, offset):
     """``At(a, offset)``, or ``a`` itself for offset 0."""
     return At(a, offset) if offset else a
@@ -186,17 +187,18 @@ def _types(args):
     return tuple(out)
 
 
-_flat_types = {}     # id(Numba array type) -> id(its 1-D C form), both kept alive here
+# id(Numba array type) -> (id of its 1-D C form, the type, that form): the types are kept
+# alive here, so their ids stay theirs
+_flat_types = {}
 
 
 def _flat_type(nt):
     """The key of the 1-D C array type an ``At`` of a base of Numba type ``nt`` stands for."""
-    k = _flat_types.get(id(nt))
-    if k is None:
+    e = _flat_types.get(id(nt))
+    if e is None:
         flat = nt if nt.ndim == 1 and nt.layout == "C" else nt.copy(ndim=1, layout="C")
-        _flat_types[id(nt)] = k = id(flat)
-        _flat_types[("keep", id(nt))] = (nt, flat)
-    return k
+        e = _flat_types[id(nt)] = (id(flat), nt, flat)
+    return e[0]
 
 
 def _learn(kernel, args):

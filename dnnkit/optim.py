@@ -112,7 +112,7 @@ class Optimizer:
         from .kernels.optim import TENSORS
         s = arrays.as_stream(stream)
         op = f"{type(self).__name__}.step"
-        groups, accs, flats = {}, {}, self._flats
+        groups, flats = {}, self._flats
         with no_grad():
             for i, (p, st) in enumerate(zip(self.params, self.state)):
                 g = p.grad
@@ -132,9 +132,7 @@ class Optimizer:
                     grad = arrays.device_input(op, f"grad of parameter {i}", grad, s)
                     arrays.same_shape(op, f"parameter {i}", d, grad=grad)
                 if d.size:
-                    acc = accs.get(d.dtype)
-                    if acc is None:
-                        acc = accs[d.dtype] = arrays.acc_array(d.dtype)
+                    acc = arrays.acc_array(d.dtype)
                     key = (d.dtype.str, self._prepare(st, d.size, acc, s))
                     # At: the kernel reads the gradient as flat, without a Numba view of it
                     groups.setdefault(key, []).append((cached[2], At(grad, 0), st))

@@ -2,9 +2,9 @@
 
 The tests are collected once, then run by several pytest processes side by side on the one GPU,
 whole files dealt to the least-loaded process (a file of more than a quarter of one process's
-share in pieces, its tests dealt to them in turn: the pooling tests' largest cases take seconds each
-against their float64 references, and one process of consecutive ones would be left with
-them), followed by the tests that read the device's free memory or start threads and
+share in pieces, its tests dealt to them in turn: the pooling tests' largest cases take
+seconds each against their float64 references, and one process of consecutive ones would be
+left with them), followed by the tests that read the device's free memory or start threads and
 processes of their own (leaks, faults, scale, threads, several GPUs), which run alone. Each
 process gets the time left to the deadline; one that does not finish is reported as such,
 with its log; each log names the tests as they start, and a test still running after HANG_S

@@ -37,8 +37,7 @@ from ..autograd import gradient
 from ..cudnn import activation as cudnn_activation
 from ..dispatch import public_op
 from ..hints import ArrayLike, Backend, OpOutput, Stream
-from ..launch import launch
-from ..launch import flat as flat_arg
+from ..launch import flat as flat_arg, launch
 from ..registry import binder, register
 from . import inplace, split
 from .args import choice

@@ -39,8 +39,7 @@ from ..autograd import gradient
 from ..cudnn import optensor as cudnn_optensor
 from ..dispatch import public_op
 from ..hints import Backend, Operand, Stream
-from ..launch import launch
-from ..launch import flat as flat_arg
+from ..launch import flat as flat_arg, launch
 from ..registry import register
 from . import split
 from .broadcasting import CUDNN_ADD_DIMS, broadcast, elementwise_geo, grid, merge, read_strides

@@ -10,8 +10,7 @@ import collections
 import numpy as np
 
 from .. import arrays, device
-from ..launch import launch, pow2_at_most
-from ..launch import flat as flat_arg
+from ..launch import flat as flat_arg, launch, pow2_at_most
 from ..registry import register
 from . import inplace
 

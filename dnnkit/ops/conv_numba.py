@@ -38,7 +38,7 @@ import functools
 import numpy as np
 
 from .. import arrays, device
-from ..launch import at, flat, launch, pow2_at_most
+from ..launch import at, flat as flat_arg, launch, pow2_at_most
 from . import conv_launch, conv_winograd, gemm
 from .conv_tuning import settings
 
@@ -105,7 +105,7 @@ def _im2col(x, col, geom, sz, n0, nc, stream):
     """kernels/conv.py's im2col on a 3-D grid: positions x images x channels, the last two
     capped so that each thread reuses its decoded position over several (image, channel)
     pairs."""
-    src = at(flat(x), n0 * sz.image)
+    src = at(flat_arg(x), n0 * sz.image)
     threads, span = conv_launch.elem_threads(), _im2col_span()
     grid = (-(-sz.out // threads), min(nc, span), min(sz.c, span))
     launch(_kernels().conv_im2col_fwd_kernel, grid, threads, stream,
@@ -210,15 +210,15 @@ def forward(x, w, bias, geom, stream, math="3xtf32"):
         # B = im2col(x) read in place (kernels/gemm.py, implicit): column j = (n, o) of every
         # image at once, group g's channels from g*Cg*D*H*W; C's column j at (j // O)*K*O + j % O
         o, ko = sz.out, sz.k * sz.out
-        gemm.gemm("00", flat(w), flat(x), flat(y),
+        gemm.gemm("00", flat_arg(w), flat_arg(x), flat_arg(y),
                   (sz.kg, sz.n * o, sz.rows), (sz.rows, 0, o), gemm.PLAIN * 2 + (o, ko),
                   (sz.groups, 1, sz.kg * sz.rows, 0, sz.image // sz.groups, 0,
-                   sz.kg * o, 0), bias=None if bias is None else flat(bias), stream=stream,
+                   sz.kg * o, 0), bias=None if bias is None else flat_arg(bias), stream=stream,
                   conv=conv, math=math)
         return y, "implicit_gemm"
     col = None if sz.pointwise else arrays.cuda_empty(
         (sz.groups * sz.rows * sz.chunk * sz.out,), x.dtype, stream)
-    wf, yf = flat(w), flat(y)
+    wf, yf = flat_arg(w), flat_arg(y)
     o, ko = sz.out, sz.k * sz.out
     acc = arrays.acc_array(x.dtype)
     parts = k_parts(sz, acc.dtype.itemsize * y.size)
@@ -227,7 +227,7 @@ def forward(x, w, bias, geom, stream, math="3xtf32"):
     ws = None if parts == 1 else arrays.cuda_empty((parts * y.size,), acc.dtype, stream)
     for n0, nc in sz.chunks():
         if sz.pointwise:    # B = x: column j = (n, o) at (j // O)*C*O + j % O, row c at c*O
-            b, ldb, gb, b1 = at(flat(x), n0 * sz.image), o, (o, sz.image), sz.rows * o
+            b, ldb, gb, b1 = at(flat_arg(x), n0 * sz.image), o, (o, sz.image), sz.rows * o
         else:
             _im2col(x, col, geom, sz, n0, nc, stream)
             b, ldb, gb, b1 = col, nc * o, gemm.PLAIN, sz.rows * nc * o
@@ -237,11 +237,11 @@ def forward(x, w, bias, geom, stream, math="3xtf32"):
         gemm.gemm("00", wf, b, at(yf if ws is None else ws, n0 * ko),
                   (sz.kg, nc * o, kp), (sz.rows, ldb, o), gemm.PLAIN + gb + (o, ko),
                   (sz.groups, parts, sz.kg * sz.rows, kp, b1, kp * ldb, sz.kg * o, y.size),
-                  bias=None if bias is None or ws is not None else flat(bias),
+                  bias=None if bias is None or ws is not None else flat_arg(bias),
                   stream=stream, math=math)
     if ws is not None:
         _elementwise(_kernels().conv_partsum_fwd_kernel, y.size, stream,
-                     (ws, yf, parts, y.size, yf if bias is None else flat(bias),
+                     (ws, yf, parts, y.size, yf if bias is None else flat_arg(bias),
                       0 if bias is None else o, sz.k, acc))
     return y, "im2col+gemm"
 
@@ -304,7 +304,7 @@ def _fill_bias(y, bias, sz, stream):
         return
     acc = arrays.acc_array(y.dtype)
     _elementwise(_kernels().conv_partsum_fwd_kernel, y.size, stream,
-                 (acc, flat(y), 0, y.size, flat(bias), sz.out, sz.k, acc))
+                 (acc, flat_arg(y), 0, y.size, flat_arg(bias), sz.out, sz.k, acc))
 
 
 def backward_data(dy, w, geom, stream, math="3xtf32"):
@@ -327,7 +327,7 @@ def backward_data(dy, w, geom, stream, math="3xtf32"):
         # j = (n, i) at (j // DHW)*C*DHW + j % DHW. One batch entry per group.
         dhw, trs = sz.image // sz.c, sz.rows // (sz.c // sz.groups)
         cg_ = sz.c // sz.groups
-        gemm.gemm("00", flat(w), flat(dy), flat(dx),
+        gemm.gemm("00", flat_arg(w), flat_arg(dy), flat_arg(dx),
                   (cg_, sz.n * dhw, sz.kg * trs), (trs, 0, dhw),
                   (trs, cg_ * trs) + gemm.PLAIN + (dhw, sz.image),
                   (sz.groups, 1, sz.kg * sz.rows, 0, sz.kg * sz.out, 0, cg_ * dhw, 0),
@@ -335,7 +335,7 @@ def backward_data(dy, w, geom, stream, math="3xtf32"):
         return dx, "implicit_gemm"
     dcol = None if sz.pointwise else arrays.cuda_empty(
         (sz.groups * sz.rows * sz.chunk * sz.out,), acc.dtype, stream)
-    wf, dyf, dxf = flat(w), flat(dy), flat(dx)
+    wf, dyf, dxf = flat_arg(w), flat_arg(dy), flat_arg(dx)
     o, ko = sz.out, sz.k * sz.out
     for n0, nc in sz.chunks():
         if sz.pointwise:    # C = dx: column j = (n, o) at (j // O)*C*O + j % O
@@ -400,13 +400,13 @@ def backward_filter(x, dy, geom, stream, math="3xtf32"):
     ws = arrays.cuda_empty((parts * dw.size,), acc.dtype, stream)
     col = None if sz.pointwise else arrays.cuda_empty(
         (sz.groups * sz.rows * sz.chunk * sz.out,), x.dtype, stream)
-    dyf = flat(dy)
+    dyf = flat_arg(dy)
     o, ko = sz.out, sz.k * sz.out
     for i, (n0, nc) in enumerate(sz.chunks()):
         p = _largest_divisor(nc, parts)          # == parts except in a short last chunk
         per = nc // p
         if sz.pointwise:    # B = x^T: k = (n, o) at (k // O)*C*O + k % O, column c at c*O
-            b, ldb, gb = at(flat(x), n0 * sz.image), o, (o, sz.image)
+            b, ldb, gb = at(flat_arg(x), n0 * sz.image), o, (o, sz.image)
             b1, b2 = sz.rows * o, per * sz.image
         else:
             _im2col(x, col, geom, sz, n0, nc, stream)
@@ -420,7 +420,7 @@ def backward_filter(x, dy, geom, stream, math="3xtf32"):
                   (sz.groups, p, sz.kg * o, per * ko, b1, b2, sz.kg * sz.rows, dw.size),
                   beta=0.0 if i == 0 else 1.0, stream=stream, math=math)
     _elementwise(_kernels().conv_partsum_fwd_kernel, dw.size, stream,
-                 (ws, flat(dw), parts, dw.size, flat(dw), 0, 1, acc))
+                 (ws, flat_arg(dw), parts, dw.size, flat_arg(dw), 0, 1, acc))
     return dw, "im2col+gemm"
 
 
@@ -434,12 +434,12 @@ def _implicit_filter(x, dy, dw, conv, sz, acc, stream, math):
     # ws[q, g*Kg + i, j] = sum_k dy_g[i, k] x-col[g*rows + j, q*per*O + k]: A's k at
     # (k // O)*K*O + k % O; B's k = (image, position) at image stride C*D*H*W (offset of group
     # g's channels and of slice q in the batch entry)
-    gemm.gemm("01", flat(dy), flat(x), ws, (sz.kg, sz.rows, per * o),
+    gemm.gemm("01", flat_arg(dy), flat_arg(x), ws, (sz.kg, sz.rows, per * o),
               (o, 0, sz.rows), (o, ko) + (o, sz.image) + gemm.PLAIN,
               (sz.groups, parts, sz.kg * o, per * ko, sz.image // sz.groups, per * sz.image,
                sz.kg * sz.rows, dw.size), stream=stream, conv=conv, math=math)
     _elementwise(_kernels().conv_partsum_fwd_kernel, dw.size, stream,
-                 (ws, flat(dw), parts, dw.size, flat(dw), 0, 1, acc))
+                 (ws, flat_arg(dw), parts, dw.size, flat_arg(dw), 0, 1, acc))
     return dw
 
 
@@ -454,5 +454,5 @@ def backward_bias(dy, stream):
     acc = arrays.acc_array(dy.dtype)
     by = pow2_at_most(n * s, conv_launch.elem_threads() if device.simulator() else MAX_THREADS)
     launch(_kernels().conv_bias_bwd_kernel, min(k, 65535), (1, by), stream,
-           (flat(dy), db, n, k, s, acc), by * acc.dtype.itemsize)
+           (flat_arg(dy), db, n, k, s, acc), by * acc.dtype.itemsize)
     return db

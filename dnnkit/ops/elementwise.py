@@ -6,8 +6,7 @@ Arithmetic is in the accumulation type (float32 for float16 data), rounded once 
 """
 
 from .. import arrays
-from ..launch import launch
-from ..launch import flat as flat_arg
+from ..launch import flat as flat_arg, launch
 
 
 def axpy(alpha, x, y, *, stream=None):

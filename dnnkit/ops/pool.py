@@ -38,8 +38,7 @@ from ..autograd import gradient
 from ..cudnn import pool as cudnn_pool
 from ..dispatch import public_op
 from ..hints import ArrayLike, Backend, Size, Stream
-from ..launch import launch
-from ..launch import flat as flat_arg
+from ..launch import flat as flat_arg, launch
 from ..registry import register
 from ..tracing import note_algo
 from . import split

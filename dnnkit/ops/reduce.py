@@ -38,8 +38,7 @@ from ..autograd import gradient
 from ..cudnn import optensor as cudnn_optensor
 from ..dispatch import public_op
 from ..hints import ArrayLike, Axis, Backend, Shape, Stream
-from ..launch import launch, pow2_at_most
-from ..launch import flat as flat_arg
+from ..launch import flat as flat_arg, launch, pow2_at_most
 from ..registry import register
 from . import split
 from .broadcasting import (CUDNN_ADD_DIMS, COPY, MAXDIM, MULTIPLY, axes, broadcast, c_strides,
