@@ -8,8 +8,6 @@ Parameters (leaf Tensors, dnnkit.nn.Parameter) are updated in place (``p.data``)
 ``p.grad`` (a Tensor; a device array is accepted too), and their version is bumped, so a graph
 recorded before the step refuses to differentiate the old value. A parameter whose grad is
 None is skipped (its step count does not advance, as in PyTorch). A step reads nothing back
-from __future__ import annotations
-
 from the device: the kernels are queued on the stream and ``step()`` returns.
 
 State buffers (SGD's momentum, Adam's m and v) are flat device arrays in the accumulation
@@ -21,6 +19,8 @@ layout: {"state": {index: {...}}, "param_groups": [{hyper-parameters, "params": 
 The kernels (dnnkit.kernels) and numba are imported inside the functions that use them:
 ``import dnnkit`` must not pay for numba.
 """
+
+from __future__ import annotations
 
 import math
 import numbers

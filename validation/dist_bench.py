@@ -14,7 +14,11 @@ Variants on more than one GPU:
   run);
 - ``one bucket``: a single bucket (first bucket as large), so the all-reduce starts after the
   whole backward (no overlap);
-- ``no comm``: the same step under ``no_sync()`` (no all-reduce): the compute alone.
+- ``no comm``: the same step under ``no_sync()`` (no all-reduce): the compute alone;
+- ``overlap, graphed``: the ``overlap`` step captured into a CUDA graph
+  (``dnnkit.graphs.capture``: the bucket copies and NCCL all-reduces are recorded with the
+  rest) and replayed, against one GPU's graphed step (``local, graphed``): the scaling with
+  the host's time per step out of the way.
 
 ``host ms`` is the host's time to queue a step (when the GPU's launch queue fills, the host
 waits for room, so near ms/step it says little about which side bounds the step);
@@ -25,7 +29,9 @@ work per collective; ms/step equal to host ms means the step is host-bound.
 The all-reduce's share of a step is (variant - no comm) / variant. Scaling is the N-GPU
 throughput (images per second over all ranks) over the one-GPU throughput of a plain model.
 ``--socket`` repeats the multi-GPU launches with ``NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1``:
-NCCL's socket transport between the processes, standing for two hosts.
+NCCL's socket transport between the processes, standing for two hosts. ``--env K=V[,K=V]``
+repeats them with those variables set (``NCCL_MAX_CTAS=8``: fewer of NCCL's blocks on the SMs
+beside backward), named in the ``transport`` column.
 ``DNNKIT_DIST_PROFILE=PATH`` writes a cProfile of rank 0's ``overlap`` steps to PATH.<model>.
 
 Timing: K steps between two ``cuda.synchronize()`` calls (no host wait inside them), the
@@ -56,6 +62,8 @@ def _args(argv=None):
     p.add_argument("--warm", type=int, default=5)
     p.add_argument("--socket", action="store_true",
                    help="also run the multi-GPU launches on NCCL's socket transport")
+    p.add_argument("--env", action="append", default=[],
+                   help="also run the multi-GPU launches with these variables (K=V[,K=V])")
     p.add_argument("--out", default=None, help="folder for dist_bench.json and .md")
     p.add_argument("--result", default=None, help=argparse.SUPPRESS)   # a rank's output file
     return p.parse_args(argv)
@@ -93,7 +101,7 @@ def rank_main(opts):
 
     import dnnkit
     import dnnkit.distributed as dist
-    from dnnkit import nn, optim
+    from dnnkit import graphs, nn, optim
     from numba import cuda
 
     dist.init()
@@ -106,10 +114,12 @@ def rank_main(opts):
         rows = []
         for name in opts.models.split(","):
             model = _model(name)
-            variants = {"local": dict(dp=False)} if world == 1 else {
+            variants = {"local": dict(dp=False), "local, graphed": dict(dp=False, graph=True)
+                        } if world == 1 else {
                 "no comm": dict(dp=True, bucket_mb=25, first_mb=1, no_sync=True),
                 "overlap": dict(dp=True, bucket_mb=25, first_mb=1),
-                "one bucket": dict(dp=True, bucket_mb=100000, first_mb=100000)}
+                "one bucket": dict(dp=True, bucket_mb=100000, first_mb=100000),
+                "overlap, graphed": dict(dp=True, bucket_mb=25, first_mb=1, graph=True)}
             times = {v: [] for v in variants}
             host = {v: [] for v in variants}
             phases = {v: [] for v in variants}     # per round: [fwd, bwd, opt] host ms
@@ -142,14 +152,26 @@ def rank_main(opts):
                         split[1] += t2 - t1
                         split[2] += t3 - t2
 
-                    for _ in range(opts.warm if r == 0 else 2):
-                        step()
+                    warm, graph, run = opts.warm if r == 0 else 2, None, step
+                    if how.get("graph"):
+                        def recorded(xs, ys):
+                            opt.zero_grad()
+                            loss = loss_fn(net(xs), ys)
+                            loss.backward()
+                            opt.step()
+                            return loss
+                        # the warm-up steps run inside capture(), then one step is recorded
+                        graph = graphs.capture(recorded, x, y, warmup=warm)
+                        run = graph.replay
+                    else:
+                        for _ in range(warm):
+                            step()
                     _sync(dist)
                     split[:] = [0.0, 0.0, 0.0]
                     prof = _profiler(rank, variant)
                     t0 = time.perf_counter()
                     for _ in range(opts.steps):
-                        step()
+                        run()
                     queued = time.perf_counter()
                     if prof is not None:
                         prof.disable()
@@ -159,6 +181,8 @@ def rank_main(opts):
                     host[variant].append((queued - t0) * 1e3 / opts.steps)
                     phases[variant].append([v * 1e3 / opts.steps for v in split])
                     buckets[variant] = len(net.buckets) if how["dp"] else 0
+                    if graph is not None:
+                        graph.close()
                     if how["dp"]:
                         net.close()
             for variant, ts in times.items():
@@ -178,12 +202,14 @@ def rank_main(opts):
 
 # ---------------------------------------------------------------- the launches
 
-def _launch(n, opts, socket=False):
+def _launch(n, opts, socket=False, extra=None):
     fd, result = tempfile.mkstemp(suffix=".json")
     os.close(fd)
     env = dict(os.environ)
     if socket:
         env.update(NCCL_P2P_DISABLE="1", NCCL_SHM_DISABLE="1")
+    if extra:
+        env.update(kv.split("=", 1) for kv in extra.split(","))
     cmd = [sys.executable, "-m", "dnnkit.distributed.run", "--gpus", str(n), "-m",
            "validation.dist_bench", "--models", opts.models, "--batch", str(opts.batch),
            "--steps", str(opts.steps), "--rounds", str(opts.rounds), "--warm", str(opts.warm),
@@ -191,28 +217,36 @@ def _launch(n, opts, socket=False):
     r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800)
     try:
         if r.returncode != 0:
-            raise RuntimeError(f"{n} GPUs{' (socket)' if socket else ''}: exit "
+            raise RuntimeError(f"{n} GPUs{' (socket)' if socket else ''} {extra or ''}: exit "
                                f"{r.returncode}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
         with open(result) as f:
             rows = json.load(f)
     finally:
         os.unlink(result)
     for row in rows:
-        row["transport"] = "socket" if socket else "default"
+        row["transport"] = ("socket" if socket else "default") + (f" {extra}" if extra else "")
     return rows
 
 
+def _graphed(variant):
+    return variant.endswith("graphed")
+
+
 def table(rows):
-    base = {r["model"]: r["images_s"] for r in rows if r["gpus"] == 1}
+    """Scaling: a graphed variant against one GPU's graphed step, the others against one
+    GPU's plain step."""
+    base = {(r["model"], _graphed(r["variant"])): r["images_s"] for r in rows
+            if r["gpus"] == 1}
     comp = {(r["model"], r["gpus"], r["transport"]): r["ms"] for r in rows
             if r["variant"] == "no comm"}
     lines = ["| model | GPUs | transport | variant | ms/step | host ms | host fwd/bwd/opt | "
              "images/s | scaling | all-reduce share |", "|---" * 10 + "|"]
     for r in rows:
-        scale = r["images_s"] / base[r["model"]] if r["model"] in base else float("nan")
+        b = base.get((r["model"], _graphed(r["variant"])))
+        scale = r["images_s"] / b if b else float("nan")
         c = comp.get((r["model"], r["gpus"], r["transport"]))
         share = (f"{(r['ms'] - c) / r['ms']:.0%}" if c is not None and r["variant"] != "no comm"
-                 else "")
+                 and not _graphed(r["variant"]) else "")
         split = "/".join(f"{v:.2f}" for v in r.get("host_split") or ())
         lines.append(f"| {r['model']} | {r['gpus']} | {r['transport']} | {r['variant']} | "
                      f"{r['ms']:.2f} | {r['host_ms']:.2f} | {split} | {r['images_s']:.0f} | "
@@ -232,9 +266,12 @@ def main(argv=None):
     name = name.decode() if isinstance(name, bytes) else name
     rows, errors = [], []
     for n in counts:
-        for socket in ((False, True) if opts.socket and n > 1 else (False,)):
+        runs = [(False, None)]
+        if n > 1:
+            runs += [(True, None)] * opts.socket + [(False, e) for e in opts.env]
+        for socket, extra in runs:
             try:
-                rows += _launch(n, opts, socket)
+                rows += _launch(n, opts, socket, extra)
             except Exception as e:   # one failed launch must not hide the others' figures
                 errors.append(str(e))
                 print(e, file=sys.stderr)

@@ -1,6 +1,7 @@
 """cProfile of whole training steps (host path): where the host's time per step goes.
 
     python -m validation.profile_step [vgg|resnet18|lm] [cudnn|numba] [batch] [--steps N]
+                                      [--dtype float32|float16]
 
 Builds the model as validation/train_bench.py does (SGD with momentum, cross-entropy), warms up,
 then profiles N steps (default 20) without waiting on the GPU inside the loop. Prints the
@@ -16,14 +17,15 @@ import dnnkit
 from dnnkit import models, nn, optim
 
 
-def build(name, backend, batch, rng):
+def build(name, backend, batch, rng, dtype="float32"):
     if name == "lm":
-        model = models.LSTMLanguageModel(10000, 650, 650, 2, dropout=0.0, seed=0)
+        model = models.LSTMLanguageModel(10000, 650, 650, 2, dropout=0.0, seed=0, dtype=dtype)
         x = dnnkit.tensor(rng.integers(0, 10000, (35, batch)))
         y = dnnkit.tensor(rng.integers(0, 10000, (35 * batch,)))
     else:
-        model = models.vgg_cnn(seed=0) if name == "vgg" else models.resnet18(seed=0)
-        x = dnnkit.tensor(rng.standard_normal((batch, 3, 32, 32)).astype(np.float32))
+        model = (models.vgg_cnn(seed=0, dtype=dtype) if name == "vgg"
+                 else models.resnet18(seed=0, dtype=dtype))
+        x = dnnkit.tensor(rng.standard_normal((batch, 3, 32, 32)).astype(dtype))
         y = dnnkit.tensor(rng.integers(0, 10, (batch,)))
     nn.convert(model, backend)
     opt = optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
@@ -47,10 +49,11 @@ def main():
     ap.add_argument("backend", nargs="?", default="cudnn")
     ap.add_argument("batch", nargs="?", type=int, default=32)
     ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--dtype", default="float32", choices=("float32", "float16"))
     ap.add_argument("--dump", default=None, help="write the pstats file here as well")
     a = ap.parse_args()
     from numba import cuda
-    step = build(a.model, a.backend, a.batch, np.random.default_rng(0))
+    step = build(a.model, a.backend, a.batch, np.random.default_rng(0), a.dtype)
     for _ in range(5):
         step()
     cuda.synchronize()
@@ -70,7 +73,7 @@ def main():
     if a.dump:
         pr.dump_stats(a.dump)
     st = pstats.Stats(pr)
-    print(f"== {a.model} {a.backend} batch {a.batch}: {a.steps} steps; "
+    print(f"== {a.model} {a.dtype} {a.backend} batch {a.batch}: {a.steps} steps; "
           f"{st.total_tt * 1e3 / a.steps:.2f} ms of host time per step (profiled)")
     st.sort_stats("tottime").print_stats(45)
     st.sort_stats("cumulative").print_stats(60)

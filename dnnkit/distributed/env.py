@@ -144,8 +144,9 @@ def from_environ(environ=None):
 
 
 def mpi_master(penv):
-    """``penv`` with the store's address filled in under MPI: rank 0's host name and a free
-    port, broadcast with mpi4py (imported here: an optional dependency). Returns ``penv``
+    """``penv`` with the store's address filled in under MPI: rank 0's address as the others
+    reach it (:func:`master_host`, from every rank's host name, gathered) and a free port,
+    broadcast with mpi4py (imported here: an optional dependency). Returns ``penv``
     unchanged when it has an address or is a single process."""
     if penv.master_addr is not None or penv.world_size == 1:
         return penv
@@ -161,13 +162,42 @@ def mpi_master(penv):
         raise ValueError(f"dnnkit.distributed: MPI says rank {comm.Get_rank()} of "
                          f"{comm.Get_size()}, the environment rank {penv.rank} of "
                          f"{penv.world_size}")
+    import socket
+    names = comm.allgather(socket.gethostname())
     addr = port = None
     if penv.rank == 0:
-        import socket
-        addr = socket.getfqdn()
-        port = free_port()
+        addr, port = master_host(names), free_port()
     addr, port = comm.bcast((addr, port), root=0)
     return penv._replace(master_addr=addr, master_port=port)
+
+
+def _resolve(name):
+    import socket
+    return socket.getaddrinfo(name, None, socket.AF_INET, socket.SOCK_DGRAM)[0][4][0]
+
+
+def master_host(names, resolve=_resolve):
+    """The address at which the other ranks reach rank 0's store, from every rank's host name
+    (``names``, by rank; rank 0's first): 127.0.0.1 when they all run on rank 0's host; else
+    rank 0's own address on the route to the first rank elsewhere (a UDP socket "connected"
+    to that rank's address sends nothing and tells which local address the kernel would use
+    to reach it); rank 0's host name when no such address is found. (``socket.getfqdn()``
+    is not enough: on a host whose name maps to a loopback address -- Debian's 127.0.1.1, or
+    "localhost" -- it hands the other hosts an address that is their own.)"""
+    import socket
+    others = [n for n in dict.fromkeys(names[1:]) if n != names[0]]
+    if not others:
+        return "127.0.0.1"
+    for name in others:
+        try:
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+                s.connect((resolve(name), 9))
+                local = s.getsockname()[0]
+        except OSError:
+            continue
+        if not local.startswith("127."):
+            return local
+    return socket.gethostname()
 
 
 def free_port():

@@ -16,7 +16,8 @@ every ``interval`` seconds,
 On a fault it asks the store who is to blame (:func:`name_culprits`: a rank whose connection
 closed, one whose heartbeats stopped, one that has not queued the collective this rank waits
 in), aborts the NCCL communicator (ncclCommAbort, from this thread: the spinning kernels exit,
-so a host wait on the stream returns, and a call blocked in NCCL returns) and keeps the error: the next dnnkit.distributed call of the main thread
+so a host wait on the stream returns, and a call blocked in NCCL returns) and keeps the error:
+the next dnnkit.distributed call of the main thread
 (a collective, a DataParallel step) raises it. A main thread that does not come back to
 dnnkit within ``min(timeout, 30)`` seconds -- blocked elsewhere, or computing on without
 collectives -- would run on with wrong data: the watchdog then prints the error and ends the

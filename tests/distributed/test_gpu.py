@@ -8,6 +8,8 @@ results:
 - DataParallel on 2 GPUs equal to one GPU's steps on the whole batch (float64 CNN, tight),
   on both backends; ResNet-18 with SyncBatchNorm against BatchNorm on one GPU (float32);
 - SyncBatchNorm against BatchNorm on the whole batch, both backends, float32 and float64;
+- a DataParallel step captured into a CUDA graph and replayed: the eager steps' losses and
+  parameters, both backends;
 - a rank killed mid-step, and a rank that hangs: the other exits non-zero within the timeout
   with a DistributedError naming rank 1.
 
@@ -94,6 +96,13 @@ def test_resnet18_with_sync_batch_norm_matches_one_gpu(backend):
 def test_sync_batch_norm_matches_batch_norm_on_the_whole_batch(backend):
     res = launch("sync_bn", backend)
     assert res[0] == {"float64": True, "float32": True}
+
+
+@pytest.mark.parametrize("backend", backend_params())
+def test_a_captured_data_parallel_step_replays_to_the_eager_steps(backend):
+    res = launch("graph", backend)
+    assert res[0]["replays"] == res[1]["replays"] == 4
+    assert res[0]["nodes"] > 10 and res[0]["buckets"] > 1
 
 
 @pytest.mark.parametrize("how,named", [
