@@ -372,6 +372,39 @@ def change_flags(flags=None, **kwargs):
         local.epoch += 1
 
 
+def thread_layers():
+    """This thread's ``change_flags`` layers, outermost first (for :func:`joined`)."""
+    return tuple(getattr(state.local, "stack", None) or ())
+
+
+@contextlib.contextmanager
+def joined(layers):
+    """Inside the block, this thread sees the flags of ``layers`` (another thread's
+    :func:`thread_layers`) as if set by ``change_flags`` here: a thread working for another
+    (PyTorch's autograd thread running a backward; dnnkit/torch/bridge.py) follows the
+    caller's scoped flags."""
+    if not layers:
+        yield
+        return
+    merged = {}
+    for layer in layers:
+        merged.update(layer)
+    local = state.local
+    stack = getattr(local, "stack", None)
+    if stack is None:
+        stack = local.stack = []
+    stack.append(merged)
+    local.epoch = getattr(local, "epoch", 0) + 1
+    try:
+        yield
+    finally:
+        for i in range(len(stack) - 1, -1, -1):
+            if stack[i] is merged:
+                del stack[i]
+                break
+        local.epoch += 1
+
+
 class _Namespace:
     """``config.dnn.enabled`` reads a flag; assigning to it sets it (process-wide)."""
 

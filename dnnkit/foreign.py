@@ -112,6 +112,17 @@ def call(run, args, kw, backend):
         d["stream"] = d["key"] = None
 
 
+def torch_view(t, stream):
+    """A Numba view of CUDA ``torch.Tensor`` ``t`` for an op on raw stream ``stream``, ordered
+    after the tensor's producer (PyTorch's current stream of its device) where that differs:
+    :func:`as_array`'s answer for one PyTorch tensor without its general dispatch (dnnkit.torch
+    views several hundred tensors a training step, on PyTorch's current stream)."""
+    v, producer = _torch(t, stream)
+    if producer is not None and producer != stream:
+        device.stream_wait(stream, producer)
+    return v
+
+
 def _adopt(a, consumer, waited):
     t = type(a)
     if t in (list, tuple):

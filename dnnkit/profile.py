@@ -81,6 +81,31 @@ def active():
     return stack[-1] if stack else None
 
 
+def open_profiles():
+    """This thread's open profiles, outermost first (for :func:`joined` on another thread)."""
+    return tuple(profile_state.__dict__.get("stack") or ())
+
+
+@contextlib.contextmanager
+def joined(profiles):
+    """Inside the block, this thread's op calls are timed into ``profiles`` (the innermost
+    one, as on their own thread): the open profiles of a thread this one works for (PyTorch's
+    autograd thread; dnnkit/torch/bridge.py)."""
+    if not profiles:
+        yield
+        return
+    stack = profile_state.__dict__.setdefault("stack", [])
+    stack.extend(profiles)
+    try:
+        yield
+    finally:
+        for p in profiles:
+            for i in range(len(stack) - 1, -1, -1):
+                if stack[i] is p:
+                    del stack[i]
+                    break
+
+
 @contextlib.contextmanager
 def profile():
     p = Profile()

@@ -43,6 +43,28 @@ def trace():
         _remove_identical(stack, t)
 
 
+def open_traces():
+    """This thread's open traces, outermost first (for :func:`joined` on another thread)."""
+    return tuple(trace_state.__dict__.get("traces") or ())
+
+
+@contextlib.contextmanager
+def joined(traces):
+    """Inside the block, this thread's op calls are recorded into ``traces`` as well: the open
+    traces of a thread that this one works for (PyTorch's autograd thread running a backward
+    for the thread that called ``loss.backward()``; dnnkit/torch/bridge.py)."""
+    if not traces:
+        yield
+        return
+    stack = trace_state.__dict__.setdefault("traces", [])
+    stack.extend(traces)
+    try:
+        yield
+    finally:
+        for t in traces:
+            _remove_identical(stack, t)
+
+
 def _remove_identical(stack, item):
     """Remove ``item`` itself (not an equal one: two traces can hold the same entries)."""
     for i in range(len(stack) - 1, -1, -1):

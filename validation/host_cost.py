@@ -51,6 +51,14 @@ def steps():
     dnnkit.relu(x, backend="cudnn")
     bound = cudnn_activation.bind(False, x.size, x.dtype, "relu", 0.0, 0)
 
+    dnnkit.relu(x, backend="numba")
+    from dnnkit import launch as launch_mod
+    from dnnkit.kernels import activation_fwd_kernel as rkernel
+    acc = arrays.acc_array(x.dtype)
+    rargs = (x, y, 0, np.float32(0.0), acc)
+    launch_mod.launch(rkernel, 4, 256, s, rargs)
+    fast = launch_mod._fast[(id(rkernel), launch_mod._types(rargs))]
+
     def descriptor():
         with TensorDescriptor((1, 1, 1, 1024), np.float32):
             pass
@@ -70,6 +78,12 @@ def steps():
         # the floor of dnnkit's relu: cuDNN's own host time, ctypes and the handle (what the
         # memoised call adds is the dispatch, the allocation and the output array)
         ("cudnnActivationForward, bound", lambda: bound(x, y)),
+        # the Numba path's launch of relu's kernel, step by step (the arguments as the op
+        # passes them): working out their types, packing them, and the driver call
+        ("launch._types(relu args)", lambda: launch_mod._types(rargs)),
+        ("launcher.pack(relu args)", lambda: fast.pack(rargs)),
+        ("cuLaunchKernel, packed", lambda: fast(4, 256, 0, rargs, 0)),
+        ("launch(relu kernel), fast path", lambda: launch_mod.launch(rkernel, 4, 256, s, rargs)),
         ("relu 1024 numba (whole call)", lambda: dnnkit.relu(x, backend="numba")),
         ("relu 1024 cudnn (whole call)", lambda: dnnkit.relu(x, backend="cudnn")),
         ("conv 1x8x8x8 numba (whole call)",

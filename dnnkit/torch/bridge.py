@@ -5,6 +5,8 @@ template per buffer, ~1 us, the view holding the tensor alive); the op runs on P
 current stream of that device, passed as ``stream=`` (a raw handle read by one C call), so the
 work is ordered with PyTorch's own kernels and nothing waits. Tensors that require grad are
 detached first (autograd.Function inputs do), and made contiguous (a no-op when they are).
+(foreign.torch_view: the view without foreign.as_array's general dispatch, several hundred
+times a training step.)
 
 Out: an op's output is a Numba array from dnnkit's caching pool, allocated on that stream. It
 becomes a ``torch.Tensor`` through ``__cuda_array_interface__`` (``torch.as_tensor``): PyTorch
@@ -23,11 +25,14 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import threading
 
 import numpy as np
 import torch
 
-from .. import arrays, device, foreign, memory
+from .. import arrays, config, device, foreign, memory
+from ..profile import joined as join_profiles, open_profiles
+from ..tracing import joined as join_traces, open_traces
 
 BACKENDS = ("auto", "cudnn", "numba")
 
@@ -68,12 +73,13 @@ def view(t, stream):
     ``stream``, or on the simulator a NumPy view of the CPU tensor."""
     if t is None:
         return None
-    t = t.detach()
+    if t.requires_grad:
+        t = t.detach()
     if not t.is_contiguous():
         t = t.contiguous()
     if stream is None:
         return t.numpy()
-    return foreign.as_array(t, stream)
+    return foreign.torch_view(t, stream)
 
 
 class _Exported:
@@ -87,7 +93,10 @@ class _Exported:
         self.array = a
         self.__cuda_array_interface__ = {
             "shape": tuple(a.shape), "typestr": a.dtype.str, "strides": tuple(a.strides),
-            "data": (a.device_ctypes_pointer.value or 0, False), "version": 2}
+            # a pool array carries its address (dnnkit/memory.py); Numba's
+            # device_ctypes_pointer makes a ctypes object per read
+            "data": (a.__dict__.get("_dnnkit_ptr") or a.device_ctypes_pointer.value or 0,
+                     False), "version": 2}
 
 
 def tensor(a, like):
@@ -151,18 +160,47 @@ def graph_pool():
         yield
 
 
+def caller_context():
+    """What of this thread's dnnkit state an op call made for it on another thread must see:
+    its ``change_flags`` layers, open traces and open profiles (all per thread)."""
+    c = (config.thread_layers(), open_traces(), open_profiles())
+    return c if any(c) else None
+
+
+@contextlib.contextmanager
+def within(context):
+    """The block's op calls see ``context`` (:func:`caller_context` of another thread)."""
+    if context is None:
+        yield
+        return
+    layers, traces, profiles = context
+    with config.joined(layers), join_traces(traces), join_profiles(profiles):
+        yield
+
+
 def pooled(fn):
     """``fn`` (an autograd.Function's forward or backward) with dnnkit's allocations served by
     the private pool of the graph that PyTorch's current stream is capturing, if any
-    (dnnkit/torch/graph.py). The backward runs on PyTorch's autograd thread, which the
-    capturing thread's pool (thread-local) does not reach: the pool is found by the stream."""
+    (dnnkit/torch/graph.py), and, in a backward, the forward caller's flags, traces and
+    profiles. PyTorch runs the backward of CUDA tensors on its own autograd thread, which
+    neither the capturing thread's pool nor the caller's ``change_flags``, ``trace()`` and
+    ``profile()`` (all per thread) reach: the pool is found by the stream, the rest is kept
+    on ``ctx`` by the forward (the same object in both) and entered by the backward when it
+    runs on another thread."""
     @functools.wraps(fn)
     def run(ctx, *args):
-        if not CAPTURES:
-            return fn(ctx, *args)
-        pool = CAPTURES.get(foreign.torch_stream(torch.cuda.current_device()))
-        if pool is None:
-            return fn(ctx, *args)
-        with memory.private_pool(pool):
-            return fn(ctx, *args)
+        saved = getattr(ctx, "dnnkit_caller", None)
+        if saved is None:          # the forward: remember who called it
+            ctx.dnnkit_caller = saved = (threading.get_ident(), caller_context())
+            context = None
+        else:
+            context = saved[1] if saved[0] != threading.get_ident() else None
+        with within(context):
+            if not CAPTURES:
+                return fn(ctx, *args)
+            pool = CAPTURES.get(foreign.torch_stream(torch.cuda.current_device()))
+            if pool is None:
+                return fn(ctx, *args)
+            with memory.private_pool(pool):
+                return fn(ctx, *args)
     return run

@@ -197,6 +197,43 @@ def test_calls_go_through_the_dispatcher_trace_and_policy():
     assert set(t.backends()) == {"numba"}
 
 
+def test_a_backward_on_another_thread_follows_the_callers_flags_trace_and_profile():
+    """PyTorch runs the backward of CUDA tensors on its own autograd thread. Here the backward
+    is started from a second thread (PyTorch runs a CPU backward on the thread that calls it,
+    a CUDA one on its device thread: another thread either way), and the forward caller's
+    scoped flags, trace and profile must reach its op calls."""
+    import threading
+
+    import dnnkit
+    from dnnkit import config
+    m = nn.Conv2d(2, 2, 3, padding=1).to(DEVICE, F64)
+    dt.convert(m, "auto")
+    x = rand(1, 2, 3, 3).to(DEVICE).requires_grad_()
+    errors = []
+
+    def backward(loss):
+        try:
+            loss.backward()
+        except BaseException as e:  # noqa: BLE001 - reported by the main thread
+            errors.append(e)
+    with config.change_flags(**{"dnn.enabled": "disabled"}), dnnkit.trace() as t, \
+            dnnkit.profile() as p:
+        th = threading.Thread(target=backward, args=(m(x).sum(),))
+        th.start()
+        th.join()
+    assert not errors, errors
+    assert t.ops() == ["conv2d", "conv2d_backward_data", "conv2d_backward_filter",
+                       "conv_backward_bias"]
+    assert set(t.backends()) == {"numba"}            # the scoped flag reached the backward
+    assert {op for op, _ in p.rows} == set(t.ops())
+    assert config.thread_layers() == ()             # nothing left behind on this thread
+    # outside the blocks a backward on another thread sees no trace and the default policy
+    with dnnkit.trace() as after:
+        pass
+    backward(m(x).sum())
+    assert after.ops() == [] and not errors
+
+
 @pytest.mark.parametrize("backend", backend_params())
 def test_lstm_with_a_projection_matches_pytorch(backend):
     check_module(lambda: nn.LSTM(2, 3, proj_size=2), rand(2, 1, 2), backend)
