@@ -354,7 +354,13 @@ def change_flags(flags=None, **kwargs):
         (via_old if old else layer).update(values)
         for note in notes:
             flag_aliases.warn(note)
-    layer = {**via_old, **layer}
+    with _pushed({**via_old, **layer}):
+        yield
+
+
+@contextlib.contextmanager
+def _pushed(layer):
+    """``layer`` (flag name -> parsed value) on this thread's stack inside the block."""
     local = state.local
     stack = getattr(local, "stack", None)
     if stack is None:
@@ -389,20 +395,8 @@ def joined(layers):
     merged = {}
     for layer in layers:
         merged.update(layer)
-    local = state.local
-    stack = getattr(local, "stack", None)
-    if stack is None:
-        stack = local.stack = []
-    stack.append(merged)
-    local.epoch = getattr(local, "epoch", 0) + 1
-    try:
+    with _pushed(merged):
         yield
-    finally:
-        for i in range(len(stack) - 1, -1, -1):
-            if stack[i] is merged:
-                del stack[i]
-                break
-        local.epoch += 1
 
 
 class _Namespace:

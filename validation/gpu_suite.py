@@ -1,4 +1,5 @@
-"""The GPU suite (every test marked ``gpu`` or ``cudnn``), side by side on one GPU.
+"""The GPU suite (every test marked ``gpu`` or ``cudnn``, and every test of DEVICE_FOLDERS,
+which use the GPU wherever there is one), side by side on one GPU.
 
 The tests are collected once, then run by several pytest processes side by side on the one GPU,
 whole files dealt to the least-loaded process (a file of more than a quarter of one process's
@@ -36,10 +37,41 @@ PYTEST = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", 
 HANG_S = 120
 
 
+# Folders whose tests run on the GPU wherever there is one without being marked: they run on
+# the simulator too, with CPU tensors (dnnkit.torch's: a CUDA backward runs on PyTorch's own
+# autograd thread, a CPU one on the caller's, so only the GPU run shows some defects). Every
+# test there is collected, marked or not.
+DEVICE_FOLDERS = ("tests/torch",)
+
+
+def _collect(args):
+    out = subprocess.run(PYTEST + ["--collect-only"] + args, capture_output=True, text=True)
+    return [line for line in out.stdout.splitlines() if "::" in line], out
+
+
+def _inside(path, folder):
+    path, folder = os.path.normpath(path), os.path.normpath(folder)
+    return path == folder or path.startswith(folder + os.sep)
+
+
+def _device_paths(paths):
+    """What of DEVICE_FOLDERS ``paths`` (default: everything) reach: a path inside one, or a
+    folder that holds one."""
+    if not paths:
+        return list(DEVICE_FOLDERS)
+    out = [p if _inside(p, f) else f for p in paths for f in DEVICE_FOLDERS
+           if _inside(p, f) or _inside(f, p)]
+    return list(dict.fromkeys(out))
+
+
 def collect(marks, paths):
-    out = subprocess.run(PYTEST + ["--collect-only", "-m", marks] + paths,
-                         capture_output=True, text=True)
-    ids = [line for line in out.stdout.splitlines() if "::" in line]
+    """The marked tests under ``paths`` (default: all), and every test of DEVICE_FOLDERS
+    there."""
+    ids, out = _collect(["-m", marks] + paths)
+    extra = _device_paths(paths)
+    if extra:
+        seen = set(ids)
+        ids += [i for i in _collect(extra)[0] if i not in seen]
     if not ids:
         sys.exit(f"gpu_suite: no tests collected\n{out.stdout[-2000:]}{out.stderr[-2000:]}")
     return ids
@@ -70,10 +102,11 @@ def split(ids, workers):
     return [w[1] for w in loads if w[1]], alone
 
 
-def start(name, ids, marks, logs):
+def start(name, ids, logs):
     log = open(os.path.join(logs, f"{name}.log"), "w")
     # a few hundred node ids (~100 bytes each) are far under the argument-size limit
-    cmd = [a for a in PYTEST if a != "-q"] + ["-m", marks, "-rfE", "-v", "-o",
+    # the ids were selected at collection (marks, DEVICE_FOLDERS): no -m here
+    cmd = [a for a in PYTEST if a != "-q"] + ["-rfE", "-v", "-o",
                                                f"faulthandler_timeout={HANG_S}"] + ids
     # a session of its own: at the deadline the whole group goes, the processes a test
     # started too, so nothing runs on beside the next measurement
@@ -121,12 +154,12 @@ def main(argv=None):
     groups, alone = split(ids, a.workers)
     print(f"gpu_suite: {len(ids)} tests, {len(groups)} workers side by side, {len(alone)} alone",
           flush=True)
-    procs = {f"worker-{k}": start(f"worker-{k}", g, a.marks, a.logs)
+    procs = {f"worker-{k}": start(f"worker-{k}", g, a.logs)
              for k, g in enumerate(groups)}
     ok = wait_all(procs, deadline)
     print(f"gpu_suite: side by side done at {time.monotonic() - t0:.0f} s", flush=True)
     if alone:
-        ok = wait_all({"alone": start("alone", alone, a.marks, a.logs)}, deadline) and ok
+        ok = wait_all({"alone": start("alone", alone, a.logs)}, deadline) and ok
     print(f"gpu_suite: {'all passed' if ok else 'FAILURES or unfinished'} in "
           f"{time.monotonic() - t0:.0f} s", flush=True)
     return 0 if ok else 1
