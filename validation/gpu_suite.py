@@ -37,11 +37,12 @@ PYTEST = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", 
 HANG_S = 120
 
 
-# Folders whose tests run on the GPU wherever there is one without being marked: they run on
-# the simulator too, with CPU tensors (dnnkit.torch's: a CUDA backward runs on PyTorch's own
-# autograd thread, a CPU one on the caller's, so only the GPU run shows some defects). Every
-# test there is collected, marked or not.
-DEVICE_FOLDERS = ("tests/torch",)
+# Folders and files whose tests run on the GPU wherever there is one without being marked:
+# they run on the simulator too, with CPU tensors or host memory (dnnkit.torch's: a CUDA
+# backward runs on PyTorch's own autograd thread, a CPU one on the caller's, so only the GPU
+# run shows some defects; DLPack's: CUDA capsules on a GPU). Every test there is collected,
+# marked or not.
+DEVICE_FOLDERS = ("tests/torch", "tests/test_dlpack.py")
 
 
 def _collect(args):
