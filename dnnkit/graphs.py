@@ -41,6 +41,10 @@ changed later is not seen; Adam's step count is a host number, so its bias corre
 freezes: use SGD, or re-capture), and ops given an explicit ``stream=`` other than the
 current one are not recorded.
 
+Host work that the recorded call does once and every replay needs again registers itself with
+``after_replay`` while the call is recorded: its callback runs after each replay's launch
+(dnnkit.distributed's watchdog tracks the collectives of each replay that way).
+
 Memory. Every block allocated while recording (and during the warm-up) comes from the graph's
 own pool and returns to it: the graph writes those addresses on every replay, so no eager call
 may be handed one while the graph lives; ``close()`` (or collecting the graph) gives the pool up.
@@ -64,6 +68,7 @@ driver calls, ``_cuda``, with a recording fake).
 from __future__ import annotations
 
 import gc
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -160,9 +165,11 @@ class CUDAGraph:
     fn: Callable[..., Any] | None       # None once closed
 
     def __init__(self, fn: Callable[..., Any], exe: Any, graph: Any, stream: tuple[int, Any],
-                 pool: Any, inputs: tuple[CudaArray, ...], outputs: Any, nodes: int) -> None:
+                 pool: Any, inputs: tuple[CudaArray, ...], outputs: Any, nodes: int,
+                 hooks: tuple[Callable[[int], None], ...] = ()) -> None:
         self._exe, self._graph, self._stream, self._pool = exe, graph, stream, pool
         self.fn, self.inputs, self.outputs, self.nodes = fn, inputs, outputs, nodes
+        self._hooks = hooks          # after_replay callbacks of the recorded call
         self.replays = 0
 
     @property
@@ -182,6 +189,8 @@ class CUDAGraph:
         own = self._stream[0]
         device.stream_wait(own, cur)
         _cuda.launch(self._exe, own)
+        for hook in self._hooks:
+            hook(own)
         device.stream_wait(cur, own)
         self.replays += 1
 
@@ -256,7 +265,7 @@ def capture(fn: Callable[..., Any], *static_inputs: CudaArray, warmup: int = 3) 
                 out = fn(*static_inputs)
                 del out
             _cuda.synchronize(ptr)
-            graph, outputs = _record(fn, static_inputs, ptr)
+            graph, outputs, hooks = _record(fn, static_inputs, ptr)
         try:
             exe = _cuda.instantiate(graph)
             nodes = _cuda.node_count(graph)
@@ -272,16 +281,36 @@ def capture(fn: Callable[..., Any], *static_inputs: CudaArray, warmup: int = 3) 
         raise CaptureError("capture: fn queued no work on the capture stream (its ops were "
                            "given another stream=, or it does nothing on the GPU)",
                            what="capture")
-    return CUDAGraph(fn, exe, graph, (ptr, ns), pool, static_inputs, outputs, nodes)
+    return CUDAGraph(fn, exe, graph, (ptr, ns), pool, static_inputs, outputs, nodes,
+                     tuple(hooks))
+
+
+# Per thread while ``fn`` is being recorded: the callbacks of after_replay()
+_recording = threading.local()
+
+
+def after_replay(hook: Callable[[int], None]) -> bool:
+    """Inside a call being recorded by :func:`capture` on this thread: call ``hook(stream)``
+    after every replay of the graph, with the raw stream the replay was queued on (host work
+    that the recorded call did once and a replay must do again: dnnkit.distributed has its
+    watchdog track the collectives a step recorded). Returns False, and keeps nothing,
+    outside a recording."""
+    hooks = _recording.__dict__.get("hooks")
+    if hooks is None:
+        return False
+    hooks.append(hook)
+    return True
 
 
 def _record(fn, static_inputs, ptr):
-    """(graph, fn's return value) of one recorded call on raw stream ``ptr``. The garbage
+    """(graph, fn's return value, its after_replay hooks) of one recorded call on raw stream
+    ``ptr``. The garbage
     collector is off while recording (a finalizer of some unrelated object must not free
     memory into the capture) and Numba defers its frees (cuMemFree is not allowed)."""
     from numba import cuda
     was = gc.isenabled()
     gc.disable()
+    hooks = _recording.hooks = []
     try:
         with cuda.defer_cleanup():
             _cuda.begin(ptr)
@@ -296,6 +325,7 @@ def _record(fn, static_inputs, ptr):
                                    f"recorded: {e}", what="capture") from e
             err, graph = _cuda.end(ptr)
     finally:
+        _recording.hooks = None
         if was:
             gc.enable()
     if err == CAPTURE_INVALIDATED:
@@ -307,4 +337,4 @@ def _record(fn, static_inputs, ptr):
             what="capture")
     if err:
         raise CaptureError(f"capture: cuStreamEndCapture failed with {err}", what="capture")
-    return graph, outputs
+    return graph, outputs, hooks

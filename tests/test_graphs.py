@@ -129,6 +129,21 @@ def test_replay_launches_on_the_graph_stream_joined_both_ways_and_copies_new_inp
         g.replay(new, new)
 
 
+def test_after_replay_hooks_of_the_recorded_call_run_after_each_replays_launch(fake):
+    calls = []
+    assert graphs.after_replay(lambda s: calls.append(("outside", s))) is False
+
+    def step(a):          # the warm-up calls register nothing: only the recording keeps one
+        graphs.after_replay(lambda s: calls.append((s, fake.calls[-1][0])))
+        return dnnkit.relu(a)
+    g = graphs.capture(step, _x(), warmup=2)
+    assert calls == []
+    g.replay()
+    g.replay()
+    assert calls == [(HANDLE, "launch")] * 2
+    assert graphs.after_replay(lambda s: None) is False
+
+
 def test_replay_joins_the_current_stream(fake):
     from numba import cuda
     g = graphs.capture(lambda a: dnnkit.relu(a), _x(), warmup=0)

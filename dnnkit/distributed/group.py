@@ -19,11 +19,12 @@ Every collective goes through :meth:`ProcessGroup.run`: it raises a fault the wa
 """
 
 import atexit
+import functools
 import os
 import threading
 import time
 
-from .. import device
+from .. import device, graphs
 from . import env, nccl, store as store_mod, watchdog as watchdog_mod
 from .env import DistributedError
 
@@ -84,8 +85,21 @@ class ProcessGroup:
         self.seq += 1
         if wd is not None:
             ptr = device.stream_pointer(stream)
-            if not device.is_capturing(ptr):     # an event recorded in a capture never fires
+            if not device.is_capturing(ptr):
                 wd.track(self.seq, what, ptr)
+            else:
+                # recorded into a CUDA graph: an event recorded in the capture never fires on
+                # its own, so each replay is tracked instead (one number per recorded
+                # collective, as every rank's replays queue the same ones)
+                graphs.after_replay(functools.partial(self._replayed, what))
+
+    def _replayed(self, what, stream_ptr):
+        """After a replay of a graph that recorded collective ``what``: raise a fault found
+        meanwhile, number the collective and have the watchdog track the replay."""
+        self.check()
+        self.seq += 1
+        if self.watchdog is not None:
+            self.watchdog.track(self.seq, f"{what}, in a CUDA graph replay", stream_ptr)
 
     def fault(self, reason, waiting, store=None):
         """Record the first fault: name the culprits from the store, abort the communicator;

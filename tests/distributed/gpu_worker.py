@@ -154,13 +154,25 @@ def sync_bn(g, backend):
 
 def fault(g, how):
     """Train; after 3 steps rank 1 dies (SIGKILL) or hangs (sleeps). Rank 0 must fail with
-    a DistributedError naming rank 1 (caught here only to report it) within the timeout."""
+    a DistributedError naming rank 1 (caught here only to report it) within the timeout.
+    ``hang-graph``: the step is captured into a CUDA graph and replayed (the watchdog tracks
+    each replay's collectives), and rank 1 hangs."""
+    from dnnkit import graphs
     model = dist.DataParallel(small_cnn(g.rank, "float32"), bucket_mb=1e-3)
     rng = np.random.default_rng(g.rank)
-    xs = rng.standard_normal((4, 3, 8, 8)).astype(np.float32)
-    ys = rng.integers(0, 5, 4).astype(np.int64)
+    xs = dnnkit.tensor(rng.standard_normal((4, 3, 8, 8)).astype(np.float32))
+    ys = dnnkit.tensor(rng.integers(0, 5, 4).astype(np.int64))
     opt = optim.SGD(model.parameters(), lr=0.01)
     loss_fn = nn.CrossEntropyLoss()
+
+    def step_fn(x, y):
+        opt.zero_grad()
+        loss = loss_fn(model(x), y)
+        loss.backward()
+        opt.step()
+        return loss
+    run = (graphs.capture(step_fn, xs, ys, warmup=2).replay if how == "hang-graph"
+           else lambda: step_fn(xs, ys))
     t_fault = None
     for step in range(10 ** 6):
         if g.rank == 1 and step == 3:
@@ -169,9 +181,7 @@ def fault(g, how):
             time.sleep(3600)
         if step == 3:
             t_fault = time.monotonic()
-        opt.zero_grad()
-        loss_fn(model(dnnkit.tensor(xs)), dnnkit.tensor(ys)).backward()
-        opt.step()
+        run()
         model.module[0].weight.numpy()          # waits for the GPU: hangs until the abort
         if t_fault is not None and time.monotonic() - t_fault > 10 * g.timeout:
             raise AssertionError("no fault detected")

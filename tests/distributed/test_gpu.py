@@ -10,8 +10,8 @@ results:
 - SyncBatchNorm against BatchNorm on the whole batch, both backends, float32 and float64;
 - a DataParallel step captured into a CUDA graph and replayed: the eager steps' losses and
   parameters, both backends;
-- a rank killed mid-step, and a rank that hangs: the other exits non-zero within the timeout
-  with a DistributedError naming rank 1.
+- a rank killed mid-step, and a rank that hangs (eager steps, or steps replayed from a CUDA
+  graph): the other exits non-zero within the timeout with a DistributedError naming rank 1.
 
 Run on a machine with 2+ GPUs: ``python -m pytest -m gpu tests/distributed/test_gpu.py``."""
 
@@ -108,6 +108,7 @@ def test_a_captured_data_parallel_step_replays_to_the_eager_steps(backend):
 @pytest.mark.parametrize("how,named", [
     ("kill", "rank 1 exited"),
     ("hang", "rank 1 has queued"),
+    ("hang-graph", "rank 1 has queued"),      # the steps replayed from a CUDA graph
 ])
 def test_a_failed_rank_is_named_within_the_timeout(how, named):
     port = free_port()

@@ -175,3 +175,29 @@ def test_run_marks_the_call_for_the_watchdog_and_clears_it(job):
     drv.done.add(drv.recorded[-1][0])
     wait_for(lambda: g.watchdog.done == 1)
     assert g.failure is None
+
+
+def test_collectives_recorded_in_a_cuda_graph_are_tracked_at_every_replay(job, monkeypatch):
+    """A collective queued while a CUDA graph records is tracked at each replay instead (an
+    event recorded in a capture never fires): a replay whose peer is gone is named after the
+    timeout, and the next replay raises the fault."""
+    from dnnkit import graphs
+    g, drv, _ = job
+    hooks = []
+    monkeypatch.setattr(device, "is_capturing", lambda ptr: True)
+    monkeypatch.setattr(graphs, "after_replay", hooks.append)
+    g.run("bucket 0", lambda c: None, 0)
+    assert g.seq == 1 and drv.recorded == [] and len(hooks) == 1   # recorded, not tracked
+    hooks[0](0xAB)                                                 # a replay
+    assert g.seq == 2 and drv.recorded[-1][1] == 0xAB
+    drv.done.add(drv.recorded[-1][0])
+    wait_for(lambda: g.watchdog.done == 2)
+    assert g.failure is None
+    drv.done.clear()                  # (the watchdog reuses the event)
+    hooks[0](0xAB)                    # the next replay never finishes: rank 1 is gone
+    wait_for(lambda: g.failure is not None)
+    text = str(g.failure)
+    assert "collective #3 (bucket 0, in a CUDA graph replay) did not finish within 1 s" in text
+    assert "rank 1 exited" in text
+    with pytest.raises(DistributedError, match="did not finish"):
+        hooks[0](0xAB)                # a replay after the fault raises it
