@@ -154,14 +154,9 @@ def rank_main(opts):
 
                     warm, graph, run = opts.warm if r == 0 else 2, None, step
                     if how.get("graph"):
-                        def recorded(xs, ys):
-                            opt.zero_grad()
-                            loss = loss_fn(net(xs), ys)
-                            loss.backward()
-                            opt.step()
-                            return loss
-                        # the warm-up steps run inside capture(), then one step is recorded
-                        graph = graphs.capture(recorded, x, y, warmup=warm)
+                        # the step reads x and y, the static inputs; the warm-up steps run
+                        # inside capture(), then one step is recorded
+                        graph = graphs.capture(lambda xs, ys: step(), x, y, warmup=warm)
                         run = graph.replay
                     else:
                         for _ in range(warm):

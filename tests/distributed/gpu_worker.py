@@ -70,17 +70,25 @@ def small_cnn(seed, dtype):
     return m
 
 
-def train(model, xs, ys, steps, lr=0.05):
+def trainer(model, lr=0.05, momentum=0.9, backend=None):
+    """step(x, y): one SGD step of ``model`` on a batch (Tensors), returning the loss."""
+    opt = optim.SGD(model.parameters(), lr=lr, momentum=momentum)
     loss_fn = nn.CrossEntropyLoss()
-    opt = optim.SGD(model.parameters(), lr=lr, momentum=0.9)
-    losses = []
-    for _ in range(steps):
+    if backend is not None:
+        nn.convert(loss_fn, backend)
+
+    def step(x, y):
         opt.zero_grad()
-        loss = loss_fn(model(dnnkit.tensor(xs)), dnnkit.tensor(ys))
+        loss = loss_fn(model(x), y)
         loss.backward()
         opt.step()
-        losses.append(loss.item())
-    return losses
+        return loss
+    return step
+
+
+def train(model, xs, ys, steps, lr=0.05):
+    step = trainer(model, lr)
+    return [step(dnnkit.tensor(xs), dnnkit.tensor(ys)).item() for _ in range(steps)]
 
 
 def compare(model, ref, rtol, atol):
@@ -162,17 +170,9 @@ def fault(g, how):
     rng = np.random.default_rng(g.rank)
     xs = dnnkit.tensor(rng.standard_normal((4, 3, 8, 8)).astype(np.float32))
     ys = dnnkit.tensor(rng.integers(0, 5, 4).astype(np.int64))
-    opt = optim.SGD(model.parameters(), lr=0.01)
-    loss_fn = nn.CrossEntropyLoss()
-
-    def step_fn(x, y):
-        opt.zero_grad()
-        loss = loss_fn(model(x), y)
-        loss.backward()
-        opt.step()
-        return loss
-    run = (graphs.capture(step_fn, xs, ys, warmup=2).replay if how == "hang-graph"
-           else lambda: step_fn(xs, ys))
+    step = trainer(model, lr=0.01, momentum=0.0)
+    run = (graphs.capture(step, xs, ys, warmup=2).replay if how == "hang-graph"
+           else lambda: step(xs, ys))
     t_fault = None
     for step in range(10 ** 6):
         if g.rank == 1 and step == 3:
@@ -206,27 +206,15 @@ def graph(g, backend):
                            for k, v in m.state_dict().items()})
         return dist.DataParallel(nn.convert(m, backend), bucket_mb=1e-3)
 
-    def trainer(model):
-        opt = optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-        loss_fn = nn.convert(nn.CrossEntropyLoss(), backend)
-
-        def step(x, y):
-            opt.zero_grad()
-            loss = loss_fn(model(x), y)
-            loss.backward()
-            opt.step()
-            return loss
-        return step
-
     with config.change_flags({"dnn.deterministic": True}):
         eager = make()
-        step = trainer(eager)
+        step = trainer(eager, backend=backend)
         x0, y0 = dnnkit.tensor(shards[0][0]), dnnkit.tensor(shards[0][1])
         for _ in range(3):              # the capture's three warm-up steps
             step(x0, y0)
         want = [step(dnnkit.tensor(x), dnnkit.tensor(y)).item() for x, y in shards[1:]]
         model = make()
-        captured = graphs.capture(trainer(model), dnnkit.tensor(shards[0][0]),
+        captured = graphs.capture(trainer(model, backend=backend), dnnkit.tensor(shards[0][0]),
                                   dnnkit.tensor(shards[0][1]), warmup=3)
         got = []
         for x, y in shards[1:]:
