@@ -304,8 +304,9 @@ def after_replay(hook: Callable[[int], None]) -> bool:
 
 def _record(fn, static_inputs, ptr):
     """(graph, fn's return value, its after_replay hooks) of one recorded call on raw stream
-    ``ptr``. The garbage collector is off while recording (a finalizer of some unrelated object must not free
-    memory into the capture) and Numba defers its frees (cuMemFree is not allowed)."""
+    ``ptr``. The garbage collector is off while recording (a finalizer of some unrelated
+    object must not free memory into the capture) and Numba defers its frees (cuMemFree is
+    not allowed)."""
     from numba import cuda
     was = gc.isenabled()
     gc.disable()
