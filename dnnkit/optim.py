@@ -27,12 +27,13 @@ import numbers
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-import numpy as np
 
 from . import arrays
 from .autograd import no_grad
 from .hints import Stream
-from .launch import At, launch, pow2_at_most
+from .device import simulator
+from .launch import At, Prepared, pow2_at_most
+from .optim_state import is_device as _is_device, loaded_state
 from .tensors import Tensor
 
 
@@ -50,8 +51,17 @@ def _at_least(cls, name, value, low=0.0):
     return value
 
 
-def _is_device(a):
-    return arrays.is_device_array(a) or hasattr(a, "__cuda_array_interface__")
+class _Plan:
+    """A step's packed launches (``Optimizer.step``): ``structure`` what they depend on besides
+    the arrays (None: not reusable), ``entries`` per parameter with a gradient, in order:
+    (index, its array, the gradient's array type, shape, dtype, its launch, its place there,
+    ((state key, buffer), ...)), ``launches`` [(launch.Prepared, group, its parameters' state
+    dicts)], ``params`` whose version a step bumps."""
+    __slots__ = ("structure", "entries", "launches", "params")
+
+    def __init__(self, structure, entries, launches, params):
+        self.structure, self.entries, self.launches, self.params = \
+            structure, entries, launches, params
 
 
 class Optimizer:
@@ -83,6 +93,7 @@ class Optimizer:
         self.defaults = dict(defaults)
         self.state = [{} for _ in self.params]
         self._flats = {}       # id(parameter) -> (its array, checked, flat view)
+        self._plan = None      # the packed launches of the last step (``step``)
 
     # hyper-parameters ---------------------------------------------------------------
 
@@ -108,63 +119,155 @@ class Optimizer:
     def step(self, stream: Stream = None) -> None:
         """Update every parameter that has a gradient, in place, on ``stream`` (queued: the
         host does not wait for the GPU). Parameters of one dtype and state go together, up to
-        ``kernels.optim.TENSORS`` per launch (multi-tensor kernels)."""
-        from .kernels.optim import TENSORS
+        ``kernels.optim.TENSORS`` per launch (multi-tensor kernels).
+
+        The launches are packed once (``launch.Prepared``) and kept while the step's shape
+        stays: the same parameters with gradients, the same parameter arrays and state
+        buffers, gradients of the same array type, shape and dtype (C-contiguous). Then a step
+        costs a check and a pointer write per parameter, its scalars and the launches; any
+        change takes the full path, which checks everything and packs the launches anew."""
         s = arrays.as_stream(stream)
+        plan = self._plan
+        if plan is not None and self._reuse(plan):
+            self._advance(plan)
+        else:
+            with no_grad():
+                plan = self._plan = self._build(s)
+        for pl, group, states in plan.launches:
+            self._scalars(pl, group, states)
+            pl(s)
+        for p in plan.params:
+            p.bump_version()
+
+    @property
+    def launches_per_step(self) -> int:
+        """Kernel launches of the last step (0 before the first)."""
+        return 0 if self._plan is None else len(self._plan.launches)
+
+    def _reuse(self, plan):
+        """Whether ``plan`` serves this step; on the way, each gradient's address is packed
+        into its launch (a plan that fails is rebuilt whole, so a partial update is moot)."""
+        if self._structure() != plan.structure:
+            return False
+        params, k = self.params, 0
+        for i, p in enumerate(params):
+            g = p.grad
+            if g is None:
+                continue
+            if k == len(plan.entries):
+                return False
+            e = plan.entries[k]
+            k += 1
+            if e[0] != i or p.data is not e[1]:
+                return False
+            a = g.data if isinstance(g, Tensor) else g
+            if type(a) is not e[2] or a.shape != e[3] or a.dtype != e[4] or \
+                    not a.is_c_contiguous():
+                return False
+            st = self.state[i]
+            for key, buf in e[7]:
+                if st.get(key) is not buf:
+                    return False
+            e[5].set_flat(e[6], a)
+        return k == len(plan.entries)
+
+    def _build(self, s):
+        """The full path: every parameter and gradient checked, state made, launches packed."""
+        from .kernels.optim import TENSORS
         op = f"{type(self).__name__}.step"
-        groups, flats = {}, self._flats
-        with no_grad():
-            for i, (p, st) in enumerate(zip(self.params, self.state)):
-                g = p.grad
-                if g is None:
-                    continue
-                # the checks once per parameter array (a step runs every few ms: its host
-                # time is a training step's); gradients are new arrays every step
-                data, cached = p.data, flats.get(id(p))
-                if cached is None or cached[0] is not data:
-                    d = arrays.device_input(op, f"parameter {i}", data, s)
-                    cached = flats[id(p)] = (data, d, At(d, 0))
-                grad, d = g.data if hasattr(g, "grad_fn") else g, cached[1]
-                # a gradient of the parameter's own array type, shape and dtype is a device
-                # array already: the full checks only for anything else
-                if type(grad) is not type(d) or grad.shape != d.shape or \
-                        grad.dtype != d.dtype or not grad.is_c_contiguous():
-                    grad = arrays.device_input(op, f"grad of parameter {i}", grad, s)
-                    arrays.same_shape(op, f"parameter {i}", d, grad=grad)
-                if d.size:
-                    acc = arrays.acc_array(d.dtype)
-                    key = (d.dtype.str, self._prepare(st, d.size, acc, s))
-                    # At: the kernel reads the gradient as flat, without a Numba view of it
-                    groups.setdefault(key, []).append((cached[2], At(grad, 0), st))
-                if hasattr(p, "bump_version"):
-                    p.bump_version()
-            for (_, group), items in groups.items():
-                acc = arrays.acc_array(items[0][0].dtype)
-                for k in range(0, len(items), TENSORS):
-                    self._update(items[k:k + TENSORS], group, s, acc)
+        groups, flats, entries, checked = {}, self._flats, [], []
+        for i, (p, st) in enumerate(zip(self.params, self.state)):
+            g = p.grad
+            if g is None:
+                continue
+            # the checks once per parameter array; gradients are new arrays every step
+            data, cached = p.data, flats.get(id(p))
+            if cached is None or cached[0] is not data:
+                d = arrays.device_input(op, f"parameter {i}", data, s)
+                cached = flats[id(p)] = (data, d, At(d, 0))
+            grad, d = g.data if isinstance(g, Tensor) else g, cached[1]
+            # a gradient of the parameter's own array type, shape and dtype is a device
+            # array already: the full checks only for anything else
+            plain = type(grad) is type(d) and grad.shape == d.shape and \
+                grad.dtype == d.dtype and grad.is_c_contiguous()
+            if not plain:
+                grad = arrays.device_input(op, f"grad of parameter {i}", grad, s)
+                arrays.same_shape(op, f"parameter {i}", d, grad=grad)
+            if d.size:
+                # At: the kernel reads the gradient as flat, without a Numba view of it
+                checked.append((cached[2], At(grad, 0), st, i, p, plain))
+        # state only once every gradient passed its checks: a refused step changes nothing
+        for item in checked:
+            flat, st = item[0], item[2]
+            acc = arrays.acc_array(flat.dtype)
+            groups.setdefault((flat.dtype.str, self._prepare(st, flat.size, acc, s)),
+                              []).append(item)
+        launches = []
+        params = [p for p in self.params if p.grad is not None and hasattr(p, "bump_version")]
+        for (_, group), items in groups.items():
+            acc = arrays.acc_array(items[0][0].dtype)
+            for k in range(0, len(items), TENSORS):
+                part = items[k:k + TENSORS]
+                pl = self._launch(part, group, acc)
+                launches.append((pl, group, [st for _, _, st, *_ in part]))
+                for j, (flat, grad, st, i, p, plain) in enumerate(part):
+                    if plain:       # a gradient later steps may swap in place (_reuse)
+                        bufs = tuple((key, st[key]) for key in self.STATE_KEYS
+                                     if self.STATE_KEYS[key] == "buffer" and key in st)
+                        entries.append((i, p.data, type(grad.base), grad.base.shape,
+                                        grad.base.dtype, pl, (1, j), bufs))
+        # only a plan whose every gradient can be swapped in place is kept for reuse
+        reusable = len(entries) == sum(1 for p in self.params if p.grad is not None) and \
+            all(self._lasting(group) for _, group in groups)
+        entries.sort(key=lambda e: e[0])
+        return _Plan(self._structure() if reusable else None, entries, launches, params)
+
+    def _structure(self):
+        """What a kept plan depends on besides its arrays (``_reuse``)."""
+        return ()
+
+    def _lasting(self, group):
+        """Whether a launch of ``group`` may be repeated by later steps (``_reuse``)."""
+        return True
+
+    def _advance(self, plan):
+        """A kept plan's step: advance what ``_prepare`` advances on the full path."""
 
     def _prepare(self, state, n, acc, stream):
         """Make parameter state (n elements) before its step; returns what must be equal for
         two parameters to step in one launch."""
         raise NotImplementedError
 
-    def _update(self, items, group, stream, acc):
-        """One step of up to TENSORS (flat parameter, flat gradient, state dict) ``items``
-        whose ``_prepare`` returned ``group``."""
+    def _launch(self, items, group, acc):
+        """The ``launch.Prepared`` of one step of up to TENSORS (flat parameter, flat
+        gradient, state dict, ...) ``items`` whose ``_prepare`` returned ``group``."""
+        raise NotImplementedError
+
+    def _scalars(self, pl, group, states):
+        """Pack this step's scalars (hyper-parameters, step counts) into launch ``pl`` (its
+        parameters' ``states``)."""
         raise NotImplementedError
 
     @staticmethod
-    def _launch(kernel, items, stream, args):
-        """``kernel`` over ``items``' parameters: grid row y steps parameter y; the tuples in
-        ``args`` padded to TENSORS by repeating their last array (rows past len(items) do not
-        exist). A small largest parameter (biases, BatchNorm scales) gets a block of its size
-        rounded up to a warp: 8x fewer simulated threads than 256."""
+    def _grid(kernel, items, args, acc):
+        """``launch.Prepared`` of ``kernel`` over ``items``' parameters (kernels/optim.py's
+        mapping): each tensor a run of blocks of ``per * threads`` elements; the tuples in
+        ``args`` padded to TENSORS by repeating their last array. A small largest parameter
+        (biases, BatchNorm scales) gets a block of its size rounded up to a warp: 8x fewer
+        simulated threads than 256. ``args``: (tuples of arrays..., scalars...); ends and per
+        go after the tuples, acc last."""
         from .kernels.optim import TENSORS
-        n = max(p.size for p, _, _ in items)
-        blocks, threads = arrays.grid_1d(n, max(32, pow2_at_most(n, 256)))
-        args = tuple(a + (a[-1],) * (TENSORS - len(a)) if type(a) is tuple else a
-                     for a in args)
-        launch(kernel, (blocks, len(items)), threads, stream, args)
+        threads = max(32, pow2_at_most(max(p.size for p, *_ in items), 256))
+        per = 1 if simulator() else 4
+        ends, total = [], 0
+        for p, *_ in items:
+            total += -(-p.size // (threads * per))
+            ends.append(total)
+        ends += [total] * (TENSORS - len(ends))
+        tuples = [a + (a[-1],) * (TENSORS - len(a)) for a in args if type(a) is tuple]
+        scalars = [a for a in args if type(a) is not tuple]
+        return Prepared(kernel, total, threads,
+                        (*tuples, tuple(ends), per, *scalars, acc))
 
     @staticmethod
     def _buffer(n, acc, stream, zero=True):
@@ -193,79 +296,8 @@ class Optimizer:
         """Restore what :meth:`state_dict` returned (buffers are copied to the device).
         Everything is checked first: a malformed dict raises ValueError naming the key and
         leaves the optimizer as it was."""
-        cls = type(self).__name__
-        where = f"{cls}.load_state_dict"
-        if not isinstance(d, dict):
-            raise ValueError(f"{where}: expected a dict with 'state' and 'param_groups'; got "
-                             f"{type(d).__name__}")
-        for key in ("state", "param_groups"):
-            if key not in d:
-                raise ValueError(f"{where}: the dict has no {key!r} key")
-        groups, saved = d["param_groups"], d["state"]
-        if not isinstance(groups, (list, tuple)) or len(groups) != 1 or \
-                not isinstance(groups[0], dict):
-            raise ValueError(f"{where}: 'param_groups' must be a list of one dict; got "
-                             f"{groups!r:.80}")
-        group = groups[0]
-        for k in self.defaults:
-            if k not in group:
-                raise ValueError(f"{where}: param_groups[0] has no {k!r} key")
-        try:
-            hyper = self._validate(**{k: group[k] for k in self.defaults})
-        except (TypeError, ValueError) as e:
-            raise ValueError(f"{where}: param_groups[0]: {e}") from None
-        params = group.get("params", ())
-        if not isinstance(params, (list, tuple)) or len(params) != len(self.params):
-            raise ValueError(f"{where}: param_groups[0]['params'] must list the "
-                             f"{len(self.params)} parameters of this optimizer; got "
-                             f"{params!r:.60}")
-        if not isinstance(saved, dict):
-            raise ValueError(f"{where}: 'state' must be a dict {{parameter index: dict}}; got "
-                             f"{type(saved).__name__}")
-        for i in saved:
-            if isinstance(i, bool) or not isinstance(i, (int, np.integer)) or \
-                    not 0 <= i < len(self.params):
-                raise ValueError(f"{where}: state key {i!r} is not a parameter index in "
-                                 f"[0, {len(self.params)})")
-        state = [self._load_one(where, i, saved.get(i, {})) for i in range(len(self.params))]
-        self.defaults, self.state = hyper, state
-
-    def _load_one(self, where, i, saved):
-        from numba import cuda
-        if not isinstance(saved, dict):
-            raise ValueError(f"{where}: state[{i}] must be a dict; got {type(saved).__name__}")
-        p = self.params[i]
-        acc = arrays.acc_dtype(p.data.dtype)
-        for k in saved:
-            if k not in self.STATE_KEYS:
-                raise ValueError(f"{where}: state[{i}] has an unknown key {k!r} (a "
-                                 f"{type(self).__name__} keeps {', '.join(self.STATE_KEYS)})")
-        if saved and set(saved) != set(self.STATE_KEYS):
-            missing = sorted(set(self.STATE_KEYS) - set(saved))
-            raise ValueError(f"{where}: state[{i}] lacks {', '.join(map(repr, missing))}")
-        out = {}
-        for k, v in saved.items():
-            if self.STATE_KEYS[k] == "count":
-                if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)) \
-                        or v < 0:
-                    raise ValueError(f"{where}: state[{i}][{k!r}] must be a count >= 0; got "
-                                     f"{v!r}")
-                out[k] = int(v)
-                continue
-            try:            # a ragged list: NumPy's own ValueError names nothing
-                h = np.asarray(v) if not _is_device(v) else arrays.to_host(v)
-            except (ValueError, TypeError) as e:
-                raise ValueError(f"{where}: state[{i}][{k!r}] is not an array: {e}") from None
-            if h.dtype.kind not in "fiu":
-                raise ValueError(f"{where}: state[{i}][{k!r}] must be a real array; got dtype "
-                                 f"{h.dtype}")
-            if tuple(h.shape) != tuple(p.data.shape):
-                raise ValueError(f"{where}: state[{i}][{k!r}] has shape {h.shape}, the "
-                                 f"parameter {tuple(p.data.shape)}")
-            out[k] = h
-        return {k: (cuda.to_device(arrays.host_contiguous(v.astype(acc, copy=False))
-                                   .reshape(-1)) if isinstance(v, np.ndarray) else v)
-                for k, v in out.items()}
+        hyper, state = loaded_state(self, d, self._validate)
+        self.defaults, self.state, self._plan = hyper, state, None
 
 
 class SGD(Optimizer):
@@ -298,15 +330,29 @@ class SGD(Optimizer):
             state["momentum_buffer"] = self._buffer(n, acc, stream, zero=False)
         return first
 
-    def _update(self, items, first, stream, acc):
+    def _structure(self):
+        # momentum 0 has no buffers
+        return (self.defaults["momentum"] != 0,)
+
+    def _lasting(self, first):
+        return not first         # a first step (buf = g) happens once
+
+    def _launch(self, items, first, acc):
         from .kernels import sgd_fwd_kernel
-        h, t = self.defaults, acc.dtype.type
         # with momentum 0 the kernel never touches buf: acc stands in for it
-        bufs = tuple(st.get("momentum_buffer", acc) for _, _, st in items)
-        self._launch(sgd_fwd_kernel, items, stream,
-                     (tuple(p for p, _, _ in items), tuple(g for _, g, _ in items), bufs,
-                      t(h["lr"]), t(h["momentum"]), t(1.0 - h["dampening"]),
-                      t(h["weight_decay"]), int(first), int(h["nesterov"]), acc))
+        bufs = tuple(st.get("momentum_buffer", acc) for _, _, st, *_ in items)
+        h, t = self.defaults, acc.dtype.type
+        return self._grid(sgd_fwd_kernel, items,
+                          (tuple(p for p, *_ in items), tuple(g for _, g, *_ in items), bufs,
+                           t(h["lr"]), t(h["momentum"]), t(1.0 - h["dampening"]),
+                           t(h["weight_decay"]), int(first), int(h["nesterov"])), acc)
+
+    def _scalars(self, pl, first, states):
+        h, t = self.defaults, pl.args[-1].dtype.type
+        for k, v in enumerate((t(h["lr"]), t(h["momentum"]), t(1.0 - h["dampening"]),
+                               t(h["weight_decay"]), int(first), int(h["nesterov"]))):
+            if pl.args[5 + k] != v:
+                pl.set(5 + k, v)
 
 
 class Adam(Optimizer):
@@ -344,18 +390,31 @@ class Adam(Optimizer):
         state["step"] += 1
         return state["step"]
 
-    def _update(self, items, step, stream, acc):
+    def _launch(self, items, step, acc):
         from .kernels import adam_fwd_kernel
-        h, t = self.defaults, acc.dtype.type
+        t = acc.dtype.type
+        return self._grid(adam_fwd_kernel, items,
+                          (tuple(p for p, *_ in items), tuple(g for _, g, *_ in items),
+                           tuple(st["exp_avg"] for _, _, st, *_ in items),
+                           tuple(st["exp_avg_sq"] for _, _, st, *_ in items))
+                          + (t(0.0),) * 8, acc)
+
+    def _advance(self, plan):
+        # a kept plan's parameters stepped together since it was packed: one count each
+        for _, _, states in plan.launches:
+            for st in states:
+                st["step"] += 1
+
+    def _scalars(self, pl, _, states):
+        step = states[0]["step"]
+        h, t = self.defaults, pl.args[-1].dtype.type
         b1, b2 = h["betas"]
         # bias corrections on the host in float64: mhat = m / bc1, vhat = v / bc2
         bc1, bc2 = 1.0 - b1 ** step, 1.0 - b2 ** step
-        self._launch(adam_fwd_kernel, items, stream,
-                     (tuple(p for p, _, _ in items), tuple(g for _, g, _ in items),
-                      tuple(st["exp_avg"] for _, _, st in items),
-                      tuple(st["exp_avg_sq"] for _, _, st in items),
-                      t(h["lr"] / bc1), t(b1), t(1.0 - b1), t(b2), t(1.0 - b2),
-                      t(1.0 / math.sqrt(bc2)), t(h["eps"]), t(h["weight_decay"]), acc))
+        for k, v in enumerate((t(h["lr"] / bc1), t(b1), t(1.0 - b1), t(b2), t(1.0 - b2),
+                               t(1.0 / math.sqrt(bc2)), t(h["eps"]), t(h["weight_decay"]))):
+            if pl.args[6 + k] != v:
+                pl.set(6 + k, v)
 
 
 __all__ = ["Optimizer", "SGD", "Adam"]

@@ -180,3 +180,46 @@ def test_a_site_learns_once_then_launches_fast(monkeypatch):
     site(kernel, 4, 64, stream, (3, 4))
     site(other, 4, 64, stream, (5,))
     assert calls == [("slow", kernel, (1, 2)), ("fast", 4, 0xABC, (3, 4)), ("slow", other, (5,))]
+
+
+def test_a_prepared_launch_packs_once_then_only_what_was_set(monkeypatch):
+    """launch.Prepared: the first call goes through launch() and packs every argument into
+    its own buffer; set() and set_flat() re-pack one argument's bytes (a tuple member, an
+    array given as flat, a scalar), and the bytes behind kernelParams at the next launch are
+    those of a whole packing of the new arguments."""
+    t = _types()
+    f1 = t.Array(t.float32, 1, "C")
+    argtypes = (t.UniTuple(f1, 2), f1, t.UniTuple(t.int64, 2), t.int64, t.float32)
+    launcher = L._Launcher(FakeOverload, argtypes)
+    seen = []
+
+    def cu_launch(fn, gx, gy, gz, bx, by, bz, shared, sp, params, extra):
+        seen.append(((fn, gx, bx, sp), _read(params, launcher.format[1:])))
+        return (0,)
+    launcher.cu_launch = cu_launch
+    monkeypatch.setattr(launcher, "_function", lambda: 0xF00)
+    slow = []
+    monkeypatch.setattr(L, "simulator", lambda: False)
+    monkeypatch.setattr(L, "stream_pointer", lambda s: 0xABC)
+    monkeypatch.setattr(L, "launch", lambda k, g, b, s, a, sh=0: slow.append(a))
+    monkeypatch.setattr(L, "_types", lambda args: ("key",))
+    kernel = object()
+    monkeypatch.setattr(L, "_fast", {(id(kernel), ("key",)): launcher})
+    a, b, c = (FakeArray((8,), "float32", 0x1000 * k) for k in (1, 2, 3))
+    p = L.Prepared(kernel, 5, 64, ((a, b), c, (3, 4), 7, 1.5))
+    p("stream")
+    assert slow == [((a, b), c, (3, 4), 7, 1.5)] and not seen
+    d, e = FakeArray((8,), "float32", 0x4000), FakeArray((2, 3), "float32", 0x5000)
+    p.set((0, 1), d)
+    p.set_flat(1, e)
+    p.set((2, 0), 9)
+    p.set(4, -2.0)
+    p("stream")
+    want = ((a, d), L.At(e, 0), (9, 4), 7, -2.0)
+    ref = L._Launcher(FakeOverload, argtypes)
+    buf = ref._buffer()[0]
+    ref.pack(want)
+    import struct
+    assert seen == [((0xF00, 5, 64, 0xABC), list(struct.unpack_from(ref.format, buf)))]
+    assert seen[0][1][7 + 4] == 0x4000 and seen[0][1][14 + 2] == 6     # d's data, e's size
+    assert len(slow) == 1

@@ -359,24 +359,81 @@ def test_one_launch_steps_up_to_twelve_parameters(rng, monkeypatch, opt_cls):
     """Multi-tensor step: 27 parameters of one dtype and state take ceil(27 / 12) = 3
     launches; a parameter whose state differs (Adam's step count, SGD's first momentum step)
     goes in a launch of its own group. Every parameter still matches the float64 reference."""
-    from dnnkit import optim as dk_optim
+    from dnnkit import launch
     shapes = [(1 + i % 5, 2 + i % 3) for i in range(27)]
     hosts, params = make(rng, "float64", shapes)
     kw = dict(lr=0.05, momentum=0.9) if opt_cls is SGD else dict(lr=0.01)
     opt, ref = opt_cls(params, **kw), (SGDRef(**kw) if opt_cls is SGD else AdamRef(**kw))
     launches = []
-    real = dk_optim.launch
-    monkeypatch.setattr(dk_optim, "launch", lambda k, grid, *a: launches.append(grid) or
-                        real(k, grid, *a))
+    real = launch.Prepared.__call__
+
+    def counted(self, stream):
+        # the tensors of a launch: the distinct block ends (every parameter has a block; the
+        # padding repeats the last end)
+        ends = next(a for a in self.args if type(a) is list and type(a[0]) is int)
+        launches.append(len(set(ends)))
+        return real(self, stream)
+    monkeypatch.setattr(launch.Prepared, "__call__", counted)
+    made = []
+    real_init = launch.Prepared.__init__
+    monkeypatch.setattr(launch.Prepared, "__init__",
+                        lambda self, *a, **kw: made.append(1) or real_init(self, *a, **kw))
     refs = [h.astype(np.float64) for h in hosts]
-    for k, gs in enumerate(grads(rng, shapes, 2, "float64")):
+    for k, gs in enumerate(grads(rng, shapes, 4, "float64")):
         live = range(27) if k else range(1, 27)       # parameter 0 starts a step late
         opt.zero_grad()
         set_grads([params[i] for i in live], [gs[i] for i in live])
         launches.clear()
+        made.clear()
         opt.step()
         for i in live:
             refs[i] = ref.step(i, refs[i], gs[i])
-        assert sorted(g[1] for g in launches) == ([2, 12, 12] if not k else [1, 2, 12, 12])
+        # later steps: parameter 0 stays one step behind the others (Adam), or is past its
+        # first momentum step like them (SGD)
+        want = [2, 12, 12] if k == 0 else [3, 12, 12] if opt_cls is SGD and k >= 2 else \
+            [1, 2, 12, 12]
+        assert sorted(launches) == want and opt.launches_per_step == len(want)
+        # a step of the same shape as the last repeats its packed launches: none is made
+        # (SGD's second step makes new ones: its first momentum step was a group of its own)
+        reused = k >= 2 if opt_cls is Adam else k >= 3
+        assert len(made) == (0 if reused else len(want))
     for p, r in zip(params, refs):
         assert rel_err(p.numpy(), r) <= 1e-12
+
+
+@pytest.mark.parametrize("opt_cls", [SGD, Adam])
+def test_a_kept_step_follows_every_change_between_steps(rng, opt_cls):
+    """A step of the same shape as the last repeats its packed launches (Optimizer.step):
+    whatever changes between steps must still be seen. Against the float64 reference, step
+    by step: a new learning rate, a parameter's array replaced, a gradient from the host, a
+    parameter without a gradient, a non-contiguous gradient (refused), the state reloaded."""
+    hosts, params = make(rng, "float64")
+    kw = dict(lr=0.05, momentum=0.9) if opt_cls is SGD else dict(lr=0.01)
+    opt, ref = opt_cls(params, **kw), (SGDRef(**kw) if opt_cls is SGD else AdamRef(**kw))
+    refs = [h.astype(np.float64) for h in hosts]
+    gs = grads(rng, SHAPES, 9, "float64")
+    for k in range(9):
+        live = [0] if k == 5 else [0, 1]
+        opt.zero_grad()
+        set_grads([params[i] for i in live], [gs[k][i] for i in live])
+        if k == 3:
+            opt.lr = ref.lr = 0.02
+        if k == 4:              # the parameter's array replaced, the gradient a host array
+            new = rng.standard_normal(SHAPES[0])
+            params[0].data = cuda.to_device(new)
+            refs[0] = new.copy()
+            params[1].grad = gs[k][1]
+        if k == 6:              # a non-contiguous gradient: refused, nothing stepped
+            # (every other column of a wider array: Numba's .T copies on a GPU)
+            wide = np.repeat(gs[k][0], 2, axis=1)
+            params[0].grad = cuda.to_device(wide)[:, ::2]
+            with pytest.raises(ValueError, match="C-contiguous"):
+                opt.step()
+            params[0].grad = cuda.to_device(gs[k][0])
+        if k == 7:              # the state saved and loaded into the same optimizer
+            opt.load_state_dict(opt.state_dict())
+        opt.step()
+        for i in live:
+            refs[i] = ref.step(i, refs[i], gs[k][i])
+        for i, (p, r) in enumerate(zip(params, refs)):
+            assert rel_err(p.numpy(), r) <= 1e-12, (k, i)

@@ -276,7 +276,7 @@ def test_a_worker_reports_a_signature_the_kernel_does_not_accept():
     bad = e._replace(argtypes=e.argtypes[:2])
     (r,) = warmup.compile([bad], workers=1, fn=warmup.ptx_entry, env=NOT_SIM)
     assert r.error == "TypeError: Signature mismatch: 2 argument types given, but function " \
-        "takes 10 arguments"
+        "takes 12 arguments"
 
 
 # ---------------------------------------------------------------- the command
