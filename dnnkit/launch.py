@@ -333,46 +333,55 @@ class Prepared:
     launches. A value keeps the Numba type of the one it replaces: an array the same dtype,
     rank and layout, a scalar its class. The first call, and every call on the simulator, goes
     through ``launch`` with the current arguments; later ones pack nothing but what was set
-    (~0.3 us an argument, against re-packing every argument of the list: ~1 us per array).
-    One object per call site and thread: its buffer is its own."""
+    (~0.3 us an argument, against re-packing every argument of the list: ~1 us per array),
+    and an array set then is not kept (a runner in the memo would keep a step's activations
+    alive). One object per call site and thread: its buffer is its own."""
     __slots__ = ("kernel", "grid", "block", "shared", "args", "launcher", "buf", "params",
-                 "slots", "dims")
+                 "slots", "dims", "runs")
 
     def __init__(self, kernel, grid, block, args, shared=0):
         self.kernel, self.grid, self.block, self.shared = kernel, grid, block, shared
         self.args = [list(a) if type(a) is tuple else a for a in args]
         self.launcher = self.buf = self.params = self.slots = None
-        self.dims = _dim3(grid) + _dim3(block)
+        self.dims, self.runs = _dim3(grid) + _dim3(block), False
 
     def _current(self):
         return tuple(tuple(a) if type(a) is list else a for a in self.args)
 
-    def set(self, where, value):
+    def _store(self, where, value):
         if type(where) is int:
             self.args[where] = value
         else:
             self.args[where[0]][where[1]] = value
-        if self.buf is not None:
-            slot = self.slots.get(where)
-            if slot is None:          # its bytes are not one run: pack the whole list
+
+    def set(self, where, value):
+        if type(where) is int and type(self.args[where]) is list:
+            for j, v in enumerate(value):       # a tuple argument: member by member
+                self.set((where, j), v)
+            return
+        slot = None if self.buf is None else self.slots.get(where)
+        if slot is None:
+            self._store(where, value)
+            if self.buf is not None:    # its bytes are not one run: pack the whole list
                 self.launcher._pack(self._current(), self.buf)
-            elif slot[1]:
-                struct.pack_into(slot[2], self.buf, slot[0], *_arr(value))
-            else:
-                struct.pack_into(slot[2], self.buf, slot[0], value)
+        elif slot[1]:
+            struct.pack_into(slot[2], self.buf, slot[0], *_arr(value))
+            # packed only: an array kept here would outlive the call that passed it (an
+            # op's runner lives in the memo; its arrays are a step's activations)
+            self._store(where, None if self.runs else value)
+        else:
+            struct.pack_into(slot[2], self.buf, slot[0], value)
+            self._store(where, value)
 
     def set_flat(self, where, array):
-        if array.ndim == 1 or self.buf is None or where not in self.slots:
+        slot = None if self.buf is None or array.ndim == 1 else self.slots.get(where)
+        if slot is None:
             self.set(where, array if array.ndim == 1 else At(array, 0))
             return
-        if type(where) is int:
-            self.args[where] = At(array, 0)
-        else:
-            self.args[where[0]][where[1]] = At(array, 0)
         ptr = array.__dict__.get("_dnnkit_ptr") or array.device_ctypes_pointer.value or 0
         n, item = array.size, array.dtype.itemsize
-        struct.pack_into(self.slots[where][2], self.buf, self.slots[where][0],
-                         0, 0, n, item, ptr, n, item)
+        struct.pack_into(slot[2], self.buf, slot[0], 0, 0, n, item, ptr, n, item)
+        self._store(where, None if self.runs else At(array, 0))
 
     def _prepare(self, args):
         """After the first launch: this argument list's fast launcher, an own buffer packed
@@ -406,6 +415,17 @@ class Prepared:
         launcher._pack(args, buf)
         self.launcher, self.buf, self.slots = launcher, buf, slots
         self.params = (ptrs, c.addressof(ptrs))
+        # every argument its own run of bytes: the whole list is never packed again, so an
+        # array set later is packed and let go (one never set, such as a constant table,
+        # stays referenced here: its memory must outlive the packed address)
+        self.runs = all(k in slots for k in self._places())
+
+    def _places(self):
+        for i, a in enumerate(self.args):
+            if type(a) is list:
+                yield from ((i, j) for j in range(len(a)))
+            else:
+                yield i
 
     def __call__(self, stream):
         if self.buf is None:

@@ -56,7 +56,7 @@ class _Plan:
     the arrays (None: not reusable), ``entries`` per parameter with a gradient, in order:
     (index, its array, the gradient's array type, shape, dtype, its launch, its place there,
     ((state key, buffer), ...)), ``launches`` [(launch.Prepared, group, its parameters' state
-    dicts)], ``params`` whose version a step bumps."""
+    dicts, the accumulation type)], ``params`` whose version a step bumps."""
     __slots__ = ("structure", "entries", "launches", "params")
 
     def __init__(self, structure, entries, launches, params):
@@ -133,8 +133,8 @@ class Optimizer:
         else:
             with no_grad():
                 plan = self._plan = self._build(s)
-        for pl, group, states in plan.launches:
-            self._scalars(pl, group, states)
+        for pl, group, states, t in plan.launches:
+            self._scalars(pl, group, states, t)
             pl(s)
         for p in plan.params:
             p.bump_version()
@@ -209,7 +209,7 @@ class Optimizer:
             for k in range(0, len(items), TENSORS):
                 part = items[k:k + TENSORS]
                 pl = self._launch(part, group, acc)
-                launches.append((pl, group, [st for _, _, st, *_ in part]))
+                launches.append((pl, group, [st for _, _, st, *_ in part], acc.dtype.type))
                 for j, (flat, grad, st, i, p, plain) in enumerate(part):
                     if plain:       # a gradient later steps may swap in place (_reuse)
                         bufs = tuple((key, st[key]) for key in self.STATE_KEYS
@@ -243,9 +243,9 @@ class Optimizer:
         gradient, state dict, ...) ``items`` whose ``_prepare`` returned ``group``."""
         raise NotImplementedError
 
-    def _scalars(self, pl, group, states):
-        """Pack this step's scalars (hyper-parameters, step counts) into launch ``pl`` (its
-        parameters' ``states``)."""
+    def _scalars(self, pl, group, states, t):
+        """Pack this step's scalars (hyper-parameters, step counts; of NumPy type ``t``, the
+        accumulation type) into launch ``pl`` (its parameters' ``states``)."""
         raise NotImplementedError
 
     @staticmethod
@@ -347,8 +347,8 @@ class SGD(Optimizer):
                            t(h["lr"]), t(h["momentum"]), t(1.0 - h["dampening"]),
                            t(h["weight_decay"]), int(first), int(h["nesterov"])), acc)
 
-    def _scalars(self, pl, first, states):
-        h, t = self.defaults, pl.args[-1].dtype.type
+    def _scalars(self, pl, first, states, t):
+        h = self.defaults
         for k, v in enumerate((t(h["lr"]), t(h["momentum"]), t(1.0 - h["dampening"]),
                                t(h["weight_decay"]), int(first), int(h["nesterov"]))):
             if pl.args[5 + k] != v:
@@ -401,13 +401,12 @@ class Adam(Optimizer):
 
     def _advance(self, plan):
         # a kept plan's parameters stepped together since it was packed: one count each
-        for _, _, states in plan.launches:
+        for _, _, states, _ in plan.launches:
             for st in states:
                 st["step"] += 1
 
-    def _scalars(self, pl, _, states):
-        step = states[0]["step"]
-        h, t = self.defaults, pl.args[-1].dtype.type
+    def _scalars(self, pl, _, states, t):
+        step, h = states[0]["step"], self.defaults
         b1, b2 = h["betas"]
         # bias corrections on the host in float64: mhat = m / bc1, vhat = v / bc2
         bc1, bc2 = 1.0 - b1 ** step, 1.0 - b2 ** step

@@ -190,6 +190,28 @@ def test_repeated_real_ops_match_the_reference(backend, rng):
         assert reference.rel_error(s, reference.softmax(x.astype(np.float64))) <= 1e-5
 
 
+def test_repeated_numba_activations_write_each_calls_arrays_into_their_packed_launch(rng):
+    """The Numba activation runners (a launch packed once, launch.Prepared): forward and
+    backward, repeated with new arrays of one signature and with one array in two places,
+    each call's own answer; the repeats are memo hits."""
+    from numba import cuda
+    xs = [rng.standard_normal((3, 4, 5)).astype(np.float32) for _ in range(3)]
+    dys = [rng.standard_normal((3, 4, 5)).astype(np.float32) for _ in range(3)]
+    hits = fastpath.stats["hits"]
+    for mode, slope in (("relu", lambda x: (x > 0)), ("tanh", lambda x: 1 - np.tanh(x) ** 2)):
+        for x, dy in zip(xs, dys):
+            dx_, ddy = cuda.to_device(x), cuda.to_device(dy)
+            y = dnnkit.activation(dx_, mode, backend="numba")
+            want = np.maximum(x, 0) if mode == "relu" else np.tanh(x)
+            assert reference.rel_error(y.copy_to_host(), want) <= 1e-6
+            g = dnnkit.activation_backward(dx_, y, ddy, mode, backend="numba").copy_to_host()
+            assert reference.rel_error(g, dy * slope(x)) <= 1e-5
+            if mode == "relu":     # x in y's place: relu's slope reads either
+                g2 = dnnkit.activation_backward(y, y, ddy, mode, backend="numba")
+                assert reference.rel_error(g2.copy_to_host(), dy * (x > 0)) <= 1e-6
+    assert fastpath.stats["hits"] - hits >= 2 * 2 + 2 * 2 + 1
+
+
 def test_dropout_draws_a_fresh_mask_on_every_call(rng):
     """dropout's checks draw the seed (seed=None): never memoised, so no two masks repeat."""
     from numba import cuda

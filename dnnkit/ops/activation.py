@@ -37,7 +37,7 @@ from ..autograd import gradient
 from ..cudnn import activation as cudnn_activation
 from ..dispatch import public_op
 from ..hints import ArrayLike, Backend, OpOutput, Stream
-from ..launch import flat as flat_arg, launch
+from ..launch import Prepared, flat as flat_arg, launch
 from ..registry import binder, register
 from . import inplace, split
 from .args import choice
@@ -280,6 +280,48 @@ def _bind_activation_backward_cudnn(x, y, dy, mode, coef, stream, out=None):
         else:         # a later call of this signature writing over x or y: through a copy
             return _activation_backward_cudnn(x, y, dy, mode, coef, stream, out)
         run(x, y, dy, dx)
+        return dx
+    return activation_backward
+
+
+# Runners of the Numba kernels for repeated calls (dispatch's memo): the launch packed once
+# (launch.Prepared); a call allocates its output and writes its arrays' addresses into it.
+
+@binder("activation", "numba")
+def _bind_activation_numba(x, mode, coef, stream, out=None):
+    if not x.size or out is not None:
+        return None
+    from ..kernels import activation_fwd_kernel
+    alloc, acc = arrays.allocator(x.shape, x.dtype, stream), arrays.acc_array(x.dtype)
+    blocks, threads = arrays.grid_1d(x.size)
+    pl = Prepared(activation_fwd_kernel, blocks, threads,
+                  (flat_arg(x), flat_arg(x), _MODE_ID[mode], acc.dtype.type(coef), acc))
+
+    def activation(x, mode, coef, stream, out=None):
+        y = alloc()
+        pl.set_flat(0, x)
+        pl.set_flat(1, y)
+        pl(stream)
+        return y
+    return activation
+
+
+@binder("activation_backward", "numba")
+def _bind_activation_backward_numba(x, y, dy, mode, coef, stream, out=None):
+    if not x.size or out is not None:
+        return None
+    from ..kernels import activation_bwd_kernel
+    alloc, acc = arrays.allocator(x.shape, x.dtype, stream), arrays.acc_array(x.dtype)
+    blocks, threads = arrays.grid_1d(x.size)
+    f = flat_arg(x)
+    pl = Prepared(activation_bwd_kernel, blocks, threads,
+                  (f, f, f, f, _MODE_ID[mode], acc.dtype.type(coef), acc))
+
+    def activation_backward(x, y, dy, mode, coef, stream, out=None):
+        dx = alloc()
+        for i, a in enumerate((x, y, dy, dx)):
+            pl.set_flat(i, a)
+        pl(stream)
         return dx
     return activation_backward
 

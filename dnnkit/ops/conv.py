@@ -25,6 +25,7 @@ Flags: ``dnn.conv.algo_fwd|algo_bwd_data|algo_bwd_filter`` (cuDNN algorithm or r
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 from .. import arrays, device
@@ -34,7 +35,7 @@ from ..dispatch import public_op
 from ..hints import ArrayLike, Backend, Padding, Shape, Size, Stream
 from ..registry import binder, register
 from ..tracing import note_algo
-from . import conv_args, conv_numba, split
+from . import conv_args, conv_numba, conv_prepared, split
 
 
 @public_op("conv2d")
@@ -390,17 +391,20 @@ def _cudnn_backward_bias(dy, stream):
     return db
 
 
-for _names, _numba, _cudnn, _supports, _bind_it in (
+for _names, _numba, _cudnn, _supports, _bind_it, _bind_numba in (
         (FORWARD, _numba_forward, _cudnn_forward, _cudnn_supports_forward,
-         _bind_cudnn_forward),
+         _bind_cudnn_forward, conv_prepared.bind_forward),
         (BACKWARD_DATA, _numba_backward_data, _cudnn_backward_data,
-         _cudnn_supports_backward_data, _bind_cudnn_backward_data),
+         _cudnn_supports_backward_data, _bind_cudnn_backward_data,
+         conv_prepared.bind_backward_data),
         (BACKWARD_FILTER, _numba_backward_filter, _cudnn_backward_filter,
-         _cudnn_supports_backward_filter, _bind_cudnn_backward_filter)):
+         _cudnn_supports_backward_filter, _bind_cudnn_backward_filter, None)):
     for _name in _names:
         register(_name, "numba", tolerance=_TOL)(_numba)
         register(_name, "cudnn", supports=_supports, tolerance=_TOL)(_cudnn)
         binder(_name, "cudnn")(_bind_it)
+        if _bind_numba is not None:       # ops/conv_prepared.py
+            binder(_name, "numba")(functools.partial(_bind_numba, note=note_algo))
 register("conv_backward_bias", "numba", tolerance=_TOL)(_numba_backward_bias)
 register("conv_backward_bias", "cudnn", supports=_cudnn_bias_supports,
          tolerance=_TOL)(_cudnn_backward_bias)

@@ -35,11 +35,12 @@ deterministic.
 
 import functools
 
-import numpy as np
 
 from .. import arrays, device
 from ..launch import at, flat as flat_arg, launch, pow2_at_most
 from . import conv_launch, conv_winograd, gemm
+from .conv_implicit import (implicit_backward_data, implicit_backward_data_gemm,
+                            implicit_forward, implicit_forward_gemm, implicit_operand)
 from .conv_tuning import settings
 
 
@@ -112,71 +113,6 @@ def _im2col(x, col, geom, sz, n0, nc, stream):
            (src, col, _kernel_geo(geom), nc, arrays.acc_array(x.dtype)))
 
 
-_tables = {}        # (geometry, device) -> (table, cg) of the implicit forward
-
-
-def implicit_pays(geom, sz, dgrad):
-    """Whether the implicit GEMM beat im2col + GEMM here, by validation/implicit_bench.py on an
-    H100 (ResNet-50 layers, batch 32, float32): for a stride-1 3x3
-    forward or data gradient with at most 128 output channels (64 channels at 56^2:
-    0.87x and 0.48x the time; 128 at 28^2: 0.54x and 0.88x), where the column buffer's traffic
-    is large next to the GEMM's m = 64..128 rows of work. With 256 or 512 channels at 14^2 or 7^2
-    (1.08-1.95x), for the strided 7x7 stem (1.01-1.02x) and for every filter gradient
-    (1.18-1.68x) its costlier inner loop (a table read and bounds test per element, ptxas:
-    more spills) loses. With the tensor-core GEMM (ops/gemm.py): 64 channels 0.83x / 0.41x,
-    128 channels 1.03x / 0.77x (kept: within the runs' noise), 512 channels 1.48x / 1.83x."""
-    if settings.implicit is not None:
-        return settings.implicit
-    # only what was measured: 2-D 3x3, undilated, ungrouped, stride 1 (5x5, 1x3, 3-D, dilated
-    # and grouped kernels keep the column buffer until timed)
-    rows = sz.c if dgrad else sz.k                    # the GEMM's m: channels it produces
-    return (tuple(geom.w_shape[2:]) == (1, 3, 3) and sz.groups == 1
-            and max(geom.stride) == 1 and max(geom.dilation) == 1 and rows <= 128)
-
-
-def _implicit_operand(geom, sz, dgrad=False):
-    """(table, cg) for kernels/gemm.py's implicit convolution: per filter row (c, t, r, s) of
-    a group the tap's offsets (dz, dy, dx) from a window's corner and its address offset in
-    the group's channels of the array read (x; for ``dgrad`` dy). None when an offset would not
-    fit the table's int32, or (dgrad) for a stride above 1.
-
-    ``dgrad``: the data gradient of a stride-1 convolution is itself a convolution, of dy:
-    dx[c, i] = sum over (k, t, r, s) of w[k, c, t, r, s] dy[k, i + p - t'*d], so dy is read as
-    the column matrix with rows (k, t, r, s), taps at -t'*d from the corner i + p."""
-    key = (geom, dgrad, device.device_id())
-    got = _tables.get(key)
-    if got is not None or key in _tables:
-        return got
-    t_, r_, s_ = geom.w_shape[2:]
-    if dgrad:
-        chans, (d, h, w), sign = sz.kg, geom.out_spatial, -1
-        positions, (pd, ph, pw) = geom.x_shape[2:], (-p for p in geom.padding)
-        stride, image = (1, 1, 1), sz.k * sz.out
-    else:
-        chans, (d, h, w), sign = geom.w_shape[1], geom.x_shape[2:], 1
-        positions, (pd, ph, pw) = geom.out_spatial, geom.padding
-        stride, image = geom.stride, sz.image
-    dd, dh, dw = geom.dilation
-    if chans * d * h * w >= 2**31 or (dgrad and max(geom.stride) != 1):
-        got = None
-    else:
-        cc, tt, rr, ss = (a.ravel() for a in np.meshgrid(
-            np.arange(chans), np.arange(t_), np.arange(r_), np.arange(s_), indexing="ij"))
-        if geom.flip:       # a true convolution reads the kernel reversed
-            tt, rr, ss = t_ - 1 - tt, r_ - 1 - rr, s_ - 1 - ss
-        dz, dy, dx = sign * tt * dd, sign * rr * dh, sign * ss * dw
-        off = cc * (d * h * w) + (dz * h + dy) * w + dx
-        table = np.stack([dz, dy, dx, off], axis=1).astype(np.int32).ravel()
-        _, oh, ow = positions
-        got = (arrays.constant(table, np.int32),
-               (_prod(positions), oh * ow, ow, d, h, w) + tuple(stride) + (pd, ph, pw)
-               + (image,))
-    if len(_tables) >= 256:
-        _tables.clear()
-    _tables[key] = got
-    return got
-
-
 def gemm_math(opts):
     """The GEMM's ``math`` (ops/gemm.py) for a call's options (ops/conv_args.resolve_opts):
     "tf32" for float32 data computed in float32 with ``allow_tf32`` on, else "3xtf32"."""
@@ -204,17 +140,10 @@ def forward(x, w, bias, geom, stream, math="3xtf32"):
         return y, "im2col+gemm"
     if _winograd(geom, x.dtype, math):
         return conv_winograd.forward(x, w, bias, geom, y, stream), "winograd"
-    conv = (None if sz.pointwise or not implicit_pays(geom, sz, False)
-            else _implicit_operand(geom, sz))
+    conv = implicit_forward(geom, sz)
     if conv is not None:
-        # B = im2col(x) read in place (kernels/gemm.py, implicit): column j = (n, o) of every
-        # image at once, group g's channels from g*Cg*D*H*W; C's column j at (j // O)*K*O + j % O
-        o, ko = sz.out, sz.k * sz.out
-        gemm.gemm("00", flat_arg(w), flat_arg(x), flat_arg(y),
-                  (sz.kg, sz.n * o, sz.rows), (sz.rows, 0, o), gemm.PLAIN * 2 + (o, ko),
-                  (sz.groups, 1, sz.kg * sz.rows, 0, sz.image // sz.groups, 0,
-                   sz.kg * o, 0), bias=None if bias is None else flat_arg(bias), stream=stream,
-                  conv=conv, math=math)
+        args, kw = implicit_forward_gemm(sz, conv, x, w, y, bias, math)
+        gemm.gemm(*args, stream=stream, **kw)
         return y, "implicit_gemm"
     col = None if sz.pointwise else arrays.cuda_empty(
         (sz.groups * sz.rows * sz.chunk * sz.out,), x.dtype, stream)
@@ -319,19 +248,10 @@ def backward_data(dy, w, geom, stream, math="3xtf32"):
         return arrays.zero_fill(dx, stream), "gemm+col2im"
     if _winograd(geom, dy.dtype, math):
         return conv_winograd.backward_data(dy, w, geom, dx, stream), "winograd"
-    conv = (None if sz.pointwise or not implicit_pays(geom, sz, True)
-            else _implicit_operand(geom, sz, dgrad=True))
+    conv = implicit_backward_data(geom, sz)
     if conv is not None:
-        # dx_g = W_g^T (Cg x Kg*TRS: row c at c*TRS, k = (k', trs) at k'*Cg*TRS + trs) times
-        # dy read as the column matrix of a stride-1 convolution (implicit); dx's column
-        # j = (n, i) at (j // DHW)*C*DHW + j % DHW. One batch entry per group.
-        dhw, trs = sz.image // sz.c, sz.rows // (sz.c // sz.groups)
-        cg_ = sz.c // sz.groups
-        gemm.gemm("00", flat_arg(w), flat_arg(dy), flat_arg(dx),
-                  (cg_, sz.n * dhw, sz.kg * trs), (trs, 0, dhw),
-                  (trs, cg_ * trs) + gemm.PLAIN + (dhw, sz.image),
-                  (sz.groups, 1, sz.kg * sz.rows, 0, sz.kg * sz.out, 0, cg_ * dhw, 0),
-                  stream=stream, conv=conv, math=math)
+        args, kw = implicit_backward_data_gemm(sz, conv, dy, w, dx, math)
+        gemm.gemm(*args, stream=stream, **kw)
         return dx, "implicit_gemm"
     dcol = None if sz.pointwise else arrays.cuda_empty(
         (sz.groups * sz.rows * sz.chunk * sz.out,), acc.dtype, stream)
@@ -393,7 +313,7 @@ def backward_filter(x, dy, geom, stream, math="3xtf32"):
     acc = arrays.acc_array(x.dtype)
     # the filter gradient: implicit only when asked for (settings.implicit True; implicit_pays)
     conv = None if sz.pointwise or settings.implicit is not True \
-        else _implicit_operand(geom, sz)
+        else implicit_operand(geom, sz)
     if conv is not None:
         return _implicit_filter(x, dy, dw, conv, sz, acc, stream, math), "implicit_gemm"
     parts = filter_parts(sz, dw.size * acc.dtype.itemsize)

@@ -15,7 +15,7 @@ class ConvTuning:
     """None in a choice field: the measured rule decides (each rule's docstring)."""
 
     # The implicit GEMM (kernels/gemm.py ``implicit``): True always, False never (the column
-    # buffer), None where it measured faster (conv_numba.implicit_pays; the filter gradient
+    # buffer), None where it measured faster (conv_implicit.implicit_pays; the filter gradient
     # takes it only when True).
     implicit: object = None
     # The forward's sum over the C/G*T*R*S rows in this many parts (the largest divisor of the

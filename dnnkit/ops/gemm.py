@@ -33,7 +33,7 @@ Set it False for plain FP32 FMA (IEEE Inf arithmetic: with tensor cores an Inf o
 import numpy as np
 
 from .. import arrays, device
-from ..launch import launch
+from ..launch import Prepared, launch
 
 # kernels/gemm.py (dnnkit.kernels.gemm) and numba are imported inside the functions that read
 # them: ``import dnnkit`` must not pay for numba.
@@ -76,6 +76,23 @@ def gemm(layout, a, b, c, dims, lds, grps, batch, *, beta=0.0, bias=None, stream
     ``launch.Site`` for a loop's repeated call with arguments of unchanging types. ``conv``:
     (table, cg) of the implicit convolution (B read from x as its im2col matrix; layout 00).
     ``math``: float32's tensor-core products, "3xtf32" or "tf32" (module docstring)."""
+    kernel, grid, block, shared, args = _launch_of(layout, a, b, c, dims, lds, grps, batch,
+                                                   beta, bias, conv, math)
+    (site or launch)(kernel, grid, block, stream, args, shared)
+
+
+def prepared(layout, a, b, c, dims, lds, grps, batch, *, beta=0.0, bias=None, conv=None,
+             math="3xtf32"):
+    """``gemm``'s launch as a ``launch.Prepared`` (a runner's, packed once): arguments 0, 1,
+    2 and 3 are a, b, c and the bias (a when there is none: the kernel reads it only with a
+    bias), to be replaced with ``set_flat`` per call; ``prepared(stream)`` launches."""
+    kernel, grid, block, shared, args = _launch_of(layout, a, b, c, dims, lds, grps, batch,
+                                                   beta, bias, conv, math)
+    return Prepared(kernel, grid, block, args, shared)
+
+
+def _launch_of(layout, a, b, c, dims, lds, grps, batch, beta, bias, conv, math):
+    """(kernel, grid, block, shared bytes, arguments) of one GEMM, its plan remembered."""
     key = (layout, dims, batch[0], batch[1], a.dtype, device.device_id(), conv is not None,
            TENSOR_CORES, math)
     plan = _plans.get(key)
@@ -87,9 +104,9 @@ def gemm(layout, a, b, c, dims, lds, grps, batch, *, beta=0.0, bias=None, stream
         plan = _plans[key] = _plan(layout, dims, batch, a.dtype, conv is not None, math)
     kernel, grid, block, shared, acc, dummy = plan
     table, cg = conv or dummy
-    (site or launch)(kernel, grid, block, stream,
-           (a, b, c, a if bias is None else bias, dims, lds, grps, batch,
-            acc.dtype.type(beta), int(bias is not None), acc, table, cg), shared)
+    return kernel, grid, block, shared, (
+        a, b, c, a if bias is None else bias, dims, lds, grps, batch, acc.dtype.type(beta),
+        int(bias is not None), acc, table, cg)
 
 
 def tensor_cores(dtype):

@@ -171,18 +171,27 @@ def fault(g, how):
     xs = dnnkit.tensor(rng.standard_normal((4, 3, 8, 8)).astype(np.float32))
     ys = dnnkit.tensor(rng.integers(0, 5, 4).astype(np.int64))
     step = trainer(model, lr=0.01, momentum=0.0)
-    run = (graphs.capture(step, xs, ys, warmup=2).replay if how == "hang-graph"
-           else lambda: step(xs, ys))
-    t_fault = None
-    for step in range(10 ** 6):
-        if g.rank == 1 and step == 3:
+    captured = graphs.capture(step, xs, ys, warmup=2) if how == "hang-graph" else None
+    run = captured.replay if captured is not None else lambda: step(xs, ys)
+    if captured is not None and os.environ.get("DNNKIT_FAULT_DEBUG"):
+        print(f"rank {g.rank}: graph of {captured.nodes} nodes, "
+              f"{len(captured._hooks)} replay hooks", file=sys.stderr, flush=True)
+    t_fault, said = None, 0.0
+    for k in range(10 ** 6):
+        if g.rank == 1 and k == 3:
             if how == "kill":
                 os.kill(os.getpid(), signal.SIGKILL)
             time.sleep(3600)
-        if step == 3:
+        if k == 3:
             t_fault = time.monotonic()
         run()
         model.module[0].weight.numpy()          # waits for the GPU: hangs until the abort
+        if os.environ.get("DNNKIT_FAULT_DEBUG") and time.monotonic() - said > 5:
+            said, wd = time.monotonic(), g.watchdog
+            pend = list(wd.pending) if wd is not None else []
+            print(f"rank {g.rank} step {k}: seq {g.seq}, pending {len(pend)}, oldest "
+                  f"{time.monotonic() - pend[0][3] if pend else 0:.1f} s, failure "
+                  f"{g.failure!r}", file=sys.stderr, flush=True)
         if t_fault is not None and time.monotonic() - t_fault > 10 * g.timeout:
             raise AssertionError("no fault detected")
 

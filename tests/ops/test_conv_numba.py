@@ -14,7 +14,7 @@ import pytest
 
 from dnnkit import device, reference
 from dnnkit.geometry import ConvGeom
-from dnnkit.ops import conv_launch, conv_numba, gemm
+from dnnkit.ops import conv_implicit, conv_launch, conv_numba, gemm
 from dnnkit.ops.conv_tuning import settings
 
 TOL = {"float16": 4e-3, "float32": 2e-6, "float64": 1e-12}
@@ -254,7 +254,7 @@ def test_default_takes_the_implicit_gemm_where_it_measured_faster():
     assert algos((1, 2, 1, 3, 3), (3, 2, 1, 1, 1), padding=1) == im           # one tap
     assert algos((1, 2, 1, 5, 5), (3, 2, 1, 5, 5), padding=2) == im           # not timed: 5x5
     g = conv_geom((1, 2, 1, 3, 3), (2, 1, 1, 3, 3), padding=(0, 1, 1), groups=2, nd=2)
-    assert not conv_numba.implicit_pays(g, conv_numba.ConvSizes(g, 4), False)  # nor grouped
+    assert not conv_implicit.implicit_pays(g, conv_numba.ConvSizes(g, 4), False)  # nor grouped
     # 129 channels out: the column buffer forward; the data gradient makes 2 channels
     assert algos((1, 2, 1, 2, 2), (129, 2, 1, 3, 3)) == ("im2col+gemm", "implicit_gemm",
                                                         "im2col+gemm")
@@ -342,3 +342,36 @@ def test_waves_follow_the_device():
             # 128 x 128 tiles from two blocks per SM on: m = 128, n = 128 * blocks
             assert gemm.gemm_config(128, 128 * 2 * sms) == "large"
             assert gemm.gemm_config(128, 128 * (2 * sms - 1)) == "small"
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_repeated_implicit_calls_run_their_packed_gemm(rng, monkeypatch, bias):
+    """ops/conv_prepared.py: a repeated forward or data gradient of one signature on the
+    implicit GEMM runs a launch packed once (gemm.prepared), with each call's own arrays
+    (gemm.gemm, the full path's, is never called), and matches the float64 reference on new
+    inputs every call; its output is a fresh array each call."""
+    import dnnkit
+    from numba import cuda
+    xs = [rng.standard_normal((2, 3, 5, 5)) for _ in range(3)]
+    w = rng.standard_normal((4, 3, 3, 3))
+    b = rng.standard_normal(4)
+    dys = [rng.standard_normal((2, 4, 5, 5)) for _ in range(3)]
+    real, calls = gemm.gemm, []
+    monkeypatch.setattr(gemm, "gemm", lambda *a, **k: calls.append(1) or real(*a, **k))
+    dw, db = cuda.to_device(w), cuda.to_device(b) if bias else None
+    outs = []
+    for k, (x, dy) in enumerate(zip(xs, dys)):
+        calls.clear()
+        y = dnnkit.conv2d(cuda.to_device(x), dw, db, padding=1, backend="numba")
+        dx = dnnkit.conv2d_backward_data(cuda.to_device(dy), dw, x.shape, padding=1,
+                                         backend="numba")
+        assert not calls            # the first call's runner is the packed launch too
+        want = reference.conv_forward(x, w, b if bias else None, padding=(1, 1), stride=(1, 1), dilation=(1, 1))
+        assert reference.rel_error(y.copy_to_host(), want) <= 1e-10
+        assert reference.rel_error(dx.copy_to_host(),
+                                   reference.conv_backward_data(dy, w, x.shape, padding=(1, 1), stride=(1, 1), dilation=(1, 1))) \
+            <= 1e-10
+        outs.append((y, dx))
+    for k, (x, dy) in enumerate(zip(xs, dys)):      # each call's outputs are its own
+        want = reference.conv_forward(x, w, b if bias else None, padding=(1, 1), stride=(1, 1), dilation=(1, 1))
+        assert reference.rel_error(outs[k][0].copy_to_host(), want) <= 1e-10
