@@ -116,9 +116,12 @@ class ProcessGroup:
             text, ranks = watchdog_mod.name_culprits(
                 status, self.rank, self.world_size, waiting,
                 watchdog_mod.beat_limit(self.timeout))
-            self.comm.abort()
+            # the failure first: the main thread's next check raises it even while the abort
+            # below waits (ncclCommAbort waited for ever on 2 H100s while the main thread kept
+            # replaying a CUDA graph of collectives: its replays check, but saw no failure)
             self.failure = DistributedError(f"rank {self.rank}: {reason}; {text}", ranks=ranks)
-            return self.failure
+        self.comm.abort()
+        return self.failure
 
     def close(self):
         """Leave: stop the watchdog, finalize NCCL, say bye to the store; rank 0 keeps the

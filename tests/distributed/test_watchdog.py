@@ -201,3 +201,19 @@ def test_collectives_recorded_in_a_cuda_graph_are_tracked_at_every_replay(job, m
     assert "rank 1 exited" in text
     with pytest.raises(DistributedError, match="did not finish"):
         hooks[0](0xAB)                # a replay after the fault raises it
+
+
+def test_the_fault_is_raised_while_the_abort_still_waits(job):
+    """ncclCommAbort can wait for long (on 2 H100s it never returned while the main thread
+    kept replaying a CUDA graph of collectives): the fault is recorded before the abort, so
+    the main thread's next check raises it meanwhile instead of queueing on."""
+    g, drv, _ = job
+    release = threading.Event()
+    g.comm.abort = lambda: release.wait(30)
+    g.watchdog.track(1, "all_reduce", 0)                  # never finishes
+    try:
+        wait_for(lambda: g.failure is not None)
+        with pytest.raises(DistributedError, match="collective #1"):
+            g.check()
+    finally:
+        release.set()
