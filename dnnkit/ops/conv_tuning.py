@@ -1,6 +1,8 @@
 """The switches of the Numba convolution backend (ops/conv_numba.py, ops/conv_winograd.py):
 for side-by-side timing (validation/implicit_bench.py, validation/winograd_bench.py) and tests,
 not user flags. Every rule reads them at call time; the defaults take the measured rules.
+Setting one drops the memo's runners (``fastpath.invalidate``): a runner of repeated calls
+(ops/conv_prepared.py) holds the path its first call's rules chose.
 
     from dnnkit.ops.conv_tuning import settings
     settings.implicit = False           # the column buffer everywhere
@@ -8,6 +10,8 @@ not user flags. Every rule reads them at call time; the defaults take the measur
 """
 
 import dataclasses
+
+from .. import fastpath
 
 
 @dataclasses.dataclass
@@ -34,6 +38,10 @@ class ConvTuning:
     # Bytes of one chunk's column buffer (or Winograd transforms, or filter-gradient partial
     # sums): the batch goes through in chunks of images that fit.
     col_budget_bytes: int = 256 << 20
+
+    def __setattr__(self, name, value):
+        object.__setattr__(self, name, value)
+        fastpath.invalidate()
 
 
 settings = ConvTuning()

@@ -30,9 +30,12 @@ Set it False for plain FP32 FMA (IEEE Inf arithmetic: with tensor cores an Inf o
 3xTF32 product gives NaN). The simulator and float64 always take FP32 FMA.
 """
 
+import sys
+import types
+
 import numpy as np
 
-from .. import arrays, device
+from .. import arrays, device, fastpath
 from ..launch import Prepared, launch
 
 # kernels/gemm.py (dnnkit.kernels.gemm) and numba are imported inside the functions that read
@@ -40,6 +43,19 @@ from ..launch import Prepared, launch
 
 PLAIN = (1 << 62, 0)         # an ungrouped GEMM index (kernels/gemm.py)
 TENSOR_CORES = True          # tensor cores where it can (module docstring)
+
+
+class _Switches(types.ModuleType):
+    """This module's class: setting TENSOR_CORES drops the memo's runners, which keep the GEMM
+    plan their first call chose (ops/conv_prepared.py), as conv_tuning's switches do."""
+
+    def __setattr__(self, name, value):
+        super().__setattr__(name, value)
+        if name == "TENSOR_CORES":
+            fastpath.invalidate()
+
+
+sys.modules[__name__].__class__ = _Switches
 NO_BATCH = (1, 1, 0, 0, 0, 0, 0, 0)
 
 

@@ -375,3 +375,33 @@ def test_repeated_implicit_calls_run_their_packed_gemm(rng, monkeypatch, bias):
     for k, (x, dy) in enumerate(zip(xs, dys)):      # each call's outputs are its own
         want = reference.conv_forward(x, w, b if bias else None, padding=(1, 1), stride=(1, 1), dilation=(1, 1))
         assert reference.rel_error(outs[k][0].copy_to_host(), want) <= 1e-10
+
+
+def test_a_switch_change_reaches_a_signature_already_repeated(rng, monkeypatch):
+    """conv_tuning.settings are read at call time: a runner kept for a repeated signature
+    (the implicit GEMM's) is dropped when a switch changes, so the next call takes the path
+    the switch asks for (the column buffer's im2col launch)."""
+    import dnnkit
+    from numba import cuda
+    x, w = cuda.to_device(rng.standard_normal((1, 2, 4, 4))), \
+        cuda.to_device(rng.standard_normal((3, 2, 3, 3)))
+    for _ in range(2):
+        dnnkit.conv2d(x, w, padding=1, backend="numba")
+    seen = []
+    real = conv_numba._im2col
+    monkeypatch.setattr(conv_numba, "_im2col", lambda *a: seen.append(1) or real(*a))
+    monkeypatch.setattr(settings, "implicit", False)
+    y = dnnkit.conv2d(x, w, padding=1, backend="numba").copy_to_host()
+    assert seen, "the kept implicit runner ran instead of the column buffer"
+    want = reference.conv_forward(x.copy_to_host(), w.copy_to_host(), padding=(1, 1),
+                                  stride=(1, 1), dilation=(1, 1))
+    assert reference.rel_error(y, want) <= 1e-10
+
+
+def test_setting_tensor_cores_drops_the_kept_runners(monkeypatch):
+    """gemm.TENSOR_CORES is read when a GEMM is planned: setting it drops the memo's runners
+    (which keep their plan), as the conv_tuning switches do."""
+    from dnnkit import fastpath
+    before = fastpath._gen[0]
+    monkeypatch.setattr(gemm, "TENSOR_CORES", not gemm.TENSOR_CORES)
+    assert fastpath._gen[0] == before + 1
