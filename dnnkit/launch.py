@@ -325,25 +325,25 @@ class _Launcher:
 
 
 class Prepared:
-    """One launch packed once, for a call site that repeats it with only some arguments
-    changing (an optimizer's step: the same parameters, state buffers and grid, new gradient
-    arrays every step). ``set(where, value)`` replaces argument ``where`` (an index, or
-    (index, member) of a tuple argument) and packs only its bytes, ``set_flat`` likewise with
-    a C-contiguous array of any rank read as flat (``At(array, 0)``); ``prepared(stream)``
-    launches. A value keeps the Numba type of the one it replaces: an array the same dtype,
-    rank and layout, a scalar its class. The first call, and every call on the simulator, goes
-    through ``launch`` with the current arguments; later ones pack nothing but what was set
-    (~0.3 us an argument, against re-packing every argument of the list: ~1 us per array),
-    and an array set then is not kept (a runner in the memo would keep a step's activations
-    alive). One object per call site and thread: its buffer is its own."""
+    """One launch packed once, for a call site that repeats it with some arguments changing
+    (an optimizer's step: new gradient arrays). ``set(where, value)`` replaces argument
+    ``where`` (an index, or (index, member) of a tuple) and packs only its bytes;
+    ``set_flat`` likewise with a C-contiguous array of any rank read as flat (``At(array,
+    0)``); ``prepared(stream)`` launches. A value keeps the Numba type of the one it replaces.
+    The first call, and every call on the simulator, goes through ``launch``; later ones pack
+    only what was set (~0.3 us an argument, against ~1 us per array for a whole packing).
+    Arrays set, and those of ``transient`` places, are let go once packed (a runner in the
+    memo would keep a step's activations alive); the others are kept (constant tables: their
+    memory must outlive the packed address). One object per call site and thread."""
     __slots__ = ("kernel", "grid", "block", "shared", "args", "launcher", "buf", "params",
-                 "slots", "dims", "runs")
+                 "slots", "dims", "runs", "transient")
 
-    def __init__(self, kernel, grid, block, args, shared=0):
+    def __init__(self, kernel, grid, block, args, shared=0, transient=()):
         self.kernel, self.grid, self.block, self.shared = kernel, grid, block, shared
         self.args = [list(a) if type(a) is tuple else a for a in args]
         self.launcher = self.buf = self.params = self.slots = None
         self.dims, self.runs = _dim3(grid) + _dim3(block), False
+        self.transient = set(transient)
 
     def _current(self):
         return tuple(tuple(a) if type(a) is list else a for a in self.args)
@@ -364,10 +364,11 @@ class Prepared:
             self._store(where, value)
             if self.buf is not None:    # its bytes are not one run: pack the whole list
                 self.launcher._pack(self._current(), self.buf)
+            elif type(value) is At or hasattr(value, "__cuda_array_interface__"):
+                self.transient.add(where)
         elif slot[1]:
             struct.pack_into(slot[2], self.buf, slot[0], *_arr(value))
-            # packed only: an array kept here would outlive the call that passed it (an
-            # op's runner lives in the memo; its arrays are a step's activations)
+            # packed only: kept here, it would outlive its call (class docstring)
             self._store(where, None if self.runs else value)
         else:
             struct.pack_into(slot[2], self.buf, slot[0], value)
@@ -384,8 +385,7 @@ class Prepared:
         self._store(where, None if self.runs else At(array, 0))
 
     def _prepare(self, args):
-        """After the first launch: this argument list's fast launcher, an own buffer packed
-        with every argument, and where each argument's bytes start."""
+        """After the first launch: the fast launcher, an own packed buffer, the offsets."""
         launcher = _fast.get((id(self.kernel), _types(args)))
         if launcher is None:
             return
@@ -408,17 +408,18 @@ class Prepared:
                     place((i, j), m)
             else:
                 place(i, t)
-        c = ctypes
-        buf = c.create_string_buffer(launcher.size)
-        base = c.addressof(buf)
-        ptrs = (c.c_void_p * max(1, len(offsets)))(*[base + o for o in offsets])
+        buf = ctypes.create_string_buffer(launcher.size)
+        base = ctypes.addressof(buf)
+        ptrs = (ctypes.c_void_p * max(1, len(offsets)))(*[base + o for o in offsets])
         launcher._pack(args, buf)
         self.launcher, self.buf, self.slots = launcher, buf, slots
-        self.params = (ptrs, c.addressof(ptrs))
-        # every argument its own run of bytes: the whole list is never packed again, so an
-        # array set later is packed and let go (one never set, such as a constant table,
-        # stays referenced here: its memory must outlive the packed address)
+        self.params = (ptrs, ctypes.addressof(ptrs))
+        # every argument its own run: the list is never packed whole again, so the call's
+        # own arrays (set, or transient) are let go; the others stay (class docstring)
         self.runs = all(k in slots for k in self._places())
+        if self.runs:
+            for where in self.transient:
+                self._store(where, None)
 
     def _places(self):
         for i, a in enumerate(self.args):

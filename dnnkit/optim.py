@@ -55,8 +55,9 @@ class _Plan:
     """A step's packed launches (``Optimizer.step``): ``structure`` what they depend on besides
     the arrays (None: not reusable), ``entries`` per parameter with a gradient, in order:
     (index, its array, the gradient's array type, shape, dtype, its launch, its place there,
-    ((state key, buffer), ...)), ``launches`` [(launch.Prepared, group, its parameters' state
-    dicts, the accumulation type)], ``params`` whose version a step bumps."""
+    ((state key, buffer), ...), its state dict), ``launches`` [(launch.Prepared, group, its
+    parameters' state dicts, the accumulation type)], ``params`` whose version a step
+    bumps."""
     __slots__ = ("structure", "entries", "launches", "params")
 
     def __init__(self, structure, entries, launches, params):
@@ -165,6 +166,8 @@ class Optimizer:
                     not a.is_c_contiguous():
                 return False
             st = self.state[i]
+            if st is not e[8]:
+                return False
             for key, buf in e[7]:
                 if st.get(key) is not buf:
                     return False
@@ -215,7 +218,7 @@ class Optimizer:
                         bufs = tuple((key, st[key]) for key in self.STATE_KEYS
                                      if self.STATE_KEYS[key] == "buffer" and key in st)
                         entries.append((i, p.data, type(grad.base), grad.base.shape,
-                                        grad.base.dtype, pl, (1, j), bufs))
+                                        grad.base.dtype, pl, (1, j), bufs, st))
         # only a plan whose every gradient can be swapped in place is kept for reuse
         reusable = len(entries) == sum(1 for p in self.params if p.grad is not None) and \
             all(self._lasting(group) for _, group in groups)
@@ -264,10 +267,13 @@ class Optimizer:
             total += -(-p.size // (threads * per))
             ends.append(total)
         ends += [total] * (TENSORS - len(ends))
-        tuples = [a + (a[-1],) * (TENSORS - len(a)) for a in args if type(a) is tuple]
+        # the gradients padded with the last parameter, the rest with their own last array: a
+        # padded place is never read, and a gradient kept there would outlive its step
+        tuples = [a + ((args[0] if k == 1 else a)[-1],) * (TENSORS - len(a))
+                  for k, a in enumerate(args) if type(a) is tuple]
         scalars = [a for a in args if type(a) is not tuple]
-        return Prepared(kernel, total, threads,
-                        (*tuples, tuple(ends), per, *scalars, acc))
+        return Prepared(kernel, total, threads, (*tuples, tuple(ends), per, *scalars, acc),
+                        transient=[(1, j) for j in range(len(items))])
 
     @staticmethod
     def _buffer(n, acc, stream, zero=True):

@@ -227,3 +227,28 @@ def test_a_prepared_launch_packs_once_then_only_what_was_set(monkeypatch):
     # the arrays set after packing are let go (a runner in the memo would keep them alive);
     # the one never set (a, such as a constant table) is kept: its address is packed
     assert len(slow) == 1 and p.args == [[a, None], None, [9, 4], 7, -2.0]
+
+
+def test_a_prepared_launch_lets_go_of_the_first_calls_own_arrays(monkeypatch):
+    """Arrays given before the first call (set, or built in as ``transient``) are a call's
+    own: once packed they are let go, so a runner kept in the memo holds no step's arrays;
+    an array built in and never given again (a constant table) is kept."""
+    t = _types()
+    f1 = t.Array(t.float32, 1, "C")
+    launcher = L._Launcher(FakeOverload, (t.UniTuple(f1, 2), f1, t.int64))
+    launcher.cu_launch = lambda *a: (0,)
+    monkeypatch.setattr(launcher, "_function", lambda: 0xF00)
+    monkeypatch.setattr(L, "simulator", lambda: False)
+    monkeypatch.setattr(L, "stream_pointer", lambda s: 0)
+    monkeypatch.setattr(L, "launch", lambda *a, **k: None)
+    monkeypatch.setattr(L, "_types", lambda args: ("key",))
+    kernel = object()
+    monkeypatch.setattr(L, "_fast", {(id(kernel), ("key",)): launcher})
+
+    class Device(FakeArray):
+        __cuda_array_interface__ = {}
+    table, a, b, c = (Device((8,), "float32", 0x1000 * k) for k in (1, 2, 3, 4))
+    p = L.Prepared(kernel, 1, 32, ((table, a), b, 5), transient=[(0, 1)])
+    p.set_flat(1, c)
+    p("stream")
+    assert p.args == [[table, None], None, 5]

@@ -437,3 +437,20 @@ def test_a_kept_step_follows_every_change_between_steps(rng, opt_cls):
             refs[i] = ref.step(i, refs[i], gs[k][i])
         for i, (p, r) in enumerate(zip(params, refs)):
             assert rel_err(p.numpy(), r) <= 1e-12, (k, i)
+
+
+def test_a_state_dict_replaced_in_place_takes_the_full_path(rng):
+    """A parameter's state dict swapped for a copy (same buffers) between steps: the kept
+    launches are not reused, so the step count advances in the dict the optimizer holds."""
+    hosts, params = make(rng, "float64")
+    opt, ref = Adam(params, lr=0.01), AdamRef(lr=0.01)
+    refs = [h.astype(np.float64) for h in hosts]
+    for k, gs in enumerate(grads(rng, SHAPES, 4, "float64")):
+        if k == 2:
+            opt.state[0] = dict(opt.state[0])
+        set_grads(params, gs)
+        opt.step()
+        refs = [ref.step(i, r, g) for i, (r, g) in enumerate(zip(refs, gs))]
+    assert [opt.state_dict()["state"][i]["step"] for i in (0, 1)] == [4, 4]
+    for p, r in zip(params, refs):
+        assert rel_err(p.numpy(), r) <= 1e-12

@@ -12,6 +12,8 @@ Every other path (im2col with its column buffer, split k, Winograd, pointwise) k
 full implementation, as does a first call that takes none of these.
 """
 
+from math import prod
+
 from .. import arrays
 from . import conv_numba, conv_winograd, gemm
 from .conv_implicit import (implicit_backward_data, implicit_backward_data_gemm,
@@ -44,8 +46,8 @@ def bind_forward(x, w, bias, geom, opts, stream, note):
         launch.set_flat(0, w)
         launch.set_flat(1, x)
         launch.set_flat(2, y)
-        if bias is not None:
-            launch.set_flat(3, bias)
+        # without a bias the kernel reads none: w holds the place (no array of an old call)
+        launch.set_flat(3, w if bias is None else bias)
         launch(stream)
         note("implicit_gemm")
         return y
@@ -56,7 +58,8 @@ def bind_backward_data(dy, w, geom, opts, stream, note):
     """The data gradient's runner where it is the implicit GEMM; None elsewhere."""
     acc = arrays.acc_array(dy.dtype)
     got = _sizes(geom, dy.dtype, opts, acc.dtype.itemsize)
-    conv = None if got is None or not geom.x_shape[0] else \
+    # an empty dx returns at once on the full path (x's image may be empty, padded to an output)
+    conv = None if got is None or not prod(geom.x_shape) else \
         implicit_backward_data(geom, got[0])
     if conv is None:
         return None

@@ -405,3 +405,19 @@ def test_setting_tensor_cores_drops_the_kept_runners(monkeypatch):
     before = fastpath._gen[0]
     monkeypatch.setattr(gemm, "TENSOR_CORES", not gemm.TENSOR_CORES)
     assert fastpath._gen[0] == before + 1
+
+
+def test_repeated_calls_with_an_empty_image_return_empty_and_zero_outputs():
+    """x of 0x0 pixels padded to a 2x2 output: the data gradient is empty and the forward is
+    zeros (a sum over padding only), on the first call and on the memo's repeats (the
+    runners of ops/conv_prepared.py leave these to the full path)."""
+    import dnnkit
+    from numba import cuda
+    dy = cuda.to_device(np.ones((1, 3, 2, 2)))
+    w = cuda.to_device(np.ones((3, 2, 3, 3)))
+    x = cuda.to_device(np.ones((1, 2, 0, 0)))
+    for _ in range(3):
+        dx = dnnkit.conv2d_backward_data(dy, w, (1, 2, 0, 0), padding=2, backend="numba")
+        assert dx.shape == (1, 2, 0, 0)
+        y = dnnkit.conv2d(x, w, padding=2, backend="numba").copy_to_host()
+        assert y.shape == (1, 3, 2, 2) and not y.any()
