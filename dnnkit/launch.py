@@ -332,9 +332,10 @@ class Prepared:
     0)``); ``prepared(stream)`` launches. A value keeps the Numba type of the one it replaces.
     The first call, and every call on the simulator, goes through ``launch``; later ones pack
     only what was set (~0.3 us an argument, against ~1 us per array for a whole packing).
-    Arrays set, and those of ``transient`` places, are let go once packed (a runner in the
-    memo would keep a step's activations alive); the others are kept (constant tables: their
-    memory must outlive the packed address). One object per call site and thread."""
+    Arrays set, and those of ``transient`` places, are let go after each launch (a runner in
+    the memo would keep a step's activations alive): a caller gives them again before the next
+    call. The others are kept (constant tables: their memory must outlive the packed
+    address). One object per call site and thread."""
     __slots__ = ("kernel", "grid", "block", "shared", "args", "launcher", "buf", "params",
                  "slots", "dims", "runs", "transient")
 
@@ -351,7 +352,7 @@ class Prepared:
     def _store(self, where, value):
         if type(where) is int:
             self.args[where] = value
-        else:
+        else:                   # a member of a tuple argument
             self.args[where[0]][where[1]] = value
 
     def set(self, where, value):
@@ -364,7 +365,7 @@ class Prepared:
             self._store(where, value)
             if self.buf is not None:    # its bytes are not one run: pack the whole list
                 self.launcher._pack(self._current(), self.buf)
-            elif type(value) is At or hasattr(value, "__cuda_array_interface__"):
+            elif type(value) is At or hasattr(value, "copy_to_host"):     # a device array
                 self.transient.add(where)
         elif slot[1]:
             struct.pack_into(slot[2], self.buf, slot[0], *_arr(value))
@@ -414,12 +415,8 @@ class Prepared:
         launcher._pack(args, buf)
         self.launcher, self.buf, self.slots = launcher, buf, slots
         self.params = (ptrs, ctypes.addressof(ptrs))
-        # every argument its own run: the list is never packed whole again, so the call's
-        # own arrays (set, or transient) are let go; the others stay (class docstring)
+        # every argument its own run: the list is never packed whole again (``set``)
         self.runs = all(k in slots for k in self._places())
-        if self.runs:
-            for where in self.transient:
-                self._store(where, None)
 
     def _places(self):
         for i, a in enumerate(self.args):
@@ -434,6 +431,9 @@ class Prepared:
             launch(self.kernel, self.grid, self.block, stream, args, self.shared)
             if not simulator():
                 self._prepare(args)
+            if self.buf is None or self.runs:   # the call's own arrays: let go (docstring)
+                for where in self.transient:
+                    self._store(where, None)
             return
         L = self.launcher
         (err,) = L.cu_launch(L._function(), *self.dims, self.shared, stream_pointer(stream),

@@ -205,8 +205,9 @@ def test_a_prepared_launch_packs_once_then_only_what_was_set(monkeypatch):
     monkeypatch.setattr(L, "_types", lambda args: ("key",))
     kernel = object()
     monkeypatch.setattr(L, "_fast", {(id(kernel), ("key",)): launcher})
-    class Device(FakeArray):
-        __cuda_array_interface__ = {}
+    class Device(FakeArray):         # what launch.Prepared takes for a device array
+        def copy_to_host(self):
+            raise AssertionError("not read")
     a, b, c = (Device((8,), "float32", 0x1000 * k) for k in (1, 2, 3))
     p = L.Prepared(kernel, 5, 64, ((a, b), c, (3, 4), 7, 1.5))
     p("stream")
@@ -245,8 +246,9 @@ def test_a_prepared_launch_lets_go_of_the_first_calls_own_arrays(monkeypatch):
     kernel = object()
     monkeypatch.setattr(L, "_fast", {(id(kernel), ("key",)): launcher})
 
-    class Device(FakeArray):
-        __cuda_array_interface__ = {}
+    class Device(FakeArray):         # what launch.Prepared takes for a device array
+        def copy_to_host(self):
+            raise AssertionError("not read")
     table, a, b, c = (Device((8,), "float32", 0x1000 * k) for k in (1, 2, 3, 4))
     p = L.Prepared(kernel, 1, 32, ((table, a), b, 5), transient=[(0, 1)])
     p.set_flat(1, c)
