@@ -245,6 +245,12 @@ def _plan(t, v):
     raise NotImplementedError(t)
 
 
+def _ptr(a):
+    """A device array's address: a pooled array carries it (memory.py); Numba's
+    device_ctypes_pointer makes a ctypes object per read."""
+    return a.__dict__.get("_dnnkit_ptr") or a.device_ctypes_pointer.value or 0
+
+
 def _arr(a):
     """The kernel parameters of a device array or At: meminfo, parent, nitems, itemsize, data,
     shape..., strides... An array's are constant for the life of the object: kept on it."""
@@ -255,10 +261,7 @@ def _arr(a):
         return (0, 0, n, item, base[4] + a.offset * item, n, item)
     p = a.__dict__.get("_dnnkit_params")
     if p is None:
-        # a pooled array carries its address (memory.py): Numba's device_ctypes_pointer
-        # makes a ctypes object per read
-        ptr = a.__dict__.get("_dnnkit_ptr") or a.device_ctypes_pointer.value or 0
-        p = (0, 0, a.size, a.dtype.itemsize, ptr) + tuple(a.shape) + tuple(a.strides)
+        p = (0, 0, a.size, a.dtype.itemsize, _ptr(a)) + tuple(a.shape) + tuple(a.strides)
         a._dnnkit_params = p
     return p
 
@@ -380,9 +383,8 @@ class Prepared:
         if slot is None:
             self.set(where, array if array.ndim == 1 else At(array, 0))
             return
-        ptr = array.__dict__.get("_dnnkit_ptr") or array.device_ctypes_pointer.value or 0
         n, item = array.size, array.dtype.itemsize
-        struct.pack_into(slot[2], self.buf, slot[0], 0, 0, n, item, ptr, n, item)
+        struct.pack_into(slot[2], self.buf, slot[0], 0, 0, n, item, _ptr(array), n, item)
         self._store(where, None if self.runs else At(array, 0))
 
     def _prepare(self, args):
@@ -419,11 +421,8 @@ class Prepared:
         self.runs = all(k in slots for k in self._places())
 
     def _places(self):
-        for i, a in enumerate(self.args):
-            if type(a) is list:
-                yield from ((i, j) for j in range(len(a)))
-            else:
-                yield i
+        for i, a in enumerate(self.args):     # an argument, or each member of a tuple
+            yield from ([(i, j) for j in range(len(a))] if type(a) is list else (i,))
 
     def __call__(self, stream):
         if self.buf is None:

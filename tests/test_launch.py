@@ -182,6 +182,28 @@ def test_a_site_learns_once_then_launches_fast(monkeypatch):
     assert calls == [("slow", kernel, (1, 2)), ("fast", 4, 0xABC, (3, 4)), ("slow", other, (5,))]
 
 
+class Device(FakeArray):
+    """What launch.Prepared takes for a device array (it never reads one back)."""
+
+    def copy_to_host(self):
+        raise AssertionError("not read")
+
+
+def _learned(monkeypatch, argtypes, cu_launch, slow):
+    """(kernel, launcher): a fast launcher of ``argtypes`` as launch() would have learned it,
+    launching through ``cu_launch``; the slow path's launches are appended to ``slow``."""
+    launcher = L._Launcher(FakeOverload, argtypes)
+    launcher.cu_launch = cu_launch
+    monkeypatch.setattr(launcher, "_function", lambda: 0xF00)
+    monkeypatch.setattr(L, "simulator", lambda: False)
+    monkeypatch.setattr(L, "stream_pointer", lambda s: 0xABC)
+    monkeypatch.setattr(L, "launch", lambda k, g, b, s, a, sh=0: slow.append(a))
+    monkeypatch.setattr(L, "_types", lambda args: ("key",))
+    kernel = object()
+    monkeypatch.setattr(L, "_fast", {(id(kernel), ("key",)): launcher})
+    return kernel, launcher
+
+
 def test_a_prepared_launch_packs_once_then_only_what_was_set(monkeypatch):
     """launch.Prepared: the first call goes through launch() and packs every argument into
     its own buffer; set() and set_flat() re-pack one argument's bytes (a
@@ -190,24 +212,13 @@ def test_a_prepared_launch_packs_once_then_only_what_was_set(monkeypatch):
     t = _types()
     f1 = t.Array(t.float32, 1, "C")
     argtypes = (t.UniTuple(f1, 2), f1, t.UniTuple(t.int64, 2), t.int64, t.float32)
-    launcher = L._Launcher(FakeOverload, argtypes)
-    seen = []
+    seen, slow = [], []
+    fmts = L._Launcher(FakeOverload, argtypes).format[1:]
 
     def cu_launch(fn, gx, gy, gz, bx, by, bz, shared, sp, params, extra):
-        seen.append(((fn, gx, bx, sp), _read(params, launcher.format[1:])))
+        seen.append(((fn, gx, bx, sp), _read(params, fmts)))
         return (0,)
-    launcher.cu_launch = cu_launch
-    monkeypatch.setattr(launcher, "_function", lambda: 0xF00)
-    slow = []
-    monkeypatch.setattr(L, "simulator", lambda: False)
-    monkeypatch.setattr(L, "stream_pointer", lambda s: 0xABC)
-    monkeypatch.setattr(L, "launch", lambda k, g, b, s, a, sh=0: slow.append(a))
-    monkeypatch.setattr(L, "_types", lambda args: ("key",))
-    kernel = object()
-    monkeypatch.setattr(L, "_fast", {(id(kernel), ("key",)): launcher})
-    class Device(FakeArray):         # what launch.Prepared takes for a device array
-        def copy_to_host(self):
-            raise AssertionError("not read")
+    kernel, _ = _learned(monkeypatch, argtypes, cu_launch, slow)
     a, b, c = (Device((8,), "float32", 0x1000 * k) for k in (1, 2, 3))
     p = L.Prepared(kernel, 5, 64, ((a, b), c, (3, 4), 7, 1.5))
     p("stream")
@@ -236,19 +247,7 @@ def test_a_prepared_launch_lets_go_of_the_first_calls_own_arrays(monkeypatch):
     an array built in and never given again (a constant table) is kept."""
     t = _types()
     f1 = t.Array(t.float32, 1, "C")
-    launcher = L._Launcher(FakeOverload, (t.UniTuple(f1, 2), f1, t.int64))
-    launcher.cu_launch = lambda *a: (0,)
-    monkeypatch.setattr(launcher, "_function", lambda: 0xF00)
-    monkeypatch.setattr(L, "simulator", lambda: False)
-    monkeypatch.setattr(L, "stream_pointer", lambda s: 0)
-    monkeypatch.setattr(L, "launch", lambda *a, **k: None)
-    monkeypatch.setattr(L, "_types", lambda args: ("key",))
-    kernel = object()
-    monkeypatch.setattr(L, "_fast", {(id(kernel), ("key",)): launcher})
-
-    class Device(FakeArray):         # what launch.Prepared takes for a device array
-        def copy_to_host(self):
-            raise AssertionError("not read")
+    kernel, _ = _learned(monkeypatch, (t.UniTuple(f1, 2), f1, t.int64), lambda *a: (0,), [])
     table, a, b, c = (Device((8,), "float32", 0x1000 * k) for k in (1, 2, 3, 4))
     p = L.Prepared(kernel, 1, 32, ((table, a), b, 5), transient=[(0, 1)])
     p.set_flat(1, c)
