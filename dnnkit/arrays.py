@@ -208,6 +208,8 @@ def zero_fill(a, stream):
     empty batch, input or filter set) on any backend, cuDNN forced included."""
     if not a.size:
         return a
+    if memory.watch is not None:
+        memory.watch.fill(a, stream)
     if simulator():
         a.copy_to_device(np.zeros(a.shape, a.dtype), stream=stream)
         return a
@@ -229,6 +231,8 @@ def copy_into(dst, src, stream):
         raise ValueError(f"copy_into: {nbytes} bytes into {dst.size * dst.dtype.itemsize}")
     if not nbytes:
         return dst
+    if memory.watch is not None:
+        memory.watch.copy(dst, src, stream)
     if simulator():
         dst.copy_to_device(src.reshape(dst.shape), stream=stream)
         return dst

@@ -67,7 +67,7 @@ def public_op(name: str, memo: bool | Callable[[tuple, dict], bool] = True
                     return res
                 sig = None
             prepared = prepare(*args, **kw)
-            out, runner, ran_on = run(name, prepared, backend)
+            out, runner, ran_on = run(name, prepared, backend, keep=sig is not None)
             if sig is not None and runner is not None:
                 fastpath.store(sig, args, kw, prepared, runner, ran_on)
             return out, ran_on
@@ -113,17 +113,18 @@ def dispatch(op, *args, backend=None, **kw):
     return run(op, args, backend, kw)[0]
 
 
-def run(op, args, backend, kw=None):
-    """(output, the runner a repeat of this call may reuse or None, the backend that ran)."""
+def run(op, args, backend, kw=None, keep=False):
+    """(output, the runner a repeat of this call may reuse or None, the backend that ran).
+    ``keep``: the caller keeps the runner (registry.bound)."""
     kw = kw or {}
     dev = placement.call_device(op, args)
     if dev is not None and dev != device_id():
         with placement.on_device(dev):
-            return _run_here(op, args, backend, kw)
-    return _run_here(op, args, backend, kw)
+            return _run_here(op, args, backend, kw, keep)
+    return _run_here(op, args, backend, kw, keep)
 
 
-def _run_here(op, args, backend, kw):
+def _run_here(op, args, backend, kw, keep=False):
     """``run`` on the current device."""
     chosen, reason, mode, from_library = choose(op, args, kw, backend)
     log_decision(op, chosen, reason, from_library)
@@ -134,7 +135,7 @@ def _run_here(op, args, backend, kw):
     if OPS[op].updates and config.get("dnn.crosscheck") and OPS[op].crosscheck:
         checked = _before_update(op, args)
     try:
-        runner = bound(op, chosen, args, kw)
+        runner = bound(op, chosen, args, kw, keep)
         out = runner(*args, **kw)
     except CudnnError as e:
         if chosen != "cudnn" or mode != "auto" or not e.not_supported:
@@ -142,7 +143,7 @@ def _run_here(op, args, backend, kw):
         chosen, reason = "numba", f"cuDNN returned {e.status_name} at run time"
         log_decision(op, chosen, reason)
         trace_state.algo = None
-        runner = bound(op, chosen, args, kw)
+        runner = bound(op, chosen, args, kw, keep)
         out = runner(*args, **kw)
     if prof is not None:
         prof.end(token, op, chosen)

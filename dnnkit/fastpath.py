@@ -4,7 +4,8 @@ A training loop calls each op with the same shapes, dtypes and arguments every s
 such call takes the full path — argument checks, backend choice, descriptors, plans — and the
 dispatcher stores a *runner* for it under the call's signature: the implementation's own
 ``bind()`` result where it has one (descriptors, plan, function pointer and handle bound once),
-else the implementation itself; plus the checked arguments, with the positions where the
+else for a Numba implementation the replay of this call's launches (dnnkit/replay.py), else
+the implementation itself; plus the checked arguments, with the positions where the
 caller's arrays go. The next call with the same signature runs the runner on its arrays
 directly: the host cost of an op becomes an allocation and the cuDNN call or kernel launch
 (PyTorch's per-op cost is the bar).
@@ -60,6 +61,11 @@ def carried_type(cls):
     place, as it gets the caller's arrays."""
     _CARRIED.add(cls)
     return cls
+
+
+def carried(a):
+    """Whether ``a`` is a per-call object of a registered ``carried_type``."""
+    return type(a) in _CARRIED
 
 
 def invalidate():

@@ -77,8 +77,10 @@ def call(run, args, kw, backend):
     of it, on the op's stream, after the producers' streams (module docstring); None when there
     is no foreign array (the caller goes on as usual)."""
     found, torch_dev = False, None
-    for a in _items(args, kw):
-        ad = _adapter(type(a))
+    for a in (_items(args, kw) if kw or any(type(a) in (list, tuple) for a in args) else args):
+        ad = _adapters.get(type(a), 0)
+        if ad == 0:
+            ad = _adapter(type(a))
         if ad is not None:
             found = True
             if ad is _torch and torch_dev is None:
@@ -99,7 +101,9 @@ def call(run, args, kw, backend):
             push = arrays.external(consumer)
     else:
         consumer = 0
-    waited = set()
+    # producers already waited for; PyTorch's current stream per device, asked once a call
+    waited = {("torch", torch_dev): consumer} if current is None and explicit is None and \
+        torch_dev is not None else {}
     new_args = [_adopt(a, consumer, waited) for a in args]
     new_kw = {k: _adopt(a, consumer, waited) for k, a in kw.items()} if kw else kw
     if push is None:
@@ -117,7 +121,7 @@ def torch_view(t, stream):
     after the tensor's producer (PyTorch's current stream of its device) where that differs:
     :func:`as_array`'s answer for one PyTorch tensor without its general dispatch (dnnkit.torch
     views several hundred tensors a training step, on PyTorch's current stream)."""
-    v, producer = _torch(t, stream)
+    v, producer = _torch(t, stream, {})
     if producer is not None and producer != stream:
         device.stream_wait(stream, producer)
     return v
@@ -129,12 +133,14 @@ def _adopt(a, consumer, waited):
         if not any(_adapter(type(v)) is not None for v in a):
             return a
         return t(_adopt(v, consumer, waited) for v in a)
-    ad = _adapter(t)
+    ad = _adapters.get(t, 0)
+    if ad == 0:
+        ad = _adapter(t)
     if ad is None:
         return a
-    view, producer = ad(a, consumer)
+    view, producer = ad(a, consumer, waited)
     if producer is not None and producer != consumer and producer not in waited:
-        waited.add(producer)
+        waited[producer] = True
         device.stream_wait(consumer, producer)
     return view
 
@@ -146,12 +152,13 @@ def as_array(x, stream=None):
     PyTorch, CuPy or DLPack array."""
     if _adapter(type(x)) is None:
         return None
-    return _adopt(x, stream_pointer(arrays.as_stream(stream)), set())
+    return _adopt(x, stream_pointer(arrays.as_stream(stream)), {})
 
 
 # ---------------------------------------------------------------- the adapters
-# Each takes (foreign array, the op's raw stream) and returns (a Numba view -- or a host array,
-# which the op then copies as any host input -- and the producer's raw stream or None).
+# Each takes (foreign array, the op's raw stream, the call's ``waited`` dict) and returns (a
+# Numba view -- or a host array, which the op then copies as any host input -- and the
+# producer's raw stream or None).
 
 def torch_stream(dev):
     """PyTorch's current stream on device ``dev``, a raw handle (PyTorch is imported: one of
@@ -164,22 +171,26 @@ def torch_stream(dev):
     return int(torch.cuda.current_stream(dev).cuda_stream)
 
 
-def _torch(a, consumer):
+def _torch(a, consumer, waited):
     dev = a.get_device()
     if dev < 0:
         return np.asarray(a), None       # a CPU tensor: a host input (NumPy's view of it)
-    dt = _torch_dtypes.get(a.dtype) if _torch_dtypes else _torch_dtype_table().get(a.dtype)
-    if dt is None or a.requires_grad:
-        # bfloat16 and the like, or a tensor that requires grad: PyTorch's own interface
-        # gives its error (or its answer)
-        return _cai(a, consumer)
-    shape, stride = tuple(a.shape), a.stride()
-    key = (dev, a.data_ptr(), shape, stride, dt)
+    if a.requires_grad:     # PyTorch's own interface gives its error
+        return _cai(a, consumer, waited)
+    # keyed by PyTorch's own objects (torch.Size is a tuple; its dtype hashes fast)
+    key = (dev, a.data_ptr(), a.shape, a.stride(), a.dtype)
     t = _templates.get(key)
     if t is None:
+        dt = (_torch_dtypes or _torch_dtype_table()).get(a.dtype)
+        if dt is None:      # bfloat16 and the like: PyTorch's interface gives its answer
+            return _cai(a, consumer, waited)
         isz = dt.itemsize
-        t = _template(key, a.data_ptr(), shape, tuple(s * isz for s in stride), dt, dev)
-    return _view(t, a), torch_stream(dev)
+        t = _template(key, a.data_ptr(), tuple(a.shape), tuple(s * isz for s in a.stride()),
+                      dt, dev)
+    producer = waited.get(("torch", dev))
+    if producer is None:
+        producer = waited[("torch", dev)] = torch_stream(dev)
+    return _view(t, a), producer
 
 
 def _torch_dtype_table():
@@ -190,7 +201,7 @@ def _torch_dtype_table():
     return _torch_dtypes
 
 
-def _cai(a, consumer):
+def _cai(a, consumer, waited):
     d = a.__cuda_array_interface__
     if d.get("mask") is not None:
         raise TypeError(f"a masked array ({type(a).__name__} with a CAI mask) is not supported")
@@ -210,7 +221,7 @@ def _cai(a, consumer):
     return _view(t, a), producer
 
 
-def _dlpack(a, consumer):
+def _dlpack(a, consumer, waited):
     kind, dev = a.__dlpack_device__()
     if int(kind) == dlpack.CPU:
         h = np.from_dlpack(a)

@@ -1,28 +1,22 @@
 """Kernel launches.
 
-Numba warns (NumbaPerformanceWarning) about every grid of fewer than 128 blocks. For a library
-that warning is noise: small tensors need small grids, and the user cannot act on it. So small
-launches build their launch configuration with that one warning silenced; large launches are
-left alone (the filter change is process-wide while it lasts, so keep it short and rare).
+Numba warns about every grid of fewer than 128 blocks: noise for a library (small tensors need
+small grids), so small launches build their configuration with that one warning silenced.
+Configurations (``kernel[grid, block, stream, shared]``, tens of microseconds in Numba) are
+cached by (kernel, grid, block, stream, shared), in a bounded cache emptied when full.
 
-Building a launch configuration (``kernel[grid, block, stream, shared]``) costs tens of
-microseconds of host time in Numba; configurations are reusable, so they are cached by
-(kernel, grid, block, stream, shared). The cache is bounded and simply emptied when full.
-
-The fast path (a real GPU). Numba's call of a configured kernel types every argument, looks up
-the overload and marshals each argument through general machinery: ~20-60 us of host time per
-launch with our argument lists, which is the whole cost of a small op and of every step of a
-recurrent network. So the first launch with a given kernel and argument types goes through
-Numba (compiling if needed); it yields the compiled overload and a packing plan: the flat list
-of the kernel's C parameters (an array is meminfo, parent, nitems, itemsize, data, shape...,
-strides...; a tuple its members; scalars by their Numba type) as one ``struct`` format. Later
-launches with the same types pack the values into a per-thread buffer and call cuLaunchKernel
-directly (the driver copies the parameters during the call, so the buffer is reused).
-``At(array, offset)`` passes a flat array from an element offset without making a view object
-(per-step slices of an RNN's buffers would otherwise cost a Numba view each).
+The fast path (a real GPU). Numba's call of a configured kernel types and marshals every
+argument: ~20-60 us of host time per launch, the whole cost of a small op. So the first launch
+with given kernel and argument types goes through Numba (compiling if needed); it yields the
+overload and a packing plan: the kernel's C parameters (an array is meminfo, parent, nitems,
+itemsize, data, shape..., strides...; a tuple its members; scalars by their Numba type) as one
+``struct`` format. Later launches pack into a per-thread buffer (the driver copies parameters
+during the call) and call cuLaunchKernel. ``At(array, offset)`` passes a flat array from an
+element offset without a Numba view object.
 """
 
 import ctypes
+import math
 import struct
 import threading
 import warnings
@@ -45,20 +39,13 @@ def pow2_at_most(v, cap):
 
 
 def _blocks(grid):
-    if isinstance(grid, int):
-        return grid
-    n = 1
-    for g in grid:
-        n *= g
-    return n
+    return grid if isinstance(grid, int) else math.prod(grid)
 
 
 class At:
-    """A C-contiguous device array, read as flat (1-D), from element ``offset`` on, for kernel
-    arguments: the launch adds the offset to the data pointer and passes the array's own
-    pointer and size, so no Numba view is built (a Numba view costs several us of host time:
-    per-step slices of an RNN's buffers, or an optimizer's flat gradients, would pay it on every
-    call). The base may have any number of dimensions; the kernel sees a 1-D C array."""
+    """A C-contiguous device array (of any rank), read as flat (1-D) from element ``offset`` on,
+    for kernel arguments: the launch adds the offset to the data pointer, so no Numba view is
+    built (several us of host time each: an RNN's per-step slices, an optimizer's gradients)."""
     __slots__ = ("base", "offset")
 
     def __init__(self, base, offset):
@@ -84,8 +71,7 @@ class At:
 
 
 def at(a, offset):
-    """``At(a, offset)``, or ``a`` itself for offset 0."""
-    return At(a, offset) if offset else a
+    return At(a, offset) if offset else a     # (a itself for offset 0)
 
 
 def flat(a):
@@ -107,8 +93,10 @@ def _has_at(args):
 
 def launch(kernel, grid, block, stream, args, shared=0):
     """``kernel[grid, block, stream, shared](*args)`` without Numba's small-grid warning."""
+    if watch is not None:
+        watch.launch(kernel, grid, block, stream, args, shared)
     sp = stream_pointer(stream)
-    if not simulator():
+    if not simulator() and not through_numba:
         fast = _fast.get((id(kernel), _types(args)))
         if fast is not None:
             fast(grid, block, sp, args, shared)
@@ -135,24 +123,23 @@ def launch(kernel, grid, block, stream, args, shared=0):
 
 
 class Site:
-    """One launch site of a loop whose arguments keep their Numba types from call to call
-    (an RNN's per-step GEMM and cell launches: the same arrays, ``At`` offsets into them and
-    tuples of ints). The first call goes through ``launch`` and keeps the fast launcher;
-    later calls with the same kernel and stream object skip working out the argument types
-    (``_types``: ~10 us of host time per launch with these argument lists, on an H100's
-    host). Only for call sites whose argument types cannot change: the packing follows the
-    first call's types."""
+    """One launch site of a loop whose arguments keep their Numba types from call to call (an
+    RNN's per-step GEMM and cell launches). The first call goes through ``launch`` and keeps
+    the fast launcher; later calls with the same kernel and stream object skip typing the
+    arguments (``_types``: ~10 us a launch on an H100's host). The packing follows the first
+    call's types."""
     __slots__ = ("fast", "kernel", "stream", "sp")
 
     def __init__(self):
         self.fast = self.kernel = self.stream = None
 
     def __call__(self, kernel, grid, block, stream, args, shared=0):
-        if self.fast is not None and kernel is self.kernel and stream is self.stream:
+        if (self.fast is not None and kernel is self.kernel and stream is self.stream
+                and not through_numba and watch is None):
             self.fast(grid, block, self.sp, args, shared)
             return
         launch(kernel, grid, block, stream, args, shared)
-        if not simulator():
+        if not simulator() and not through_numba:
             self.fast = _fast.get((id(kernel), _types(args)))
             self.kernel, self.stream, self.sp = kernel, stream, stream_pointer(stream)
 
@@ -160,9 +147,16 @@ class Site:
 # ---------------------------------------------------------------- the fast path
 
 _fast = {}        # (id(kernel), argument type key) -> _Launcher
-# While a list (dnnkit.warmup sets it): each first launch appends (kernel, Numba argument types),
-# the signature Numba compiled or loaded for it (the warm-up's manifest).
+# While a list (dnnkit.warmup sets it): each launch Numba made appends (kernel, Numba argument
+# types), the signature Numba compiled or loaded for it (the warm-up's manifest).
 first_launches = None
+# While true (dnnkit.warmup's recordings): every launch goes through Numba's own launch, so that
+# a recorder sees each one, a signature this process launched before included. No learned
+# launcher (launch, Site) nor packed launch (Prepared) is used meanwhile.
+through_numba = False
+# While not None (dnnkit.replay's recording of an op call): told of every launch, and every
+# Site and Prepared launch goes through launch().
+watch = None
 _PLAIN = frozenset((int, float, bool))
 
 
@@ -205,12 +199,14 @@ def _learn(kernel, args):
     """After Numba launched ``kernel`` with ``args``: remember a fast launcher for their
     types, or nothing when a type is one the packer does not know."""
     key = (id(kernel), _types(args))
-    if key in _fast:
+    if key in _fast and first_launches is None:
         return
     try:
         argtypes = tuple(kernel.typeof_pyval(a) for a in args)
         if first_launches is not None:
             first_launches.append((kernel, argtypes))
+            if key in _fast:
+                return
         overload = kernel.overloads.get(argtypes)
         launcher = _Launcher(overload, argtypes) if overload is not None else None
     except (NotImplementedError, TypeError, ValueError, KeyError, AttributeError):
@@ -310,8 +306,7 @@ class _Launcher:
         return f
 
     def pack(self, args):
-        """Pack ``args`` into this thread's buffer; returns the address of the pointer array
-        (the kernelParams of cuLaunchKernel)."""
+        """Pack ``args`` into this thread's buffer; returns the address of kernelParams."""
         buf, _, params = self._buffer()
         self._pack(args, buf)
         return params
@@ -328,17 +323,15 @@ class _Launcher:
 
 
 class Prepared:
-    """One launch packed once, for a call site that repeats it with some arguments changing
-    (an optimizer's step: new gradient arrays). ``set(where, value)`` replaces argument
-    ``where`` (an index, or (index, member) of a tuple) and packs only its bytes;
-    ``set_flat`` likewise with a C-contiguous array of any rank read as flat (``At(array,
-    0)``); ``prepared(stream)`` launches. A value keeps the Numba type of the one it replaces.
-    The first call, and every call on the simulator, goes through ``launch``; later ones pack
-    only what was set (~0.3 us an argument, against ~1 us per array for a whole packing).
-    Arrays set, and those of ``transient`` places, are let go after each launch (a runner in
-    the memo would keep a step's activations alive): a caller gives them again before the next
-    call. The others are kept (constant tables: their memory must outlive the packed
-    address). One object per call site and thread."""
+    """One launch packed once, for a call site that repeats it with some arguments changing.
+    ``set(where, value)`` replaces argument ``where`` (an index, or (index, member) of a tuple)
+    and packs only its bytes; ``set_flat`` likewise with a C-contiguous array of any rank read
+    as flat; ``prepared(stream)`` launches. A value keeps the Numba type of the one it replaces.
+    The first call, and every call on the simulator, goes through ``launch``. Arrays set, and
+    those of ``transient`` places, are let go after each launch (a runner in the memo would
+    keep a step's activations alive): a caller gives them again before the next call. The
+    others are kept (constant tables: the packed address must stay theirs). One object per call
+    site and thread."""
     __slots__ = ("kernel", "grid", "block", "shared", "args", "launcher", "buf", "params",
                  "slots", "dims", "runs", "transient")
 
@@ -372,8 +365,7 @@ class Prepared:
                 self.transient.add(where)
         elif slot[1]:
             struct.pack_into(slot[2], self.buf, slot[0], *_arr(value))
-            # packed only: kept here, it would outlive its call (class docstring)
-            self._store(where, None if self.runs else value)
+            self._keep(where, value)
         else:
             struct.pack_into(slot[2], self.buf, slot[0], value)
             self._store(where, value)
@@ -385,7 +377,18 @@ class Prepared:
             return
         n, item = array.size, array.dtype.itemsize
         struct.pack_into(slot[2], self.buf, slot[0], 0, 0, n, item, _ptr(array), n, item)
-        self._store(where, None if self.runs else At(array, 0))
+        self._keep(where, At(array, 0))
+
+    def _keep(self, where, array):
+        # packed into its slot: not kept when every argument has one (class docstring), but
+        # while launches go through Numba (``through_numba``) the next call needs it
+        if not self.runs:
+            self._store(where, array)
+        elif through_numba:
+            self._store(where, array)
+            self.transient.add(where)
+        else:
+            self._store(where, None)
 
     def _prepare(self, args):
         """After the first launch: the fast launcher, an own packed buffer, the offsets."""
@@ -425,10 +428,10 @@ class Prepared:
             yield from ([(i, j) for j in range(len(a))] if type(a) is list else (i,))
 
     def __call__(self, stream):
-        if self.buf is None:
+        if self.buf is None or through_numba or watch is not None:
             args = self._current()
             launch(self.kernel, self.grid, self.block, stream, args, self.shared)
-            if not simulator():
+            if self.buf is None and not simulator() and not through_numba:
                 self._prepare(args)
             if self.buf is None or self.runs:   # the call's own arrays: let go (docstring)
                 for where in self.transient:
@@ -443,9 +446,7 @@ class Prepared:
 
 
 def _dim3(d):
-    if isinstance(d, int):
-        return d, 1, 1
-    return (tuple(d) + (1, 1))[:3]
+    return (d, 1, 1) if isinstance(d, int) else (tuple(d) + (1, 1))[:3]
 
 
 def _configure(kernel, grid, block, stream, shared):

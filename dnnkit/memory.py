@@ -16,11 +16,9 @@ repeated shapes hit the cache exactly. When cuMemAlloc fails the cache is emptie
 allocation retried once. ``dnn.allocator = caching | numba`` (default caching) chooses;
 ``empty_cache()`` releases every cached block; ``stats()`` reports hits, misses and bytes.
 
-Debugging: ``dnn.debug.fill_uninitialized = nan`` (default off) fills every new array (an
-op's outputs, its kernels' scratch arrays) with 0xFF bytes, a NaN in every float dtype, by a
-memset on the array's stream: an element no kernel wrote reads as NaN (PyTorch's
-``torch.utils.deterministic.fill_uninitialized_memory``). cuDNN workspaces (``scratch``),
-which only cuDNN reads after writing them, are not filled.
+Debugging: ``dnn.debug.fill_uninitialized = nan`` (default off) fills every new array with
+0xFF bytes (a NaN in every float dtype) by a memset on its stream: an element no kernel wrote
+reads as NaN (PyTorch's ``fill_uninitialized_memory``). cuDNN workspaces are not filled.
 """
 
 import contextlib
@@ -67,9 +65,8 @@ FILL_BYTE = 0xFF
 
 
 def _fill(a, stream):
-    """Set every byte of the new C-contiguous array ``a`` to FILL_BYTE, ordered on ``stream``
-    (a Numba stream or a raw cudaStream_t int) before any kernel the caller queues there: one
-    cuMemsetD8Async, no host synchronisation."""
+    """Every byte of the new C-contiguous array ``a`` set to FILL_BYTE: one cuMemsetD8Async
+    on ``stream`` (a Numba stream or raw handle), no host synchronisation."""
     nbytes = int(a.size) * a.dtype.itemsize
     if not nbytes:
         return a
@@ -106,17 +103,15 @@ class _Pool:
         # allocation there triggers the garbage collector
         self.lock = threading.RLock()
         self.free = {}            # (device, stream, size) -> heap of (address, id, block)
-        # block address -> block, while lent to an array. The pool, not the array, holds it:
-        # an array dying in a reference cycle would take its block into the garbage, where
-        # Numba's finalizer frees the memory before the pointer's __del__ gives the freed
-        # block back (the GPU fuzzer saw cuMemcpy reject the next array of that size).
+        # block address -> block, while lent to an array. The pool holds it: an array dying
+        # in a reference cycle would take its block into the garbage, where Numba frees the
+        # memory before __del__ gives it back (the GPU fuzzer saw cuMemcpy reject it).
         self.lent = {}
         self.hits = self.misses = self.cached_bytes = 0
 
-    # Free lists are heaps of (address, block): a request takes the lowest address of its
-    # size, so a step that allocates and frees in the same order every step gets the same
-    # addresses every step (a LIFO list's order drifts), and cuDNN's variant packs, kept by
-    # address (cudnn/graph.py), stay valid.
+    # Free lists are heaps of (address, block): a request takes the lowest address of its size,
+    # so a step allocating in the same order gets the same addresses every step (a LIFO list's
+    # drift) and cuDNN's variant packs, kept by address (cudnn/graph.py), stay valid.
 
     def take(self, key):
         with self.lock:
@@ -165,9 +160,10 @@ _private_users = [0]              # threads inside private_pool(); 0 keeps the h
 
 
 def new_pool():
-    """An empty pool for one CUDA graph (its owner keeps it as long as the graph)."""
+    """An empty pool for one CUDA graph (its owner keeps it as long as the graph); ``kept``:
+    the memory of Numba-allocated arrays made inside private_pool()."""
     pool = _Pool()
-    pool.kept = []          # the memory of Numba-allocated arrays made inside private_pool()
+    pool.kept = []
     return pool
 
 
@@ -209,8 +205,7 @@ _MemoryPointer = _DeviceNDArray = None    # Numba's classes, bound by the first 
 
 def _template(shape, dtype):
     """(nbytes, attribute dict) of a C-contiguous DeviceNDArray of ``shape`` and ``dtype``,
-    built once through Numba's constructor (which computes the layout in pure Python: ~5 us a
-    call). New arrays of that shape copy the dict and get their own memory and stream."""
+    built once through Numba's constructor (~5 us of Python); new arrays copy the dict."""
     global _MemoryPointer, _DeviceNDArray
     # imported here, as every numba import of dnnkit: `import dnnkit` does not load numba
     from numba.cuda.cudadrv import devicearray, driver
@@ -276,16 +271,22 @@ def _pooled(shape, dtype, stream):
 
 def _numba_array(shape, dtype, stream):
     pool = _private.__dict__.get("pool") if _private_users[0] else None
+    st = 0 if isinstance(stream, int) else stream
     if pool is None:
-        return numba_cuda().device_array(shape, dtype=dtype,
-                                         stream=0 if isinstance(stream, int) else stream)
-    # an array the pool does not serve (an empty one) inside a graph pool: Numba's cuMemAlloc
-    # with the capture mode relaxed, its memory kept as long as the pool (a graph holds it)
-    with capture_relaxed():
-        a = numba_cuda().device_array(shape, dtype=dtype,
-                                      stream=0 if isinstance(stream, int) else stream)
-    pool.kept.append(getattr(a, "gpu_data", a))
+        a = numba_cuda().device_array(shape, dtype=dtype, stream=st)
+    else:
+        # an array the pool does not serve (an empty one) inside a graph pool: Numba's
+        # cuMemAlloc with the capture mode relaxed, its memory kept as long as the pool
+        with capture_relaxed():
+            a = numba_cuda().device_array(shape, dtype=dtype, stream=st)
+        pool.kept.append(getattr(a, "gpu_data", a))
+    if watch is not None:
+        watch.alloc(a, stream)
     return a
+
+
+# While not None (dnnkit.replay's recording of an op call): told of every new array.
+watch = None
 
 
 # Per thread, per flags (merged dict, change_flags epoch): {(shape, dtype, stream, device):
@@ -356,6 +357,8 @@ def _new(key, attrs, stream):
     d.update(attrs)
     d["gpu_data"], d["stream"], d["_dnnkit_ptr"] = mem, stream, lend[1]
     d["_dnnkit_device"] = key[0]       # device.device_of: the memo's check on several GPUs
+    if watch is not None:
+        watch.alloc(arr, key[1] if isinstance(stream, int) else stream)
     return arr
 
 
@@ -401,9 +404,8 @@ def _lent_class():
 
 class scratch:
     """``with scratch(nbytes, stream_ptr) as ptr:`` a raw device pointer (int; None for 0
-    bytes) for work queued on that stream inside the block; the block goes back to the pool at
-    the end, to be reused by later work on the same stream (stream order keeps it safe). No
-    array object is built: a workspace only needs its address."""
+    bytes) for work queued on that stream inside the block, back to the pool at its end (for
+    later work on the same stream). No array object: a workspace only needs its address."""
     __slots__ = ("key", "raw", "pool")
 
     def __init__(self, nbytes, stream_ptr):
@@ -435,17 +437,15 @@ _on_empty = []     # functions called by empty_cache() (caches keyed by device a
 
 
 def on_empty_cache(fn):
-    """Call ``fn()`` whenever the cache is emptied (e.g. conv_graph drops the variant packs
-    it keeps by device address: those addresses are no longer handed out)."""
+    """Call ``fn()`` whenever the cache is emptied (e.g. conv_graph drops its variant packs,
+    kept by device address)."""
     _on_empty.append(fn)
 
 
 def empty_cache():
-    """Give every cached block back to the device now (arrays in use are unaffected).
-    Numba's device pointers sit in reference cycles and Numba defers their cuMemFree: a
-    dropped block would otherwise stay allocated until the next garbage collection and the
-    next flush of Numba's pending frees (measured on an H100: a 652 MiB workspace still held
-    after the cache was emptied), so both are forced here."""
+    """Give every cached block back to the device now (arrays in use are unaffected). Numba's
+    pointers sit in reference cycles and Numba defers their cuMemFree (an H100 still held a
+    652 MiB workspace after the cache was emptied): a collection and the flush are forced."""
     if _pool.clear() and not simulator():
         gc.collect()
         _context().deallocations.clear()

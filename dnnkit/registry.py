@@ -8,7 +8,7 @@ the family's argument checks in ``PREPARE``.
 
 import dataclasses
 
-from . import fastpath
+from . import fastpath, replay
 
 BACKENDS = ("cudnn", "numba")
 DEFAULT_TOLERANCE = {"float16": (1e-2, 1e-2), "float32": (1e-5, 1e-5), "float64": (1e-12, 1e-12)}
@@ -88,7 +88,12 @@ def binder(op, backend):
     return deco
 
 
-def bound(op, backend, args, kw):
-    """The implementation's runner for these arguments (bound once where it can be)."""
+def bound(op, backend, args, kw, keep=False):
+    """The implementation's runner for these arguments (bound once where it can be).
+    ``keep``: the memo will keep it for repeated calls, so a Numba implementation without a
+    runner of its own for these arguments is recorded for replays (dnnkit/replay.py)."""
     impl = REGISTRY[op][backend]
-    return (impl.bind(*args, **kw) if impl.bind is not None else None) or impl.fn
+    run = impl.bind(*args, **kw) if impl.bind is not None else None
+    if run is None and keep and backend == "numba" and not kw:
+        run = replay.bind(impl.fn, tuple(args))
+    return run or impl.fn

@@ -9,7 +9,9 @@ docs/performance.md (cold start) gives the design and what numba-cuda's cache re
    False)`` replaces Numba's launch by a recorder: nothing compiles or runs, the host code
    (allocations, launch shapes, kernel choice) runs as usual; exact because no forward,
    backward or optimizer step reads device data on the host. ``recording(launch=True)``: a
-   real step; dnnkit.launch lists each first launch (``first_launches``).
+   real step; dnnkit.launch lists each launch (``first_launches``). Either way every launch
+   goes through Numba's while it lasts (``launch.through_numba``): a signature the process
+   launched before is recorded too.
 2. A manifest: ``Entry(module, name, argtypes, make)``: the kernel by its name in
    ``dnnkit.kernels.all_kernels()``, or by the memoised factory call that built it on demand
    (``make``; e.g. ResNet's global pooling window), which the recording notes by wrapping the
@@ -130,21 +132,24 @@ def entries_of(launches):
 @contextlib.contextmanager
 def recording(launch=True):
     """Collect (kernel, Numba argument types) of the launches inside the block into the list it
-    yields. ``launch=True``: the kernels run; each first launch is recorded by dnnkit.launch
-    (on a GPU; the simulator launches without typing). ``launch=False``: Numba's launch is
-    replaced by a recorder (GPU and simulator): no kernel is compiled or run, outputs keep
-    whatever the allocator gave them. Use it in a process that has launched nothing yet: a
-    signature launched before the block takes the fast path and is not seen again."""
+    yields. ``launch=True``: the kernels run; each launch is recorded by dnnkit.launch (on a
+    GPU; the simulator launches without typing). ``launch=False``: Numba's launch is replaced
+    by a recorder (GPU and simulator): no kernel is compiled or run, outputs keep whatever the
+    allocator gave them. Every launch goes through Numba's own while it lasts (no fast or
+    packed launch of dnnkit.launch is taken), so launches of signatures the process made
+    before are seen as well."""
     seen = []
     if launch:
         if launch_mod.first_launches is not None:
             raise RuntimeError("warmup.recording: already recording")
         launch_mod.first_launches = seen
+        launch_mod.through_numba = True
         try:
             with _factories():
                 yield seen
         finally:
             launch_mod.first_launches = None
+            launch_mod.through_numba = False
         return
     from numba.core.typing.typeof import Purpose, typeof
     if simulator():
@@ -164,11 +169,13 @@ def recording(launch=True):
         raise RuntimeError(f"warmup.recording: {cls.__name__}.{name} not found; this numba-cuda "
                            "launches differently (written for 0.30)")
     setattr(cls, name, stand_in)
+    before, launch_mod.through_numba = launch_mod.through_numba, True
     try:
         with _factories():
             yield seen
     finally:
         setattr(cls, name, original)
+        launch_mod.through_numba = before
 
 
 def _check(what, value, allowed):

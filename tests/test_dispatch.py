@@ -319,7 +319,8 @@ def test_a_call_on_another_device_runs_inside_that_device(monkeypatch, two_devic
         yield
         seen.append(("exit", dev))
     monkeypatch.setattr(placement, "on_device", on_device)
-    monkeypatch.setattr(dispatch, "_run_here", lambda op, args, b, kw: (seen.append(op) or 7, None))
+    monkeypatch.setattr(dispatch, "_run_here",
+                        lambda op, args, b, kw, keep: (seen.append(op) or 7, None))
     monkeypatch.setattr(dispatch, "device_id", lambda: 0)
     assert dispatch.dispatch("relu", FakeDeviceArray(1)) == 7
     assert seen == [("enter", 1), "relu", ("exit", 1)]

@@ -253,3 +253,52 @@ def test_a_prepared_launch_lets_go_of_the_first_calls_own_arrays(monkeypatch):
     p.set_flat(1, c)
     p("stream")
     assert p.args == [[table, None], None, 5]
+
+
+def test_through_numba_bypasses_every_fast_and_packed_launch(monkeypatch):
+    """While ``through_numba`` (dnnkit.warmup's recordings) a prepared launch, a Site and
+    launch() itself go through Numba's launch with the call's own arguments, so a recorder
+    replacing Numba's launch sees each one; an array set meanwhile is let go after its launch;
+    afterwards the packed launch carries on with what was set."""
+    t = _types()
+    f1 = t.Array(t.float32, 1, "C")
+    fast, slow = [], []
+    kernel, _ = _learned(monkeypatch, (f1, f1, t.int64), lambda *a: (fast.append(a), (0,))[1],
+                         slow)
+    a, b, c, d = (Device((8,), "float32", 0x1000 * k) for k in (1, 2, 3, 4))
+    p = L.Prepared(kernel, 1, 32, (a, b, 5))
+    p("stream")                                  # packs; a and b are the call's to keep
+    p.set_flat(1, c)
+    p("stream")
+    assert len(slow) == 1 and len(fast) == 1
+    site = L.Site()
+    site(kernel, 1, 32, "stream", (a, b, 5))     # through launch(), then learns
+    monkeypatch.setattr(L, "through_numba", True)
+    p.set_flat(1, d)
+    p("stream")
+    site(kernel, 1, 32, "stream", (a, c, 6))
+    assert slow[1:] == [(a, b, 5), (a, d, 5), (a, c, 6)] and len(fast) == 1
+    assert p.args[1] is None                     # d let go after its launch
+    monkeypatch.setattr(L, "through_numba", False)
+    p.set_flat(1, c)
+    p("stream")
+    assert len(slow) == 4 and len(fast) == 2
+    # launch() itself: a learned launcher is bypassed too
+    monkeypatch.undo()
+    calls = []
+
+    class Configured:
+        def __call__(self, *args):
+            calls.append(args)
+    monkeypatch.setattr(L, "simulator", lambda: False)
+    monkeypatch.setattr(L, "stream_pointer", lambda s: 0)
+    monkeypatch.setattr(L, "_types", lambda args: ("key",))
+    monkeypatch.setattr(L, "_configure", lambda *a: Configured())
+    monkeypatch.setattr(L, "_learn", lambda k, a: None)
+    k2 = object()
+    monkeypatch.setattr(L, "_fast", {(id(k2), ("key",)): lambda *a: calls.append("fast")})
+    monkeypatch.setattr(L, "_cache", {})
+    L.launch(k2, 1, 32, None, (1,))
+    monkeypatch.setattr(L, "through_numba", True)
+    L.launch(k2, 1, 32, None, (2,))
+    assert calls == ["fast", (2,)]

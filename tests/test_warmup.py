@@ -101,7 +101,17 @@ def test_learn_records_the_launch_types_while_recording():
     assert [str(t) for t in seen[0][1]] == ["array(float32, 1d, C)", "int64",
                                             "UniTuple(int64 x 2)"]
     launch._learn(_StubKernel, args)              # not recording: nothing kept anywhere
-    assert launch.first_launches is None
+    assert launch.first_launches is None and launch.through_numba is False
+
+
+def test_a_signature_launched_before_recording_is_recorded_again(monkeypatch):
+    # a process that trained before records its step: the launch it learned is seen anyway
+    args = (np.zeros(3, np.float32), 5)
+    monkeypatch.setattr(launch, "_fast", {(id(_StubKernel), launch._types(args)): "learned"})
+    with warmup.recording(launch=True) as seen:
+        assert launch.through_numba is True
+        launch._learn(_StubKernel, args)
+    assert len(seen) == 1 and launch._fast[(id(_StubKernel), launch._types(args))] == "learned"
 
 
 @pytest.mark.skipif(not SIMULATOR, reason="the simulator's launch path")

@@ -16,8 +16,11 @@ are host scalars, double for double data and float otherwise. exponentialAverage
 epsilon are always double. Running statistics are updated by cuDNN in place as
     running = (1 - factor) * running + factor * batch value
 with the unbiased variance for the running variance; dnnkit's momentum is this factor (the
-same convention as PyTorch's momentum). The arrays handed to cuDNN here are fresh copies made by
-the op (ops/batchnorm.py), which writes them back to the user's arrays.
+same convention as PyTorch's momentum): the caller's running arrays are updated in place.
+
+``bind_training`` and ``bind_backward`` give a runner for repeated calls of one shape (dispatch's
+memo): descriptors, scalars, handle and function looked up once; a call reads its arrays'
+addresses and makes the one cuDNN call.
 """
 
 from ctypes import c_double, c_int, c_void_p
@@ -87,11 +90,6 @@ class BNParamDescriptor(Descriptor):
             raise
 
 
-def _dims(x):
-    """x's dims for cuDNN: at least 4 (NCHW), trailing 1s added."""
-    return tuple(x.shape) + (1,) * (4 - x.ndim)
-
-
 def _ctx(op, x, mode, eps, more=""):
     return lambda: f"{op}: x {tuple(x.shape)} {x.dtype}, mode {mode}, epsilon {eps}{more}"
 
@@ -105,21 +103,44 @@ _params = DescriptorCache(lambda dims, dtype, mode: BNParamDescriptor(tensor(dim
 
 def _descs(x, mode):
     """(x's descriptor, the derived parameter descriptor), both shared from the caches."""
-    dims = _dims(x)
-    return tensor(dims, x.dtype), _params.get(dims, x.dtype, mode)
+    return _descs_of(tuple(x.shape), x.dtype, mode)
+
+
+def _descs_of(shape, dtype, mode):
+    dims = tuple(shape) + (1,) * (4 - len(shape))
+    return tensor(dims, dtype), _params.get(dims, dtype, mode)
+
+
+def bind_training(shape, dtype, mode, eps, momentum, stream):
+    """``run(x, y, gamma, beta, mean, invstd, run_mean, run_var)`` for x of ``shape`` and
+    ``dtype``: y, the saved mean and 1/sqrt(var + eps); run_mean/run_var (both or neither: None)
+    updated in place."""
+    name = "cudnnBatchNormalizationForwardTraining"
+    alpha, beta_ = scalar_refs(dtype)
+    xdesc, pdesc = _descs_of(shape, dtype, mode)
+    xd, pd, md = xdesc.ptr.value, pdesc.ptr.value, BN_MODE[mode]
+    mom, e = c_double(momentum), c_double(eps)
+    fn, check, get = api.function(name), api.check, handle.getter(stream)
+
+    def context():
+        return (f"batch_norm_train: x {tuple(shape)} {dtype}, mode {mode}, epsilon {eps}, "
+                f"momentum {momentum}")
+
+    def run(x, y, gamma, beta, mean, invstd, run_mean, run_var):
+        st = fn(get(), md, alpha, beta_, xd, ptr(x), xd, ptr(y), pd, ptr(gamma), ptr(beta), mom,
+                _null(run_mean), _null(run_var), e, ptr(mean), ptr(invstd))
+        if st:
+            check(name, st, context)
+    run.keep = (xdesc, pdesc)        # the descriptors live as long as the runner
+    return run
 
 
 def forward_training(x, y, gamma, beta, mean, invstd, run_mean, run_var, mode, eps, momentum,
                      stream):
     """y, saved mean and saved 1/sqrt(var + eps); run_mean/run_var (both or neither) updated in
     place."""
-    alpha, beta_ = scalar_refs(x.dtype)
-    xd, pd = _descs(x, mode)
-    api.call("cudnnBatchNormalizationForwardTraining", handle.get(stream), BN_MODE[mode],
-             alpha, beta_, xd, ptr(x), xd, ptr(y), pd,
-             ptr(gamma), ptr(beta), c_double(momentum), _null(run_mean), _null(run_var),
-             c_double(eps), ptr(mean), ptr(invstd),
-             context=_ctx("batch_norm_train", x, mode, eps, f", momentum {momentum}"))
+    bind_training(x.shape, x.dtype, mode, eps, momentum, stream)(
+        x, y, gamma, beta, mean, invstd, run_mean, run_var)
 
 
 def forward_inference(x, y, gamma, beta, mean, var, mode, eps, stream):
@@ -131,11 +152,28 @@ def forward_inference(x, y, gamma, beta, mean, var, mode, eps, stream):
              context=_ctx("batch_norm_inference", x, mode, eps))
 
 
+def bind_backward(shape, dtype, mode, eps, stream):
+    """``run(x, dy, dx, gamma, dgamma, dbeta, mean, invstd)`` for x of ``shape`` and ``dtype``:
+    dx, dgamma, dbeta (all overwritten: beta factors 0) from the saved statistics."""
+    name = "cudnnBatchNormalizationBackward"
+    alpha, beta_ = scalar_refs(dtype)
+    xdesc, pdesc = _descs_of(shape, dtype, mode)
+    xd, pd, md, e = xdesc.ptr.value, pdesc.ptr.value, BN_MODE[mode], c_double(eps)
+    fn, check, get = api.function(name), api.check, handle.getter(stream)
+
+    def context():
+        return f"batch_norm_backward: x {tuple(shape)} {dtype}, mode {mode}, epsilon {eps}"
+
+    def run(x, dy, dx, gamma, dgamma, dbeta, mean, invstd):
+        st = fn(get(), md, alpha, beta_, alpha, beta_, xd, ptr(x), xd, ptr(dy), xd, ptr(dx), pd,
+                ptr(gamma), ptr(dgamma), ptr(dbeta), e, ptr(mean), ptr(invstd))
+        if st:
+            check(name, st, context)
+    run.keep = (xdesc, pdesc)
+    return run
+
+
 def backward(x, dy, dx, gamma, dgamma, dbeta, mean, invstd, mode, eps, stream):
     """dx, dgamma, dbeta (all overwritten: beta factors 0) from the saved statistics."""
-    alpha, beta_ = scalar_refs(x.dtype)
-    xd, pd = _descs(x, mode)
-    api.call("cudnnBatchNormalizationBackward", handle.get(stream), BN_MODE[mode],
-             alpha, beta_, alpha, beta_, xd, ptr(x), xd, ptr(dy), xd, ptr(dx), pd,
-             ptr(gamma), ptr(dgamma), ptr(dbeta), c_double(eps), ptr(mean), ptr(invstd),
-             context=_ctx("batch_norm_backward", x, mode, eps))
+    bind_backward(x.shape, x.dtype, mode, eps, stream)(
+        x, dy, dx, gamma, dgamma, dbeta, mean, invstd)

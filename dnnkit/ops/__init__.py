@@ -11,6 +11,7 @@ from . import (activation as _activation, batchnorm as _batchnorm, conv as _conv
                dropout as _dropout, pool as _pool, rnn as _rnn, softmax as _softmax,
                spatial as _spatial)
 from . import rnn_cudnn as _rnn_cudnn  # noqa: F401  (registers the cuDNN RNN)
+from . import batchnorm_runners as _batchnorm_runners  # noqa: F401  (the memo's runners)
 from . import embedding as _embedding, global_pool as _global_pool, loss as _loss
 from . import matmul as _matmul
 from . import lrn as _lrn

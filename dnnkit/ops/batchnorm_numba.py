@@ -66,7 +66,7 @@ def plan(n, c, s):
     return Plan(threads, sw, cw, si, (so * si, min(cgroups, MAX_GRID_Y)))
 
 
-def _geo(n, c, s, p):
+def geo(n, c, s, p):
     return (n, c, s, p.sw, p.cw, p.splits_i)
 
 
@@ -83,25 +83,27 @@ def _train_numba(x, gamma, beta, mode, epsilon, momentum, running_mean, running_
     acc = arrays.acc_array(x.dtype)
     t = acc.dtype.type
     y = arrays.empty_like(x, stream)
-    mean, invstd = (arrays.cuda_empty((c,), acc.dtype, stream) for _ in range(2))
+    # shaped as gamma (c values, read flat by the kernels): no view per call
+    mean, invstd = (arrays.cuda_empty(gamma.shape, acc.dtype, stream) for _ in range(2))
     rm, rv = running_mean, running_var        # updated in place (registered as updates)
     if x.size:
         p = plan(n, c, s)
         splits = p.grid[0]
         part = arrays.cuda_empty((3 * splits * c,), acc.dtype, stream)
         launch(batch_norm_stats_fwd_kernel, p.grid, p.threads, stream,
-               (flat_arg(x), part, *_geo(n, c, s, p), acc),
+               (flat_arg(x), part, *geo(n, c, s, p), acc),
                3 * p.threads * acc.dtype.itemsize)
         m = n * s
         has = rm is not None
+        fm, fi = flat_arg(mean), flat_arg(invstd)
         _launch_1d(batch_norm_finalize_fwd_kernel, c, stream,
-                   (flat_arg(x), part, splits, c, s, mean, invstd,
-                    flat_arg(rm) if has else mean, flat_arg(rv) if has else invstd,
+                   (flat_arg(x), part, splits, c, s, fm, fi,
+                    flat_arg(rm) if has else fm, flat_arg(rv) if has else fi,
                     int(has), t(momentum), t(m / (m - 1)), t(epsilon), acc))
         launch(batch_norm_apply_fwd_kernel, p.grid, p.threads, stream,
-               (flat_arg(x), flat_arg(y), mean, invstd, flat_arg(gamma),
-                flat_arg(beta), *_geo(n, c, s, p), 0, t(epsilon), acc))
-    return y, mean.reshape(*gamma.shape), invstd.reshape(*gamma.shape), rm, rv
+               (flat_arg(x), flat_arg(y), fm, fi, flat_arg(gamma),
+                flat_arg(beta), *geo(n, c, s, p), 0, t(epsilon), acc))
+    return y, mean, invstd, rm, rv
 
 
 @register("batch_norm_inference", "numba", tolerance=TOL)
@@ -114,7 +116,7 @@ def _inference_numba(x, gamma, beta, mean, var, mode, epsilon, stream, out=None)
         p = plan(n, c, s)
         launch(batch_norm_apply_fwd_kernel, p.grid, p.threads, stream,
                (flat_arg(x), flat_arg(y), flat_arg(mean), flat_arg(var),
-                flat_arg(gamma), flat_arg(beta), *_geo(n, c, s, p), 1,
+                flat_arg(gamma), flat_arg(beta), *geo(n, c, s, p), 1,
                 acc.dtype.type(epsilon), acc))
     return y
 
@@ -126,21 +128,21 @@ def _backward_numba(x, dy, gamma, saved_mean, saved_invstd, mode, epsilon, strea
     n, c, s = ncs(x.shape, mode)
     acc = arrays.acc_array(x.dtype)
     dx = arrays.empty_like(x, stream)
-    dgamma, dbeta = (arrays.cuda_empty((c,), acc.dtype, stream) for _ in range(2))
+    dgamma, dbeta = (arrays.cuda_empty(gamma.shape, acc.dtype, stream) for _ in range(2))
     if x.size:
         p = plan(n, c, s)
         splits = p.grid[0]
         part = arrays.cuda_empty((2 * splits * c,), acc.dtype, stream)
         f = flat_arg
         launch(batch_norm_reduce_bwd_kernel, p.grid, p.threads, stream,
-               (f(x), f(dy), f(saved_mean), part, *_geo(n, c, s, p), acc),
+               (f(x), f(dy), f(saved_mean), part, *geo(n, c, s, p), acc),
                2 * p.threads * acc.dtype.itemsize)
         _launch_1d(batch_norm_finalize_bwd_kernel, c, stream,
-                   (part, splits, c, f(saved_invstd), dgamma, dbeta, acc))
+                   (part, splits, c, f(saved_invstd), f(dgamma), f(dbeta), acc))
         launch(batch_norm_apply_bwd_kernel, p.grid, p.threads, stream,
-               (f(x), f(dy), f(dx), f(saved_mean), f(saved_invstd), f(gamma), dgamma, dbeta,
-                acc.dtype.type(1.0 / (n * s)), *_geo(n, c, s, p), acc))
+               (f(x), f(dy), f(dx), f(saved_mean), f(saved_invstd), f(gamma), f(dgamma),
+                f(dbeta), acc.dtype.type(1.0 / (n * s)), *geo(n, c, s, p), acc))
     else:        # (C = 0 or an empty image) the parameter gradients sum nothing
         arrays.zero_fill(dgamma, stream)
         arrays.zero_fill(dbeta, stream)
-    return dx, dgamma.reshape(*gamma.shape), dbeta.reshape(*gamma.shape)
+    return dx, dgamma, dbeta

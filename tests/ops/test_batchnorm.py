@@ -82,6 +82,51 @@ def test_train_backward_inference_match_float64(rng, shape, form, mode, dtype, b
     assert _err(yi.copy_to_host(), ryi) <= 2 * tol
 
 
+@pytest.mark.parametrize("backend", backend_params())
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+@pytest.mark.parametrize("running", [True, False])
+@pytest.mark.parametrize("shape,form,mode", [((3, 2, 3, 4), "flat", "spatial"),
+                                             ((3, 2, 7), "broadcast", "spatial"),
+                                             ((4, 2, 3), "flat", "per-activation")])
+def test_repeated_device_calls_run_their_runner_on_each_calls_arrays(rng, shape, form, mode,
+                                                                      dtype, running, backend):
+    """Device arrays: the second and third calls of one signature are memo hits and run the
+    op's runner (ops/batchnorm_runners.py: Numba launches packed once, or the bound cuDNN
+    call) on their own arrays; each call's outputs, running statistics (updated in place, in
+    the caller's array) and gradients match the float64 reference."""
+    from numba import cuda
+    from dnnkit import fastpath
+    hits = fastpath.stats["hits"]
+    for k in range(3):
+        x = (rng.standard_normal(shape) * 2 + 0.5).astype(dtype)
+        dy = rng.standard_normal(shape).astype(dtype)
+        gamma, beta, rm, rv = _params(rng, shape, mode, dtype, form)
+        kw = {}
+        if running:
+            kw = dict(running_mean=cuda.to_device(rm), running_var=cuda.to_device(rv))
+        d = [cuda.to_device(a) for a in (x, gamma, beta, dy)]
+        y, mean, invstd = dnnkit.batch_norm_train(d[0], d[1], d[2], mode=mode, momentum=0.3,
+                                                  backend=backend, **kw)
+        ry, rmean, rinv, rrm, rrv = reference.batch_norm_train(x, gamma, beta, mode, 1e-5, 0.3,
+                                                               rm, rv)
+        stat_tol = 2 * REL_TOL["float32"]
+        assert mean.shape == invstd.shape == gamma.shape
+        assert _err(y.copy_to_host(), ry) <= 2 * REL_TOL[dtype]
+        assert _err(mean.copy_to_host(), rmean) <= stat_tol
+        assert _err(invstd.copy_to_host(), rinv) <= stat_tol
+        if running:
+            assert _err(kw["running_mean"].copy_to_host(), rrm) <= stat_tol
+            assert _err(kw["running_var"].copy_to_host(), rrv) <= stat_tol
+        dx, dgamma, dbeta = dnnkit.batch_norm_backward(d[0], d[3], d[1], mean, invstd, mode=mode,
+                                                       backend=backend)
+        rdx, rdg, rdb = reference.batch_norm_backward(x, dy, gamma, mean.copy_to_host(),
+                                                      invstd.copy_to_host(), mode)
+        assert dgamma.shape == dbeta.shape == gamma.shape
+        for got, ref in ((dx, rdx), (dgamma, rdg), (dbeta, rdb)):
+            assert _err(got.copy_to_host(), ref, np.abs(dy).max()) <= 4 * REL_TOL[dtype]
+    assert fastpath.stats["hits"] - hits == 4      # calls 2 and 3, forward and backward
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_reference_gradient_is_the_jacobian(rng, mode):
     """The float64 backward reference against central differences of the training forward
