@@ -150,11 +150,12 @@ def signature(op, args, backend, kw, dev=None):
     several (None on one GPU)."""
     arrays = _arrays or _array_types()
     k = [op, backend, stream_state.__dict__.get("key"), dev]
+    plain = _PLAIN.issuperset
     for a in args:
         t = type(a)
         if t in arrays:
             k += (a.shape, a.strides, a.dtype)
-        elif t in _PLAIN or (t is tuple and all(type(v) in _PLAIN for v in a)):
+        elif t in _PLAIN or (t is tuple and plain(map(type, a))):
             k += (t, a)
         elif t in _VALUES:
             k += (t, a)
@@ -169,7 +170,7 @@ def signature(op, args, backend, kw, dev=None):
         t = type(a)
         if t in arrays:
             k += (name, a.shape, a.strides, a.dtype)
-        elif t in _PLAIN or (t is tuple and all(type(v) in _PLAIN for v in a)):
+        elif t in _PLAIN or (t is tuple and plain(map(type, a))):
             k += (name, t, a)
         elif t in _VALUES:
             k += (name, t, a)

@@ -371,13 +371,13 @@ class Prepared:
             self._store(where, value)
 
     def set_flat(self, where, array):
-        slot = None if self.buf is None or array.ndim == 1 else self.slots.get(where)
-        if slot is None:
+        slot = None if self.buf is None else self.slots.get(where)
+        if slot is None or not slot[1]:
             self.set(where, array if array.ndim == 1 else At(array, 0))
             return
-        n, item = array.size, array.dtype.itemsize
+        n, item = array.size, array.dtype.itemsize     # a 1-D C array's parameters
         struct.pack_into(slot[2], self.buf, slot[0], 0, 0, n, item, _ptr(array), n, item)
-        self._keep(where, At(array, 0))
+        self._keep(where, array if array.ndim == 1 else At(array, 0))
 
     def _keep(self, where, array):
         # packed into its slot: not kept when every argument has one (class docstring), but
