@@ -7,9 +7,11 @@ process, interleaved (the lent machines' host speed moves between processes and 
 Variants: ``off`` (no replay: each repeated Numba call without a runner of its own runs its
 implementation), ``on`` (the default), ``only`` (replays, and the hand-written Numba runners of
 the activations, batch normalization and the implicit-GEMM convolution switched off too).
-Each round runs every variant: 3 warm-up steps after the memo is cleared, then ``steps`` steps
-timed without waiting on the GPU inside them. Prints the median ms per step and the median of
-the per-round ratios to ``off``. Needs a GPU."""
+Each round runs every variant, in an order rotated from round to round: 3 warm-up steps after
+the memo is cleared, then ``steps`` steps timed without waiting on the GPU inside them (host
+ms: the time to queue them) and with a synchronisation after the last (GPU ms: when the GPU
+is the slower, host time cannot show a gain). Prints the medians per step and the median of
+the per-round ratios of host ms to ``off``. Needs a GPU."""
 
 import argparse
 import statistics
@@ -40,15 +42,17 @@ def main(argv=None):
             registry.REGISTRY[op]["numba"].bind = None if v == "only" else bind
         fastpath.invalidate()
 
-    print(f"{device.properties().name}; batch {a.batch}, {a.dtype}, Numba path; host ms per step")
-    print("| model | off | on | only | on/off | only/off |")
+    print(f"{device.properties().name}; batch {a.batch}, {a.dtype}, Numba path; ms per step, "
+          f"host (GPU)")
+    print("| model | off | on | only | on/off (host) | only/off (host) |")
     print("|---|---|---|---|---|---|")
     try:
         for model in a.models:
             step = build(model, "numba", a.batch, np.random.default_rng(0), a.dtype)
-            got = {v: [] for v in ("off", "on", "only")}
-            for _ in range(a.rounds):
-                for v in got:
+            names = ["off", "on", "only"]
+            got, gpu = {v: [] for v in names}, {v: [] for v in names}
+            for r in range(a.rounds):
+                for v in names[r % 3:] + names[:r % 3]:
                     variant(v)
                     for _ in range(3):
                         step()
@@ -56,12 +60,15 @@ def main(argv=None):
                     t0 = time.perf_counter()
                     for _ in range(a.steps):
                         step()
-                    got[v].append((time.perf_counter() - t0) / a.steps * 1e3)
+                    t1 = time.perf_counter()
                     cuda.synchronize()
-            med = {v: statistics.median(t) for v, t in got.items()}
+                    got[v].append((t1 - t0) / a.steps * 1e3)
+                    gpu[v].append((time.perf_counter() - t0) / a.steps * 1e3)
+            med = {v: f"{statistics.median(got[v]):.2f} ({statistics.median(gpu[v]):.2f})"
+                   for v in names}
             ratio = {v: statistics.median(x / y for x, y in zip(got[v], got["off"]))
                      for v in ("on", "only")}
-            print(f"| {model} | {med['off']:.2f} | {med['on']:.2f} | {med['only']:.2f} | "
+            print(f"| {model} | {med['off']} | {med['on']} | {med['only']} | "
                   f"{ratio['on']:.2f} | {ratio['only']:.2f} |")
     finally:
         variant("on")
