@@ -95,5 +95,5 @@ def bound(op, backend, args, kw, keep=False):
     impl = REGISTRY[op][backend]
     run = impl.bind(*args, **kw) if impl.bind is not None else None
     if run is None and keep and backend == "numba" and not kw:
-        run = replay.bind(impl.fn, tuple(args))
+        run = replay.bind(impl.fn, args)
     return run or impl.fn

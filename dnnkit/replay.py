@@ -20,8 +20,9 @@ An array no source holds was made before the call (a constant table, the accumul
 template): it is kept as it is. A call is not replayed (its runner is the implementation
 itself) when an array cannot be resolved to one source alone (inputs that overlap, empty or
 non-contiguous arrays, an offset not a whole element), when an output is neither a source nor
-a whole view of one, when it returns anything but arrays and immutable values, or while
-another recording is under way (a nested op call is recorded as part of its caller).
+a whole view of one, when it returns anything but arrays and immutable values, when it made
+a cuDNN call (a nested op on cuDNN: the handle reports it), or while another recording is under
+way (a nested op call is recorded as part of its caller).
 """
 
 import threading
@@ -45,6 +46,12 @@ class _Recorder:
     def __init__(self):
         self.tid = threading.get_ident()
         self.allocs, self.events = [], []
+        self.untracked_work = None
+
+    def untracked(self, what):
+        """Work the replay could not repeat was done (a cuDNN call of a nested op)."""
+        if threading.get_ident() == self.tid:
+            self.untracked_work = what
 
     def alloc(self, a, stream):
         if threading.get_ident() == self.tid:
@@ -66,11 +73,14 @@ class _Recorder:
 def bind(fn, args):
     """A runner doing ``fn(*args)``'s work for later calls of this signature: it runs ``fn``
     now, recorded, and its first call with these same argument objects returns that result.
-    None when another recording is under way or an argument is a per-call object
-    (``fastpath.carried_type``: what it holds beyond its memo key may reach the kernels); the
-    runner calls ``fn`` itself when the call cannot be replayed."""
-    if any(fastpath.carried(a) for a in args):
-        return None           # a forward's state (a dropout seed): not part of the signature
+    ``args``: the implementation's arguments (its NamedTuple). None when another recording is
+    under way, an argument is a per-call object (``fastpath.carried_type``: what it holds
+    beyond its memo key may reach the kernels) or the call writes into a caller's array
+    (``out``: whether it overlaps an input, which decides the implementation's way, is not in
+    the signature); the runner calls ``fn`` itself when the call cannot be replayed."""
+    if any(fastpath.carried(a) for a in args) or getattr(args, "out", None) is not None:
+        return None           # a forward's state (a dropout seed), or an in-place write
+    args = tuple(args)
     rec = _Recorder()
     with _lock:
         if memory.watch is not None or launch.watch is not None:
@@ -136,6 +146,8 @@ class Replay:
     __slots__ = ("inputs", "allocators", "steps", "out", "first")
 
     def __init__(self, rec, args, out):
+        if rec.untracked_work is not None:
+            raise Unreplayable(rec.untracked_work)
         self.inputs = [i for i, a in enumerate(args) if _is_array(a)]
         srcs = [args[i] for i in self.inputs] + [a for a, _ in rec.allocs]
         spans = []

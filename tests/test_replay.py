@@ -184,3 +184,26 @@ def test_a_replay_writes_addresses_into_packed_launches_on_a_gpu(rng, replays):
                                                                backend="numba"),
                                              w.shape, stride=2, backend="numba")
     assert np.array_equal(got.copy_to_host(), want.copy_to_host())
+
+
+def test_cuDNN_work_or_an_in_place_write_is_never_replayed(monkeypatch):
+    """A nested op that ran on cuDNN while a call was recorded (the handle reports it: a
+    replay would leave the cuDNN call out), and a call writing into a caller's array (``out``:
+    whether it overlaps an input decides the implementation's way, and is not in the
+    signature), run their implementation on every call."""
+    import collections
+    from dnnkit.cudnn import api, handle
+    calls = []
+
+    def nested(a, *rest):
+        calls.append(a)
+        handle.get(0)                  # what every cuDNN call does first
+        return 5
+    monkeypatch.setattr(api, "call", lambda *a, **k: None)    # no cuDNN on the CI machine
+    run = replay.bind(nested, (1,))
+    assert isinstance(run, replay._Plain) and run(1) == 5 and calls == [1]
+    run(1)
+    assert calls == [1, 1]
+    Args = collections.namedtuple("Args", "x out stream")
+    assert replay.bind(nested, Args(1, np.zeros(2), 0)) is None and calls == [1, 1]
+    assert isinstance(replay.bind(nested, Args(1, None, 0)), replay._Plain)

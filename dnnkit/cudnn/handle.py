@@ -9,6 +9,7 @@ import ctypes
 import threading
 import weakref
 
+from .. import memory
 from ..device import device_id
 from . import api
 from .descriptors import count
@@ -37,6 +38,8 @@ class _PerThread:
 def get(stream_ptr=0):
     """The calling thread's handle for the current device, bound to ``stream_ptr``
     (cudnnSetStream only when the stream changes)."""
+    if memory.watch is not None:     # a Numba call being recorded for replays does cuDNN work
+        memory.watch.untracked("a cuDNN call")
     holder = getattr(_local, "holder", None)
     if holder is None:
         holder = _local.holder = _PerThread()
@@ -62,5 +65,7 @@ def getter(stream_ptr=0):
     streams, dev = _local.holder.streams, device_id()
 
     def fast():
-        return h if streams.get(dev) == stream_ptr else get(stream_ptr)
+        if streams.get(dev) != stream_ptr or memory.watch is not None:
+            return get(stream_ptr)
+        return h
     return fast
