@@ -67,7 +67,8 @@ def public_op(name: str, memo: bool | Callable[[tuple, dict], bool] = True
                     return res
                 sig = None
             prepared = prepare(*args, **kw)
-            out, runner, ran_on = run(name, prepared, backend, keep=sig is not None)
+            out, runner, ran_on = run(name, prepared, backend,
+                                      keep=sig is not None and fastpath.keeping())
             if sig is not None and runner is not None:
                 fastpath.store(sig, args, kw, prepared, runner, ran_on)
             return out, ran_on
@@ -128,6 +129,9 @@ def _run_here(op, args, backend, kw, keep=False):
     """``run`` on the current device."""
     chosen, reason, mode, from_library = choose(op, args, kw, backend)
     log_decision(op, chosen, reason, from_library)
+    # (a runner is kept only for a call of no keywords, outside verbose logging and cross-checks)
+    keep = keep and not kw and not config.get("dnn.verbose") and not (
+        config.get("dnn.crosscheck") and OPS[op].crosscheck)
     trace_state.algo = None
     prof = active_profile()
     token = prof.begin(args) if prof is not None else None

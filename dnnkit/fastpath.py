@@ -63,6 +63,11 @@ def carried_type(cls):
     return cls
 
 
+def keeping():
+    """Whether this thread's memo keeps runners (``dnn.memo`` on)."""
+    return _memo() is not _OFF
+
+
 def carried(a):
     """Whether ``a`` is a per-call object of a registered ``carried_type``."""
     return type(a) in _CARRIED

@@ -124,10 +124,9 @@ def launch(kernel, grid, block, stream, args, shared=0):
 
 class Site:
     """One launch site of a loop whose arguments keep their Numba types from call to call (an
-    RNN's per-step GEMM and cell launches). The first call goes through ``launch`` and keeps
-    the fast launcher; later calls with the same kernel and stream object skip typing the
-    arguments (``_types``: ~10 us a launch on an H100's host). The packing follows the first
-    call's types."""
+    RNN's per-step launches). The first call goes through ``launch`` and keeps the fast
+    launcher; later calls with the same kernel and stream skip typing the arguments (~10 us a
+    launch on an H100's host): the packing follows the first call's types."""
     __slots__ = ("fast", "kernel", "stream", "sp")
 
     def __init__(self):
@@ -135,7 +134,7 @@ class Site:
 
     def __call__(self, kernel, grid, block, stream, args, shared=0):
         if (self.fast is not None and kernel is self.kernel and stream is self.stream
-                and not through_numba and watch is None):
+                and not _numba_path()):
             self.fast(grid, block, self.sp, args, shared)
             return
         launch(kernel, grid, block, stream, args, shared)
@@ -147,16 +146,17 @@ class Site:
 # ---------------------------------------------------------------- the fast path
 
 _fast = {}        # (id(kernel), argument type key) -> _Launcher
-# While a list (dnnkit.warmup sets it): each launch Numba made appends (kernel, Numba argument
-# types), the signature Numba compiled or loaded for it (the warm-up's manifest).
-first_launches = None
-# While true (dnnkit.warmup's recordings): every launch goes through Numba's own launch, so that
-# a recorder sees each one, a signature this process launched before included. No learned
-# launcher (launch, Site) nor packed launch (Prepared) is used meanwhile.
-through_numba = False
-# While not None (dnnkit.replay's recording of an op call): told of every launch, and every
-# Site and Prepared launch goes through launch().
-watch = None
+# While a list (dnnkit.warmup): each launch Numba made appends (kernel, its Numba argument
+# types). While through_numba (warmup's recordings), every launch goes through Numba's own, so
+# that a recorder sees each one, a signature launched before included: no learned launcher
+# (launch, Site) nor packed launch (Prepared) is used. While watch is not None (dnnkit.replay's
+# recording of an op call, by the thread watch.tid): it is told of every launch, and that
+# thread's Site and Prepared launches go through launch().
+first_launches, through_numba, watch = None, False, None
+
+
+def _numba_path():
+    return through_numba or (watch is not None and watch.tid == threading.get_ident())
 _PLAIN = frozenset((int, float, bool))
 
 
@@ -381,10 +381,10 @@ class Prepared:
 
     def _keep(self, where, array):
         # packed into its slot: not kept when every argument has one (class docstring), but
-        # while launches go through Numba (``through_numba``) the next call needs it
+        # while this thread's launches go through launch() the next call needs it
         if not self.runs:
             self._store(where, array)
-        elif through_numba:
+        elif _numba_path():
             self._store(where, array)
             self.transient.add(where)
         else:
@@ -428,7 +428,7 @@ class Prepared:
             yield from ([(i, j) for j in range(len(a))] if type(a) is list else (i,))
 
     def __call__(self, stream):
-        if self.buf is None or through_numba or watch is not None:
+        if self.buf is None or _numba_path():
             args = self._current()
             launch(self.kernel, self.grid, self.block, stream, args, self.shared)
             if self.buf is None and not simulator() and not through_numba:

@@ -22,9 +22,16 @@ itself) when an array cannot be resolved to one source alone (inputs that overla
 non-contiguous arrays, an offset not a whole element), when an output is neither a source nor
 a whole view of one, when it returns anything but arrays and immutable values, when it made
 a cuDNN call (a nested op on cuDNN: the handle reports it), or while another recording is under
-way (a nested op call is recorded as part of its caller).
+way (a nested op call is recorded as part of its caller; it is recorded on a later call made
+outside any recording). ``refused`` counts the reasons.
+
+What the recording reads besides the signature is frozen into the replay: the flags (a change
+clears the memo), the device, and module-level tunables of the kernels' launch plans, whose
+setters clear the memo where they are public (ops/conv_tuning.settings, gemm's TENSOR_CORES);
+after changing another module constant, call ``fastpath.invalidate()``.
 """
 
+import collections
 import threading
 
 import numpy as np
@@ -80,7 +87,15 @@ def bind(fn, args):
     the signature); the runner calls ``fn`` itself when the call cannot be replayed."""
     if any(fastpath.carried(a) for a in args) or getattr(args, "out", None) is not None:
         return None           # a forward's state (a dropout seed), or an in-place write
-    args = tuple(args)
+    return _record(fn, tuple(args)) or _Later(fn)
+
+
+refused = collections.Counter()     # why calls were not replayed: {reason: count}
+
+
+def _record(fn, args):
+    """``bind``'s runner, or None while another recording is under way (a nested op's call,
+    or another thread's)."""
     rec = _Recorder()
     with _lock:
         if memory.watch is not None or launch.watch is not None:
@@ -92,10 +107,27 @@ def bind(fn, args):
         memory.watch = launch.watch = None
     try:
         run = Replay(rec, args, out)
-    except Unreplayable:
+    except Unreplayable as e:
+        refused[str(e)] += 1
         run = _Plain(fn)
     run.first = (args, out)
     return run
+
+
+class _Later:
+    """The runner of a call made while another was recorded: ``fn`` itself, until a call
+    outside any recording records one (kept here: the memo keeps this object)."""
+    __slots__ = ("fn", "run")
+
+    def __init__(self, fn):
+        self.fn, self.run = fn, None
+
+    def __call__(self, *args):
+        if self.run is None:
+            self.run = _record(self.fn, args)
+            if self.run is None:
+                return self.fn(*args)
+        return self.run(*args)
 
 
 class _Plain:
@@ -167,6 +199,9 @@ class Replay:
                     if type(v) is tuple:
                         members = []
                         for j, m in enumerate(v):
+                            if type(m) is tuple and any(type(e) is launch.At or _is_array(e)
+                                                        for e in m):
+                                raise Unreplayable("arrays in a tuple inside a tuple")
                             r = resolve.arg(m)
                             members.append(m if r is None else None)
                             if r is not None:
@@ -235,6 +270,8 @@ class _Resolver:
             b = v.base
             if not _is_array(b):
                 return None
+            if not v.size:
+                raise Unreplayable("an empty flat argument")
             p = _address(b) + v.offset * b.dtype.itemsize
             k = self._find(b, p, max(1, v.size) * b.dtype.itemsize)
             if k is None:

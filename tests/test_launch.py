@@ -302,3 +302,30 @@ def test_through_numba_bypasses_every_fast_and_packed_launch(monkeypatch):
     monkeypatch.setattr(L, "through_numba", True)
     L.launch(k2, 1, 32, None, (2,))
     assert calls == ["fast", (2,)]
+
+
+def test_a_packed_launch_keeps_its_arrays_for_a_recording_on_its_own_thread(monkeypatch):
+    """While this thread records an op call for replays (``launch.watch`` with its thread id),
+    a packed launch goes through launch() with the arrays just set, not the None it keeps
+    between calls; another thread's recording leaves this thread's packed launches alone."""
+    import threading
+    t = _types()
+    f1 = t.Array(t.float32, 1, "C")
+    fast, slow = [], []
+    kernel, _ = _learned(monkeypatch, (f1, f1, t.int64), lambda *a: (fast.append(a), (0,))[1],
+                         slow)
+    a, b, c = (Device((8,), "float32", 0x1000 * k) for k in (1, 2, 3))
+    p = L.Prepared(kernel, 1, 32, (a, b, 5))
+    p("stream")                                  # packs
+    assert len(slow) == 1
+
+    class Watch:
+        tid = threading.get_ident()
+    monkeypatch.setattr(L, "watch", Watch())
+    p.set_flat(1, c)
+    p("stream")
+    assert slow[1] == (a, c, 5) and not fast and p.args[1] is None
+    Watch.tid = -1                               # another thread records
+    p.set_flat(1, b)
+    p("stream")
+    assert len(slow) == 2 and len(fast) == 1

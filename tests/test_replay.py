@@ -162,11 +162,52 @@ def test_calls_that_cannot_be_replayed_run_the_implementation(monkeypatch):
     assert run(1) is not None and calls == [1]          # the recorded call's own result
     run(2)
     assert calls == [1, 2]
-    # a per-call object (a dropout state) or a recording under way: not recorded at all
+    # a per-call object (a dropout state): never recorded
     state = dnnkit.DropoutState("numba", 0.5, 1, (2,), np.float32, None)
-    assert replay.bind(fn, (state,)) is None
-    monkeypatch.setattr(memory, "watch", object())
-    assert replay.bind(fn, (3,)) is None and calls == [1, 2]
+    assert replay.bind(fn, (state,)) is None and calls == [1, 2]
+    # a call made while another is recorded runs as it is, and records on a later call made
+    # outside any recording
+    later = replay.bind(fn, (3,))
+    assert isinstance(later, replay._Plain) and calls == [1, 2, 3]
+    with monkeypatch.context() as m:
+        m.setattr(memory, "watch", object())
+        later = replay.bind(fn, (4,))
+        assert isinstance(later, replay._Later) and calls == [1, 2, 3]
+        later(4)
+        assert later.run is None and calls == [1, 2, 3, 4]
+    later(5)
+    assert isinstance(later.run, replay._Plain) and calls == [1, 2, 3, 4, 5]
+    assert replay.refused["an output of type object"] >= 2
+
+
+def test_no_replay_is_recorded_for_a_runner_the_memo_does_not_keep(rng, replays):
+    x = _dev(rng.standard_normal((4, 5)).astype(np.float32))
+    with config.change_flags({"dnn.memo": False}):
+        for _ in range(3):
+            dnnkit.log_softmax(x, backend="numba")
+    with config.change_flags({"dnn.crosscheck": True}):
+        for _ in range(2):
+            dnnkit.softmax(x, backend="numba")
+    assert replays["made"] == 0
+    for _ in range(3):
+        dnnkit.log_softmax(x, backend="numba")
+    assert replays["made"] == 1 and replays["ran"] == 2
+
+
+def test_an_op_replayed_inside_another_ops_recording_is_recorded_into_it(rng, replays):
+    """log_softmax memoised (a replay), then cross-entropy, whose implementation calls it:
+    the nested replay's launches are recorded into cross-entropy's (on a GPU its packed
+    launches go through launch() with their arrays while this thread records)."""
+    x, t = rng.standard_normal((4, 5)).astype(np.float32), rng.integers(0, 5, 4)
+    for _ in range(2):
+        dnnkit.softmax(_dev(x), "log", "channel", backend="numba")
+    for k in range(3):
+        x = rng.standard_normal((4, 5)).astype(np.float32)
+        got = float(dnnkit.cross_entropy(_dev(x), _dev(t), backend="numba").copy_to_host())
+        z = x - x.max(1, keepdims=True)
+        want = -(z - np.log(np.exp(z).sum(1, keepdims=True)))[np.arange(4), t].mean()
+        assert abs(got - want) <= 1e-5 * max(1.0, abs(want)), k
+    assert replays["made"] == 2 and replays["ran"] >= 1 + 2
 
 
 @pytest.mark.skipif(SIMULATOR, reason="needs a real CUDA GPU (running on the simulator)")
