@@ -77,7 +77,7 @@ def call(run, args, kw, backend):
     of it, on the op's stream, after the producers' streams (module docstring); None when there
     is no foreign array (the caller goes on as usual)."""
     found, torch_dev = False, None
-    for a in (_items(args, kw) if kw or any(type(a) in (list, tuple) for a in args) else args):
+    for a in _items(args, kw):
         ad = _adapters.get(type(a), 0)
         if ad == 0:
             ad = _adapter(type(a))

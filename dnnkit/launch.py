@@ -144,7 +144,6 @@ class Site:
 
 
 # ---------------------------------------------------------------- the fast path
-
 _fast = {}        # (id(kernel), argument type key) -> _Launcher
 # While a list (dnnkit.warmup): each launch Numba made appends (kernel, its Numba argument
 # types). While through_numba (warmup's recordings), every launch goes through Numba's own, so
@@ -157,6 +156,8 @@ first_launches, through_numba, watch = None, False, None
 
 def _numba_path():
     return through_numba or (watch is not None and watch.tid == threading.get_ident())
+
+
 _PLAIN = frozenset((int, float, bool))
 
 
@@ -328,10 +329,9 @@ class Prepared:
     and packs only its bytes; ``set_flat`` likewise with a C-contiguous array of any rank read
     as flat; ``prepared(stream)`` launches. A value keeps the Numba type of the one it replaces.
     The first call, and every call on the simulator, goes through ``launch``. Arrays set, and
-    those of ``transient`` places, are let go after each launch (a runner in the memo would
-    keep a step's activations alive): a caller gives them again before the next call. The
-    others are kept (constant tables: the packed address must stay theirs). One object per call
-    site and thread."""
+    those of ``transient`` places, are let go after each launch (a memo's runner would keep a
+    step's activations alive): a caller gives them again before each call. The others are kept
+    (constant tables: the packed address must stay theirs). One object per site and thread."""
     __slots__ = ("kernel", "grid", "block", "shared", "args", "launcher", "buf", "params",
                  "slots", "dims", "runs", "transient")
 
