@@ -305,10 +305,8 @@ def compile_entry(entry):
 def ptx_entry(entry, cc=(9, 0)):
     """Compile one entry to PTX for ``cc`` (no GPU, no cache written): a manifest's signatures
     checked ahead of time. Returns False (never cached)."""
-    from numba import cuda
-    kernel = resolve(entry)
-    bounds = getattr(kernel.py_func, "launch_bounds", None)
-    ptx, _ = cuda.compile_ptx(kernel.py_func, entry.argtypes, cc=cc, launch_bounds=bounds)
+    from .kernels.signatures import ptx as compile_ptx
+    ptx, _ = compile_ptx(resolve(entry), entry.argtypes, cc=cc)
     if f".target sm_{cc[0]}{cc[1]}" not in ptx:
         raise RuntimeError(f"{entry.name}: the PTX is not for sm_{cc[0]}{cc[1]}")
     return False

@@ -14,6 +14,11 @@ type (float32 for float16 and float32 data, float64 for float64). ``zero = acc[0
 types the scratch, and scalar arguments (``coef``) are passed in that type by the ops. Literal
 constants are written ``float32(c)``: a Python literal would promote float32 math to float64.
 
+Device functions are ``@bounds.inlined``: compiled once per signature and inlined by LLVM
+(Numba's own IR inlining, ``inline=True``, re-types a function's IR in every caller and doubled
+the GEMM's compile time), except where the generated code came out different: pool.py,
+batchnorm.py and rnn.py keep ``inline=True``, as does a function returning an array it declares.
+
 Geometry: a kernel takes its sizes packed in one tuple of int64, ``geo`` (each module documents
 its layout); the ops build it from their geometry objects (``geom``).
 

@@ -12,12 +12,13 @@ import math
 
 from numba import cuda, float32, uint64
 
+from .bounds import inlined
 from .common import UNROLL, load4, sigmoid
 
 RELU, CLIPPED_RELU, TANH, SIGMOID, ELU, SWISH, IDENTITY = range(7)
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def _forward(v, mode, coef, zero):
     # Constants are float32 so that they do not promote float32 arithmetic to float64
     # (a Python int or float literal would); with float64 data they widen exactly.
@@ -39,7 +40,7 @@ def _forward(v, mode, coef, zero):
     return v
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def _derivative(v, w, mode, coef, zero):
     """f'(x) from x (v) and y = f(x) (w). At the kinks and for a NaN x this follows cuDNN 9
     (probed on an H200, validation/cudnn_conventions.py): relu slope 1 for x > 0 only;
@@ -62,7 +63,7 @@ def _derivative(v, w, mode, coef, zero):
     return one
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def _chain(g, v, w, mode, coef, zero):
     """dx = dy * f'(x). relu and clipped_relu select instead (dy where the slope is 1, else 0),
     as cuDNN 9 and PyTorch do: a NaN or Inf dy where the slope is 0 gives 0, not 0 * Inf = NaN
@@ -92,7 +93,7 @@ def activation_fwd_kernel(x, y, mode, coef, acc):
         i += step
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def _reads(mode):
     """(x, y): which inputs the slope of ``mode`` reads (_derivative): x for relu,
     clipped_relu, elu and swish; y for tanh, sigmoid, elu and swish; identity neither."""

@@ -19,13 +19,15 @@ y written once.
 
 from numba import cuda, uint64
 
+from .bounds import inlined
+
 MAXDIM = 8
 ADD, SUBTRACT, MULTIPLY, DIVIDE, COPY = range(5)
 SHAPE, A_STRIDES, B_STRIDES = 3, 3 + MAXDIM, 3 + 2 * MAXDIM     # offsets into geo
 GEO_LEN = 3 + 3 * MAXDIM
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def offsets(i, geo):
     """(offset into a, offset into b) of y's flat index i: its C-order coordinates (the last
     dimension fastest) times each operand's strides. One dimension needs no division."""
@@ -41,7 +43,7 @@ def offsets(i, geo):
     return ia + i * geo[A_STRIDES], ib + i * geo[B_STRIDES]
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def apply(va, vb, op):
     if op == ADD:
         return va + vb
@@ -54,7 +56,7 @@ def apply(va, vb, op):
     return va
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def _load(x, off, use, s, zero):
     return x[uint64(off)] + zero if use else s
 

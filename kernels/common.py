@@ -13,6 +13,8 @@ import math
 
 from numba import cuda, uint64
 
+from .bounds import inlined
+
 MAX_THREADS = 256
 REDUCE_MAX, REDUCE_SUM = 0, 1     # block_reduce's operations
 
@@ -28,7 +30,7 @@ REDUCE_MAX, REDUCE_SUM = 0, 1     # block_reduce's operations
 UNROLL = 4
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def load4(a, i, step, use, zero):
     """a[i], a[i + step], a[i + 2*step], a[i + 3*step] in the accumulation type, four loads
     in flight; four zeros, loading nothing, when ``use`` is False (uniform over the grid)."""
@@ -38,7 +40,7 @@ def load4(a, i, step, use, zero):
     return zero, zero, zero, zero
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def sigmoid(v, one):
     # exp of a non-positive argument only, so nothing overflows: 1/(1+e^-v) for v >= 0 and
     # e^v/(1+e^v) for v < 0 (equal in exact arithmetic). NaN takes the second branch.
@@ -48,13 +50,13 @@ def sigmoid(v, one):
     return e / (one + e)
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def nanmax(a, b):
     # NaN wins, so a NaN anywhere in a reduction makes its result NaN.
     return a if (a > b or a != a) else b
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def block_reduce(red, val, op):
     """Combine ``val`` over threadIdx.y for each threadIdx.x (``op`` REDUCE_MAX or
     REDUCE_SUM); every thread gets its column's result. ``blockDim.y`` must be a power of two;

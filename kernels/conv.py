@@ -20,11 +20,12 @@ col (C*T*R*S rows, nc*O columns; O = OD*OH*OW), row (c, t, r, s), column (n, od,
 
 from numba import cuda
 
+from .bounds import inlined
 from .common import REDUCE_SUM, block_reduce
 
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def _tap(o, stride, k, ksize, dil, pad, flip):
     """Input coordinate read by output coordinate o through kernel tap k."""
     return o * stride + ((ksize - 1 - k) if flip else k) * dil - pad
@@ -61,7 +62,7 @@ def conv_im2col_fwd_kernel(x, col, geo, nc, acc):
                             dst += ncol
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def _out(i, pad, k, ksize, dil, stride, osize, flip):
     """Output coordinate whose tap k reads input coordinate i, or -1 if none."""
     q = i + pad - ((ksize - 1 - k) if flip else k) * dil       # = o * stride

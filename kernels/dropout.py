@@ -30,6 +30,8 @@ as cuDNN's forward: memory-bound, not hash-bound.
 import numpy as np
 from numba import cuda, uint64
 
+from .bounds import inlined
+
 GAMMA = np.uint64(0x9E3779B97F4A7C15)   # 2**64 / golden ratio, odd: a full-period Weyl step
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
@@ -37,14 +39,14 @@ _S27, _S30, _S31, _S32 = np.uint64(27), np.uint64(30), np.uint64(31), np.uint64(
 _MASK64 = (1 << 64) - 1
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def _mix64(z):
     z = (z ^ (z >> _S30)) * _M1
     z = (z ^ (z >> _S27)) * _M2
     return z ^ (z >> _S31)
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def _keep_scale(v, bits, thr, scale, zero):
     return v * scale if bits >= thr else zero
 

@@ -59,19 +59,19 @@ import functools
 from numba import cuda, int64, uint64
 from numba.core.types import float16
 
-from .bounds import bounded_jit
+from .bounds import bounded_jit, inlined
 # the tiles, re-exported: the ops read them from here
 from .gemm_tiles import (BK, CONFIGS, SMEM_ALIGN, TC_PREFIXES, config_options, pad,  # noqa: F401
                          shared_bytes, tc_mode)
 from .tensorcore import slab_mma
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def _split(x, grp):
     return x // grp, x % grp
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def _corner(pos, cg):
     """The input corner (od*sd - pd, oh*sh - ph, ow*sw - pw) of output position ``pos``'s
     window, and its offset (zb*H + yb)*W + xb (implicit convolution, module docstring)."""
@@ -81,7 +81,7 @@ def _corner(pos, cg):
     return zb, yb, xb, (zb * cg[4] + yb) * cg[5] + xb
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def _tap(reg, q, src, at, zb, yb, xb, table, row, cg):
     """reg[q] = x at ``at`` + filter row ``row``'s offset for the window at corner
     (zb, yb, xb); zero where the tap falls outside the input (padding)."""
@@ -128,7 +128,7 @@ def gemm_kernel(ta, tb, wm, wn, tx, ty, min_blocks=1, implicit=False, bk=BK, tc=
         if (nt % BK if fast else nt % tile) or (BK * tile) % nt:
             raise ValueError(f"gemm_kernel: {nt} threads cannot stage a {tile} x {BK} slab")
 
-    @cuda.jit(device=True, inline=True)
+    @inlined
     def rows_at(off, ld, kfast, fixed, rows, r0, count, tile, roff):
         """Once per tile, the offsets of this thread's staged rows (-1 past the operand's
         rows), so that a slab's fetch is one add and one load per element. k-fast: element
@@ -143,7 +143,7 @@ def gemm_kernel(ta, tb, wm, wn, tx, ty, min_blocks=1, implicit=False, bk=BK, tc=
         else:
             roff[0] = off + fixed if r0 + t % tile < rows else -1
 
-    @cuda.jit(device=True, inline=True)
+    @inlined
     def fetch(src, roff, ld, kfast, fixed, k0, kdim, count, tile, reg):
         """reg[q] = this thread's q-th element of the slab at k0 (``rows_at``; zero outside
         the operand), in the data type: nothing uses the loaded value until ``stash``, so the
@@ -163,7 +163,7 @@ def gemm_kernel(ta, tb, wm, wn, tx, ty, min_blocks=1, implicit=False, bk=BK, tc=
             else:
                 reg[q] = 0
 
-    @cuda.jit(device=True, inline=True)
+    @inlined
     def corner(cols, j0, n, cg):
         """cols[4r..4r+3] = (base, zb, yb, xb) of the tile's column j0 + r (r < BN): the
         image's base plus the window corner's offset (negative where the corner is in the
@@ -179,7 +179,7 @@ def gemm_kernel(ta, tb, wm, wn, tx, ty, min_blocks=1, implicit=False, bk=BK, tc=
             cols[4 * t + 1] = zb if jj < n else -(1 << 62)
             cols[4 * t + 2], cols[4 * t + 3] = yb, xb
 
-    @cuda.jit(device=True, inline=True)
+    @inlined
     def fetch_conv(src, off, cols, table, cg, k0, kdim, count, reg):
         """reg[q] = B[k, j] of the implicit convolution for this thread's staged elements
         (r, kk) = (t%BN, t//BN + NT//BN*q): column j = j0 + r from ``cols`` (``corner``), row
@@ -194,7 +194,7 @@ def gemm_kernel(ta, tb, wm, wn, tx, ty, min_blocks=1, implicit=False, bk=BK, tc=
             else:
                 reg[q] = 0
 
-    @cuda.jit(device=True, inline=True)
+    @inlined
     def fetch_conv_k(src, off, img_base, pos, table, cg, k0, kdim, j0, n, count, reg):
         """Layout 01: reg[q] = B[k, j] of the implicit filter gradient for this thread's
         staged elements (r, kk) = (t//BK + NT//BK*q, t%BK): row k = k0 + kk is the output
@@ -210,7 +210,7 @@ def gemm_kernel(ta, tb, wm, wn, tx, ty, min_blocks=1, implicit=False, bk=BK, tc=
             else:
                 reg[q] = 0
 
-    @cuda.jit(device=True, inline=True)
+    @inlined
     def fetch_b(b, offb, roff, ldb, bq, gsb, br, k0, kdim, n, j0, cols, table, cg, reg):
         """This thread's share of B's slab at k0 (``fetch``, or the implicit convolution's
         ``fetch_conv`` / ``fetch_conv_k``)."""
@@ -221,7 +221,7 @@ def gemm_kernel(ta, tb, wm, wn, tx, ty, min_blocks=1, implicit=False, bk=BK, tc=
         else:
             fetch(b, roff, ldb, tb == 1, bq * gsb + br, k0, kdim, lb, bn, reg)
 
-    @cuda.jit(device=True, inline=True)
+    @inlined
     def stash(sh, base, kfast, count, tile, reg):
         t = cuda.threadIdx.y * tx + cuda.threadIdx.x
         for q in range(count):
@@ -235,7 +235,7 @@ def gemm_kernel(ta, tb, wm, wn, tx, ty, min_blocks=1, implicit=False, bk=BK, tc=
                 at = base + kk * (tile + PAD) + r
             sh[uint64(at)] = reg[q]    # to the accumulation type (float16 for "f16")
 
-    @cuda.jit(device=True, inline=True)
+    @inlined
     def frag(sh, p, half, count, reg):
         """reg[i] = sh[p + (i // h)*half + i % h], h = count // 2: two runs of h consecutive
         words, which LLVM merges into vector loads (ld.shared.v4 for h = 4). Unsigned
@@ -245,7 +245,7 @@ def gemm_kernel(ta, tb, wm, wn, tx, ty, min_blocks=1, implicit=False, bk=BK, tc=
         for i in range(count):
             reg[i] = sh[uint64(p + (i // h) * half + i % h)]
 
-    @cuda.jit(device=True, inline=True)
+    @inlined
     def outer(c_reg, av, bv):
         for i in range(wm):
             for j in range(wn):
@@ -253,17 +253,17 @@ def gemm_kernel(ta, tb, wm, wn, tx, ty, min_blocks=1, implicit=False, bk=BK, tc=
 
     mma_slab = slab_mma(mode, BK, sa, sb, wmt, wnt) if tc else None
 
-    @cuda.jit(device=True, inline=True)
+    @inlined
     def koffset(k, grp, gstride):
         q, r = _split(k, grp)
         return q * gstride + r
 
     if pairs:
-        @cuda.jit(device=True, inline=True)
+        @cuda.jit(device=True, inline=True)   # returns the array it declares (bounds.inlined)
         def scratch(acc):
             return cuda.shared.array(0, dtype=float16, alignment=SMEM_ALIGN)
     else:
-        @cuda.jit(device=True, inline=True)
+        @cuda.jit(device=True, inline=True)   # returns the array it declares (bounds.inlined)
         def scratch(acc):
             return cuda.shared.array(0, dtype=acc.dtype, alignment=SMEM_ALIGN)
 
@@ -368,7 +368,7 @@ def gemm_kernel(ta, tb, wm, wn, tx, ty, min_blocks=1, implicit=False, bk=BK, tc=
                     _store(c, z1 * c1 + z2 * c2, ldc, gc, gsc, m, n, i0 + i1, j0 + j1, c_reg,
                            beta, bias, z1 * m, use_bias, zero)
 
-    @cuda.jit(device=True, inline=True)
+    @inlined
     def _store(c, off, ldc, gc, gsc, m, n, i1, j1, c_reg, beta, bias, boff, use_bias, zero):
         """C rows i1 + (i // hm)*sm + (i % hm)*um and columns j1 + (j // hn)*sn + j % hn
         (the fragment layout: hm, sm, um = wm/2, BM/2, 1 and hn, sn = wn/2, BN/2; with tensor

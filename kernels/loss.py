@@ -42,8 +42,10 @@ import math
 
 from numba import cuda, float32, int64
 
+from .bounds import inlined
 
-@cuda.jit(device=True, inline=True)
+
+@inlined
 def _block_sum(red, val):
     """Sum ``val`` over the block (a fixed tree: deterministic); every thread gets the sum."""
     tid, half = cuda.threadIdx.x, cuda.blockDim.x // 2
@@ -59,7 +61,7 @@ def _block_sum(red, val):
     return out
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def _write_partials(red, total, count, part, cnt):
     total = _block_sum(red, total)
     count = _block_sum(red, count)
@@ -155,7 +157,7 @@ def mse_bwd_kernel(x, t, dx, scale, acc):
 # so that a loss and its gradient run with no read back to the host (dnnkit/ops/loss.py).
 # ``reduction``: 0 none (per position), 1 sum, 2 mean.
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def _as_acc(count, zero):
     """An int64 count in the accumulation type: two pieces exact in float32 (count >> 24 and
     the low 24 bits), so a float64 count is exact up to 2**48 and a float32 one rounded once."""

@@ -31,8 +31,10 @@ import math
 
 from numba import cuda, float32, int64, uint64
 
+from .bounds import inlined
 
-@cuda.jit(device=True, inline=True)
+
+@inlined
 def _column(i, c_, s_):
     """(channel c, index of channel 0 of the column) of flat element i of (N, C, S)."""
     q = uint64(i) // uint64(s_)              # n * C + c
@@ -40,7 +42,7 @@ def _column(i, c_, s_):
     return c, i - c * s_
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def _window_sum(x, base, s_, lo, hi, zero):
     """sum of x^2 over channels lo..hi (inclusive) of the column starting at ``base``."""
     t = zero

@@ -26,6 +26,8 @@ import math
 
 from numba import cuda, int64, types
 
+from .bounds import inlined
+
 # Parameters per launch of a multi-tensor kernel. Each 1-D array is 56 bytes of kernel
 # parameters: Adam's four tuples of 12 take 2.7 KB of the 4 KB parameter space.
 TENSORS = 12     # _chunk's compares are written out for this many
@@ -40,7 +42,7 @@ def axpy_fwd_kernel(x, y, alpha, acc):
         y[i] = (y[i] + zero) + alpha * (x[i] + zero)
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def _chunk(ends, per):
     """(this block's tensor t, the index in it of this thread's first element): the first t
     with blockIdx.x < ends[t], and the block's chunk within t's run of blocks. The ends are

@@ -13,6 +13,7 @@ column of a block.
 
 from numba import cuda, uint64
 
+from .bounds import inlined
 from .common import REDUCE_SUM, block_reduce
 
 MAXDIM = 8
@@ -21,7 +22,7 @@ R_SHAPE, R_STRIDES = 2 + 2 * MAXDIM, 2 + 3 * MAXDIM
 GEO_LEN = 2 + 4 * MAXDIM
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def kept_offset(o, geo):
     """x's element offset of output o: o's C-order coordinates over the kept axes times
     their strides (one axis needs no division)."""
@@ -33,7 +34,7 @@ def kept_offset(o, geo):
     return off + o * geo[K_STRIDES]
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def reduced_offset(r, geo):
     """The element offset of reduced position r (as kept_offset, over the reduced axes)."""
     off = 0

@@ -61,7 +61,7 @@ import math
 
 from numba import cuda, float32, int64, uint32, uint64
 
-from .bounds import bounded_jit
+from .bounds import bounded_jit, inlined
 from .common import MAX_THREADS, REDUCE_MAX, REDUCE_SUM, nanmax
 
 FAST, ACCURATE, LOG = 0, 1, 2
@@ -75,7 +75,7 @@ MIN_BLOCKS = {4: 4, 8: 3, 16: 4, 32: 2}     # launch bounds (blocks per SM) by K
 ROW_FWD_BLOCKS = {16: 5}
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def _reduce(red, val, op, turn, by):
     """Combine ``val`` over threadIdx.y for each threadIdx.x (``op`` REDUCE_MAX or
     REDUCE_SUM); every thread gets its column's result. Two levels, two barriers (module
@@ -109,7 +109,7 @@ def _reduce(red, val, op, turn, by):
     return out
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def _tiles(n, s):
     """(this block's first row tile, number of tiles of bx rows, 0): blocks walk the tiles in
     a grid-stride loop; the 0 starts the kernel's reduction turn."""
@@ -117,7 +117,7 @@ def _tiles(n, s):
     return int64(cuda.blockIdx.x), (n * s + bx - 1) // bx, 0
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def _lane(tile, n, c, s, by):
     """(live, first, step, rest, next tile) of this thread in row tile ``tile`` (``by`` is
     blockDim.y): its row is tile*bx + tx, starting at n*C*S + s_pos; its elements ty + j*by
@@ -159,14 +159,14 @@ def softmax_kernels(K, cached, BY=0):
     one on; 0 for a dead lane). Indices are int64 arithmetic, cast to uint64 for indexing
     (no negative-index fix-up)."""
 
-    @cuda.jit(device=True, inline=True)
+    @inlined
     def load(src, v, at, step, lim, by, pad, zero):
         """v[j] = src[at + j*step] where j*by < lim, ``pad`` elsewhere: K independent loads,
         all issued before any is used (the loop unrolls: K is a constant)."""
         for j in range(K):
             v[j] = src[uint64(at + j * step)] + zero if j * by < lim else pad
 
-    @cuda.jit(device=True, inline=True)
+    @inlined
     def _online_stats(x, v, first, step, rest, c, s, algo, zero):
         """(m, t) of this thread's elements of its row, chunk by chunk (module docstring)."""
         by = BY if BY else cuda.blockDim.y

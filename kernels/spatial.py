@@ -28,12 +28,12 @@ import math
 
 from numba import cuda, float32, int32, uint32, uint64
 
-from .bounds import bounded_jit
+from .bounds import bounded_jit, inlined
 
 ALIGN_CORNERS = True   # see the module docstring; flip here if the GPU probe disagrees
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def _grid_coord(i, n, zero):
     """Normalized coordinate of output index i along a dimension of n points."""
     if ALIGN_CORNERS:
@@ -42,7 +42,7 @@ def _grid_coord(i, n, zero):
     return (zero + float32(2 * i + 1)) / (zero + float32(n)) - float32(1)
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def _pixel_scale(n, zero):
     """d(pixel coordinate)/d(normalized coordinate) along a dimension of n pixels."""
     if ALIGN_CORNERS:
@@ -50,7 +50,7 @@ def _pixel_scale(n, zero):
     return (zero + float32(n)) * float32(0.5)
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def _pixel_coord(x, n, zero):
     """Pixel coordinate read by normalized coordinate x along a dimension of n pixels."""
     if ALIGN_CORNERS:
@@ -58,7 +58,7 @@ def _pixel_coord(x, n, zero):
     return (x + float32(1)) * _pixel_scale(n, zero) - float32(0.5)
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def _tap(p, n, zero):
     """(p0, fraction) of pixel coordinate p: p0 = floor(p) as int64, frac = p - p0 (p0 goes
     through float32, exact while |p0| < 2**24: farther points read no pixel anyway)."""
@@ -66,7 +66,7 @@ def _tap(p, n, zero):
     return p0, p - (zero + float32(p0))
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def _affine(theta, n, i, j, oh, ow, zero):
     """Grid point (i, j) of image n: theta[n] @ (x_j, y_i, 1), in zero's type."""
     x = _grid_coord(j, ow, zero)
@@ -142,7 +142,7 @@ def spatial_grid_bwd_kernel(dgrid, part, n_, oh, ow, parts, acc):
         part[(b * n_ + n) * 6 + t] = sh[t * T]
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def _axis(p, n, zero):
     """The two taps of pixel coordinate p along a dimension of n pixels, in 32-bit integers
     (a side under 2**31 pixels): (k0, k1, in0, in1, frac), k0 = floor(p) and k1 = k0 + 1
@@ -167,7 +167,7 @@ def _axis(p, n, zero):
     return k0, k1, (f >= 0) & (f <= last), (f >= -1) & (f < last), frac
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def _taps(grid, theta, n, i, j, q, geo, from_theta, zero):
     """(off, ins, fu, fv) of grid point q = (image n, row i, column j), read from grid or
     computed from theta (``_affine``) where ``from_theta``: the in-plane offsets of its four
@@ -189,7 +189,7 @@ def _taps(grid, theta, n, i, j, q, geo, from_theta, zero):
             (iv0 & iu0, iv0 & iu1, iv1 & iu0, iv1 & iu1), fu, fv)
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def _masked(t, k, ins, zero):
     """The four taps t[4k .. 4k+3] in zero's type, those outside the image exactly 0 (selected,
     not multiplied: an Inf in the clamped pixel must not turn into NaN)."""
@@ -197,7 +197,7 @@ def _masked(t, k, ins, zero):
             t[4 * k + 2] + zero if ins[2] else zero, t[4 * k + 3] + zero if ins[3] else zero)
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def _scatter(dimg, base, inside, v):
     if inside:
         cuda.atomic.add(dimg, base, v)
@@ -229,7 +229,7 @@ def sampler_kernels(CB, wide=False):
     data (launch bounds on threads only, above)."""
     TAPS = 4 * CB
 
-    @cuda.jit(device=True, inline=True)
+    @inlined
     def load(img, dy, t, gs, n, c0, c_, hw, pts, p, off, grads):
         """t[4k + m] = tap m of channel c0 + k (and gs[k] = its dy at point p when ``grads``)
         for k < CB, channels past the last clamped to it (loaded, never used)."""

@@ -27,6 +27,8 @@ import functools
 
 from llvmlite import ir
 from numba import cuda, types, uint32, uint64
+
+from .bounds import inlined
 from numba.cuda.extending import intrinsic
 
 
@@ -132,7 +134,7 @@ def slab_mma(mode, bk, sa, sb, wmt, wnt):
     nfa, nfb = 4 * wmt, 2 * wnt     # a lane's A and B fragment words per k-step
     BK = bk     # noqa: N806 -- compile-time constants of the closures
 
-    @cuda.jit(device=True, inline=True)
+    @inlined
     def mma_3xtf32(sh, pa, pb, c_reg, zero):
         ah = cuda.local.array(nfa, dtype=uint32)    # big and small halves of A, B
         al = cuda.local.array(nfa, dtype=uint32)
@@ -165,7 +167,7 @@ def slab_mma(mode, bk, sa, sb, wmt, wnt):
                     c_reg[i + 1, j] += d2
                     c_reg[i + 1, j + 1] += d3
 
-    @cuda.jit(device=True, inline=True)
+    @inlined
     def mma_1xtf32(sh, pa, pb, c_reg, zero):
         # TF32's own error (2^-11 per product) dwarfs the tensor core's truncating
         # accumulation (~2^-23 of |c| per mma), so the mma accumulates into c_reg directly
@@ -188,7 +190,7 @@ def slab_mma(mode, bk, sa, sb, wmt, wnt):
                                  c_reg[i, j], c_reg[i, j + 1], c_reg[i + 1, j],
                                  c_reg[i + 1, j + 1])
 
-    @cuda.jit(device=True, inline=True)
+    @inlined
     def mma_hmma(sh, pa, pb, c_reg, zero):
         # the float16 slab as words (dynamic shared arrays all start at the same address)
         words = cuda.shared.array(0, dtype=uint32, alignment=16)

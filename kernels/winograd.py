@@ -29,39 +29,41 @@ rows 2*ty - ph .. 2*ty - ph + 3 (0 outside x: padding) and output rows 2*ty, 2*t
 
 from numba import cuda, float32, int64, uint32
 
+from .bounds import inlined
 
-@cuda.jit(device=True, inline=True)
+
+@inlined
 def _bt(d0, d1, d2, d3):
     """B^T applied to a 4-vector."""
     return d0 - d2, d1 + d2, d2 - d1, d1 - d3
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def _g(g0, g1, g2):
     """G applied to a 3-vector."""
     return g0, (g0 + g1 + g2) * float32(0.5), (g0 - g1 + g2) * float32(0.5), g2
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def _at(m0, m1, m2, m3):
     """A^T applied to a 4-vector."""
     return m0 + m1 + m2, m1 - m2 - m3
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def _a(e0, e1):
     """A applied to a 2-vector."""
     return e0, e0 + e1, e0 - e1, -e1
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def _gt(u0, u1, u2, u3):
     """G^T applied to a 4-vector."""
     h = float32(0.5)
     return u0 + (u1 + u2) * h, (u1 - u2) * h, (u1 + u2) * h + u3
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def _tile(p, tiles, tw):
     """(image, the tile's first row, its first column) of tile column p (uint32): tiles are
     2 rows and 2 columns apart."""
@@ -72,7 +74,7 @@ def _tile(p, tiles, tw):
     return n, uint32(ty + ty), uint32(uint32(t - ty * tw) * uint32(2))
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def _out_tile(p, th, tw, oh, ow):
     """(image, the output rows and columns of tile p inside the output (>= 1; 2 unless the
     tile overhangs an odd side), the tile's first element's offset in its plane)."""
@@ -80,7 +82,7 @@ def _out_tile(p, th, tw, oh, ow):
     return n, uint32(oh) - y0, uint32(ow) - x0, uint32(y0 * uint32(ow) + x0)
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def _span(first, pad, size, at, scale, out):
     """at[i] = (first + i - pad) * scale for the 4 coordinates of a tile's span, ``out``
     where the coordinate falls outside [0, size) (unsigned: one compare for both sides)."""

@@ -39,10 +39,9 @@ _FIELDS = {"registers": r"Used (\d+) registers", "stack": r"(\d+) bytes stack fr
 
 
 def report(ptxas):
-    from numba import cuda
-
     import dnnkit.kernels as kernels
     from dnnkit.kernels.signatures import DTYPES, signatures
+    from dnnkit.kernels.signatures import ptx as compile_ptx
     rows = []
     kernels = kernels.all_kernels()
     names = sorted(kernels)
@@ -50,9 +49,7 @@ def report(ptxas):
         for dt in DTYPES:
             sigs = signatures(dt)
             for name in names:
-                fn = kernels[name].py_func
-                ptx, _ = cuda.compile_ptx(fn, sigs[name], cc=(9, 0),
-                                          launch_bounds=getattr(fn, "launch_bounds", None))
+                ptx, _ = compile_ptx(kernels[name], sigs[name], cc=(9, 0))
                 path = os.path.join(tmp, f"{name}_{dt}.ptx")
                 with open(path, "w") as f:
                     f.write(ptx)

@@ -19,8 +19,7 @@ import sys
 _SCRIPT = r"""
 import json, re, sys
 import dnnkit.kernels
-from dnnkit.kernels.signatures import DTYPES, signatures
-from numba import cuda
+from dnnkit.kernels.signatures import DTYPES, signatures, ptx as compile_ptx
 out = {}
 kernels = dnnkit.kernels.all_kernels()
 for dt in sys.argv[1:]:
@@ -29,9 +28,7 @@ for dt in sys.argv[1:]:
         if name not in sigs:
             out[f"{name}/{dt}"] = "no signature"
             continue
-        kern = kernels[name]
-        bounds = getattr(kern.py_func, "launch_bounds", None)
-        ptx, _ = cuda.compile_ptx(kern.py_func, sigs[name], cc=(9, 0), launch_bounds=bounds)
+        ptx, _ = compile_ptx(kernels[name], sigs[name], cc=(9, 0))
         f64 = len(re.findall(r"\.f64\b", ptx))
         lines = [l.strip() for l in ptx.splitlines() if l.strip()]
         # quotients of LLVM's 32-bit division bypass; their remainder's multiply may be
