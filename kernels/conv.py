@@ -34,32 +34,33 @@ def _tap(o, stride, k, ksize, dil, pad, flip):
 @cuda.jit(cache=True)
 def conv_im2col_fwd_kernel(x, col, geo, nc, acc):
     """col (C*T*R*S, nc*O) from the nc images of x (x flat from the chunk's first image).
-    Thread mapping: x threads walk the O output positions of an image (grid-stride), the grid's
-    y and z dimensions walk the images and the channels (grid-stride); a thread decodes its
-    position (three divisions) once and reuses it for every (image, channel) pair it visits,
-    writing the T*R*S taps of each. Consecutive threads write consecutive columns (coalesced)
-    and read x at stride sw (coalesced for stride 1). Traffic: x read ~TRS/stride^3 times
-    (mostly from cache), col written once."""
+    Thread mapping: x threads walk the chunk's nc*O columns j = (image, output position)
+    (grid-stride), the grid's y dimension walks the channels (grid-stride); a thread decodes
+    its column (four divisions) once and reuses it for every channel it visits, writing the
+    T*R*S taps of each. Consecutive threads write consecutive columns (coalesced, across
+    images too: a small image's few positions no longer leave a block's threads idle) and read
+    x at stride sw (coalesced for stride 1). Traffic: x read ~TRS/stride^3 times (mostly from
+    cache), col written once."""
     c_, d_, h_, w_, t_, r_, s_, od_, oh_, ow_, sd, sh, sw, pd, ph, pw, dd, dh, dw, flip = geo
     zero = acc[0]
     o_, hw = od_ * oh_ * ow_, oh_ * ow_
     ncol, taps, dhw = nc * o_, t_ * r_ * s_, d_ * h_ * w_
-    for p in range(cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x, o_,
+    for j in range(cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x, ncol,
                    cuda.gridDim.x * cuda.blockDim.x):
+        n, p = j // o_, j % o_
         zo, yo, xo = p // hw, (p % hw) // ow_, p % ow_
-        for n in range(cuda.blockIdx.y, nc, cuda.gridDim.y):
-            for c in range(cuda.blockIdx.z, c_, cuda.gridDim.z):
-                src = (n * c_ + c) * dhw
-                dst = c * taps * ncol + n * o_ + p
-                for t in range(t_):
-                    iz = _tap(zo, sd, t, t_, dd, pd, flip)
-                    for r in range(r_):
-                        iy = _tap(yo, sh, r, r_, dh, ph, flip)
-                        for s in range(s_):
-                            ix = _tap(xo, sw, s, s_, dw, pw, flip)
-                            inside = 0 <= iz < d_ and 0 <= iy < h_ and 0 <= ix < w_
-                            col[dst] = x[src + (iz * h_ + iy) * w_ + ix] if inside else zero
-                            dst += ncol
+        for c in range(cuda.blockIdx.y, c_, cuda.gridDim.y):
+            src = (n * c_ + c) * dhw
+            dst = c * taps * ncol + j
+            for t in range(t_):
+                iz = _tap(zo, sd, t, t_, dd, pd, flip)
+                for r in range(r_):
+                    iy = _tap(yo, sh, r, r_, dh, ph, flip)
+                    for s in range(s_):
+                        ix = _tap(xo, sw, s, s_, dw, pw, flip)
+                        inside = 0 <= iz < d_ and 0 <= iy < h_ and 0 <= ix < w_
+                        col[dst] = x[src + (iz * h_ + iy) * w_ + ix] if inside else zero
+                        dst += ncol
 
 
 @inlined

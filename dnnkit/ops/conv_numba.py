@@ -51,9 +51,14 @@ def _kernels():
     return kernels
 
 
-def _im2col_span():
-    """Images (and channels) per im2col grid dimension: 16; 2 on the simulator."""
-    return 2 if device.simulator() else 16
+def _im2col_grid(ncol, channels, threads):
+    """im2col's grid: the chunk's ``ncol`` columns across x, channels across y, as many
+    channel blocks as fill about 8 blocks per SM (each thread decodes its column once for the
+    channels it visits). The previous mapping (an image's positions across x, images and
+    channels capped at 16 each) left a block's threads idle past a small image's positions:
+    16 of 256 busy on ResNet-18's 4x4 layers (validation/notes/conv-numba.md)."""
+    xb = -(-ncol // threads)
+    return xb, min(channels, max(1, -(-8 * conv_launch.sm_count() // xb)))
 
 
 def _kernel_geo(geom):
@@ -103,12 +108,11 @@ def _elementwise(kernel, n, stream, args):
 
 
 def _im2col(x, col, geom, sz, n0, nc, stream):
-    """kernels/conv.py's im2col on a 3-D grid: positions x images x channels, the last two
-    capped so that each thread reuses its decoded position over several (image, channel)
-    pairs."""
+    """kernels/conv.py's im2col on a 2-D grid: (image, position) columns x channels
+    (``_im2col_grid``)."""
     src = at(flat_arg(x), n0 * sz.image)
-    threads, span = conv_launch.elem_threads(), _im2col_span()
-    grid = (-(-sz.out // threads), min(nc, span), min(sz.c, span))
+    threads = conv_launch.elem_threads()
+    grid = _im2col_grid(nc * sz.out, sz.c, threads)
     launch(_kernels().conv_im2col_fwd_kernel, grid, threads, stream,
            (src, col, _kernel_geo(geom), nc, arrays.acc_array(x.dtype)))
 
