@@ -65,9 +65,15 @@ def conv_im2col_fwd_kernel(x, col, geo, nc, acc):
 
 @inlined
 def _out(i, pad, k, ksize, dil, stride, osize, flip):
-    """Output coordinate whose tap k reads input coordinate i, or -1 if none."""
+    """Output coordinate whose tap k reads input coordinate i, or -1 if none. Stride 1 (a
+    branch uniform over the grid) takes no division: a 64-bit remainder and quotient per tap
+    made col2im bound by its integer arithmetic."""
     q = i + pad - ((ksize - 1 - k) if flip else k) * dil       # = o * stride
-    if q < 0 or q % stride != 0 or q // stride >= osize:
+    if q < 0:
+        return -1
+    if stride == 1:
+        return q if q < osize else -1
+    if q % stride != 0 or q // stride >= osize:
         return -1
     return q // stride
 
@@ -76,32 +82,37 @@ def _out(i, pad, k, ksize, dil, stride, osize, flip):
 def conv_col2im_bwd_kernel(dcol, dx, geo, nc, acc):
     """dx (the chunk's nc images, flat) from dcol (C*T*R*S, nc*O), in gather form:
     dx[n, c, i] = sum over taps (t, r, s) and outputs o with o*stride + t'*dil - pad = i of
-    dcol[(c,t,r,s), (n,o)]. Thread mapping: grid-stride loop, one thread per dx element
-    (consecutive threads on consecutive x positions, coalesced writes), summing in a fixed
-    order: deterministic, no atomics. Traffic: dcol read once, dx written once."""
+    dcol[(c,t,r,s), (n,o)]. Thread mapping: x threads walk the chunk's nc*DHW (image, input
+    position) pairs (grid-stride), the grid's y dimension the channels (grid-stride); a thread
+    decodes its pair once and reuses it for every channel it visits (it decoded all four
+    indices of every element before: bound by integer division). Consecutive threads on
+    consecutive x positions (coalesced writes); each element sums its taps in a fixed order:
+    deterministic, no atomics. Traffic: dcol read once, dx written once."""
     c_, d_, h_, w_, t_, r_, s_, od_, oh_, ow_, sd, sh, sw, pd, ph, pw, dd, dh, dw, flip = geo
     zero = acc[0]
     dhw, o_ = d_ * h_ * w_, od_ * oh_ * ow_
-    ncol = nc * o_
-    for e in range(cuda.grid(1), nc * c_ * dhw, cuda.gridsize(1)):
-        nci, p = e // dhw, e % dhw                  # nci = n*C + c
-        n, c = nci // c_, nci % c_
+    ncol, taps = nc * o_, t_ * r_ * s_
+    for j in range(cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x, nc * dhw,
+                   cuda.gridDim.x * cuda.blockDim.x):
+        n, p = j // dhw, j % dhw
         iz, iy, ix = p // (h_ * w_), (p // w_) % h_, p % w_
-        total = zero
-        for t in range(t_):
-            zo = _out(iz, pd, t, t_, dd, sd, od_, flip)
-            if zo < 0:
-                continue
-            for r in range(r_):
-                yo = _out(iy, ph, r, r_, dh, sh, oh_, flip)
-                if yo < 0:
+        for c in range(cuda.blockIdx.y, c_, cuda.gridDim.y):
+            base = c * taps * ncol + n * o_          # row (c, 0, 0, 0), column (n, 0)
+            total = zero
+            for t in range(t_):
+                zo = _out(iz, pd, t, t_, dd, sd, od_, flip)
+                if zo < 0:
                     continue
-                for s in range(s_):
-                    xo = _out(ix, pw, s, s_, dw, sw, ow_, flip)
-                    if xo >= 0:
-                        row = ((c * t_ + t) * r_ + r) * s_ + s
-                        total += dcol[row * ncol + n * o_ + (zo * oh_ + yo) * ow_ + xo] + zero
-        dx[e] = total
+                for r in range(r_):
+                    yo = _out(iy, ph, r, r_, dh, sh, oh_, flip)
+                    if yo < 0:
+                        continue
+                    for s in range(s_):
+                        xo = _out(ix, pw, s, s_, dw, sw, ow_, flip)
+                        if xo >= 0:
+                            row = (t * r_ + r) * s_ + s
+                            total += dcol[base + row * ncol + (zo * oh_ + yo) * ow_ + xo] + zero
+            dx[(n * c_ + c) * dhw + p] = total
 
 
 @cuda.jit(cache=True)

@@ -51,12 +51,12 @@ def _kernels():
     return kernels
 
 
-def _im2col_grid(ncol, channels, threads):
-    """im2col's grid: the chunk's ``ncol`` columns across x, channels across y, as many
-    channel blocks as fill about 8 blocks per SM (each thread decodes its column once for the
-    channels it visits). The previous mapping (an image's positions across x, images and
-    channels capped at 16 each) left a block's threads idle past a small image's positions:
-    16 of 256 busy on ResNet-18's 4x4 layers (validation/notes/conv-numba.md)."""
+def _columns_grid(ncol, channels, threads):
+    """im2col's and col2im's grid: the chunk's ``ncol`` (image, position) pairs across x,
+    channels across y, as many channel blocks as fill about 8 blocks per SM (each thread
+    decodes its pair once for the channels it visits). Mapping an image's positions alone
+    across x left a block's threads idle past a small image's positions: 16 of 256 busy on
+    ResNet-18's 4x4 layers (validation/notes/conv-numba.md)."""
     xb = -(-ncol // threads)
     return xb, min(channels, max(1, -(-8 * conv_launch.sm_count() // xb)))
 
@@ -109,10 +109,10 @@ def _elementwise(kernel, n, stream, args):
 
 def _im2col(x, col, geom, sz, n0, nc, stream):
     """kernels/conv.py's im2col on a 2-D grid: (image, position) columns x channels
-    (``_im2col_grid``)."""
+    (``_columns_grid``)."""
     src = at(flat_arg(x), n0 * sz.image)
     threads = conv_launch.elem_threads()
-    grid = _im2col_grid(nc * sz.out, sz.c, threads)
+    grid = _columns_grid(nc * sz.out, sz.c, threads)
     launch(_kernels().conv_im2col_fwd_kernel, grid, threads, stream,
            (src, col, _kernel_geo(geom), nc, arrays.acc_array(x.dtype)))
 
@@ -273,8 +273,10 @@ def backward_data(dy, w, geom, stream, math="3xtf32"):
                   (sz.groups, 1, sz.kg * sz.rows, 0, sz.kg * o, 0, c1, 0), stream=stream,
                   math=math)
         if not sz.pointwise:
-            _elementwise(_kernels().conv_col2im_bwd_kernel, nc * sz.image, stream,
-                         (dcol, at(dxf, n0 * sz.image), _kernel_geo(geom), nc, acc))
+            threads = conv_launch.elem_threads()
+            launch(_kernels().conv_col2im_bwd_kernel,
+                   _columns_grid(nc * (sz.image // sz.c), sz.c, threads), threads, stream,
+                   (dcol, at(dxf, n0 * sz.image), _kernel_geo(geom), nc, acc))
     return dx, "gemm+col2im"
 
 
