@@ -24,7 +24,6 @@ from .bounds import inlined
 from .common import REDUCE_SUM, block_reduce
 
 
-
 @inlined
 def _tap(o, stride, k, ksize, dil, pad, flip):
     """Input coordinate read by output coordinate o through kernel tap k."""
@@ -56,11 +55,24 @@ def conv_im2col_fwd_kernel(x, col, geo, nc, acc):
                 iz = _tap(zo, sd, t, t_, dd, pd, flip)
                 for r in range(r_):
                     iy = _tap(yo, sh, r, r_, dh, ph, flip)
-                    for s in range(s_):
-                        ix = _tap(xo, sw, s, s_, dw, pw, flip)
-                        inside = 0 <= iz < d_ and 0 <= iy < h_ and 0 <= ix < w_
-                        col[dst] = x[src + (iz * h_ + iy) * w_ + ix] if inside else zero
-                        dst += ncol
+                    row = src + (iz * h_ + iy) * w_
+                    ok = 0 <= iz < d_ and 0 <= iy < h_
+                    # three taps' loads before their stores: the compiler cannot move a load
+                    # above a store to col (it may alias x), so one tap at a time waited for
+                    # each load in turn
+                    for s in range(0, s_, 3):
+                        ix0 = _tap(xo, sw, s, s_, dw, pw, flip)
+                        ix1 = _tap(xo, sw, s + 1, s_, dw, pw, flip)
+                        ix2 = _tap(xo, sw, s + 2, s_, dw, pw, flip)
+                        v0 = x[row + ix0] if ok and 0 <= ix0 < w_ else zero
+                        v1 = x[row + ix1] if ok and s + 1 < s_ and 0 <= ix1 < w_ else zero
+                        v2 = x[row + ix2] if ok and s + 2 < s_ and 0 <= ix2 < w_ else zero
+                        col[dst] = v0
+                        if s + 1 < s_:
+                            col[dst + ncol] = v1
+                        if s + 2 < s_:
+                            col[dst + 2 * ncol] = v2
+                        dst += min(3, s_ - s) * ncol
 
 
 @inlined
