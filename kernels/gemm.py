@@ -93,6 +93,137 @@ def _tap(reg, q, src, at, zb, yb, xb, table, row, cg):
         reg[q] = 0
 
 
+# The factory's device functions that need only its constants, taken as arguments (tx, bk, nt:
+# threads across, the slab depth, threads per block; ...): one compile per signature serves
+# every variant of a process (after LLVM's inlining the constants fold as the closure's did:
+# the same machine code; validation/notes/cold-start.md).
+
+@inlined
+def _rows_at(off, ld, kfast, fixed, rows, r0, count, tile, roff, tx, bk, nt):
+    """Once per tile, the offsets of this thread's staged rows (-1 past the operand's rows),
+    so that a slab's fetch is one add and one load per element. k-fast: element (r, kk) =
+    (t//bk + nt//bk*q, t%bk), roff[q] = off + (r0 + r)*ld; otherwise (r, kk) =
+    (t%tile, t//tile + nt//tile*q) share one row, roff[0] = off + ``fixed`` (the row's
+    offset)."""
+    t = cuda.threadIdx.y * tx + cuda.threadIdx.x
+    if kfast:
+        for q in range(count):
+            r = r0 + t // bk + (nt // bk) * q
+            roff[q] = off + r * ld if r < rows else -1
+    else:
+        roff[0] = off + fixed if r0 + t % tile < rows else -1
+
+
+@inlined
+def _fetch(src, roff, ld, kfast, fixed, k0, kdim, count, tile, reg, tx, bk, nt):
+    """reg[q] = this thread's q-th element of the slab at k0 (``_rows_at``; zero outside the
+    operand), in the data type: nothing uses the loaded value until ``_stash``, so the load's
+    latency hides behind the multiplications of the current slab (a conversion here would
+    wait for it). k-fast: ``fixed`` is the offset of the element's k (walked by the
+    caller)."""
+    t = cuda.threadIdx.y * tx + cuda.threadIdx.x
+    kin = k0 + t % bk < kdim
+    for q in range(count):
+        if kfast:
+            ok, addr = kin and roff[q] >= 0, roff[q] + fixed
+        else:
+            kk = k0 + t // tile + (nt // tile) * q
+            ok, addr = kk < kdim and roff[0] >= 0, roff[0] + kk * ld
+        if ok:
+            reg[q] = src[uint64(addr)]
+        else:
+            reg[q] = 0
+
+
+@inlined
+def _corner_cols(cols, j0, n, cg, tx, bn):
+    """cols[4r..4r+3] = (base, zb, yb, xb) of the tile's column j0 + r (r < bn): the image's
+    base plus the window corner's offset (negative where the corner is in the padding), and
+    the corner (od*sd - pd, oh*sh - ph, ow*sw - pw); past the last column the corner's depth
+    is far below 0, so every tap reads as padding. Kept in shared memory, not registers,
+    through the k loop: the fetches read it once a slab."""
+    t = cuda.threadIdx.y * tx + cuda.threadIdx.x
+    if t < bn:
+        jj = j0 + t
+        img, pos = jj // cg[0], jj % cg[0]
+        zb, yb, xb, at = _corner(pos, cg)
+        cols[4 * t] = img * cg[12] + at
+        cols[4 * t + 1] = zb if jj < n else -(1 << 62)
+        cols[4 * t + 2], cols[4 * t + 3] = yb, xb
+
+
+@inlined
+def _fetch_conv(src, off, cols, table, cg, k0, kdim, count, reg, tx, bn, nt):
+    """reg[q] = B[k, j] of the implicit convolution for this thread's staged elements
+    (r, kk) = (t%bn, t//bn + nt//bn*q): column j = j0 + r from ``cols`` (``_corner_cols``),
+    row k = k0 + kk from ``table``; zero outside the input (padding) and the matrix."""
+    t = cuda.threadIdx.y * tx + cuda.threadIdx.x
+    r = t % bn
+    base, zb, yb, xb = cols[4 * r], cols[4 * r + 1], cols[4 * r + 2], cols[4 * r + 3]
+    for q in range(count):
+        k = k0 + t // bn + (nt // bn) * q
+        if k < kdim:
+            _tap(reg, q, src, off + base, zb, yb, xb, table, k, cg)
+        else:
+            reg[q] = 0
+
+
+@inlined
+def _fetch_conv_k(src, off, img_base, pos, table, cg, k0, kdim, j0, n, count, reg, tx, bk, nt):
+    """Layout 01: reg[q] = B[k, j] of the implicit filter gradient for this thread's staged
+    elements (r, kk) = (t//bk + nt//bk*q, t%bk): row k = k0 + kk is the output position
+    ``pos`` of the image at ``img_base`` (the caller walks them), column j = j0 + r a filter
+    row from ``table``."""
+    t = cuda.threadIdx.y * tx + cuda.threadIdx.x
+    zb, yb, xb, at = _corner(pos, cg)
+    kin = k0 + t % bk < kdim
+    for q in range(count):
+        j = j0 + t // bk + (nt // bk) * q
+        if kin and j < n:
+            _tap(reg, q, src, off + img_base + at, zb, yb, xb, table, j, cg)
+        else:
+            reg[q] = 0
+
+
+@inlined
+def _stash(sh, base, kfast, count, tile, reg, tx, bk, nt, pairs, pad):
+    t = cuda.threadIdx.y * tx + cuda.threadIdx.x
+    for q in range(count):
+        if kfast:
+            r, kk = t // bk + (nt // bk) * q, t % bk
+        else:
+            r, kk = t % tile, t // tile + (nt // tile) * q
+        if pairs:   # k pairs: (kk, r) at half (kk // 2)*2*(tile + pad) + 2r + kk % 2
+            at = base + (kk // 2) * (2 * (tile + pad)) + 2 * r + kk % 2
+        else:
+            at = base + kk * (tile + pad) + r
+        sh[uint64(at)] = reg[q]    # to the accumulation type (float16 for "f16")
+
+
+@inlined
+def _frag(sh, p, half, count, reg):
+    """reg[i] = sh[p + (i // h)*half + i % h], h = count // 2: two runs of h consecutive words,
+    which LLVM merges into vector loads (ld.shared.v4 for h = 4). Unsigned indices: Numba
+    wraps a signed index with a compare and select per access, which would also block the
+    merge."""
+    h = count // 2
+    for i in range(count):
+        reg[i] = sh[uint64(p + (i // h) * half + i % h)]
+
+
+@inlined
+def _outer(c_reg, av, bv, wm, wn):
+    for i in range(wm):
+        for j in range(wn):
+            c_reg[i, j] += av[i] * bv[j]
+
+
+@inlined
+def _koffset(k, grp, gstride):
+    q, r = _split(k, grp)
+    return q * gstride + r
+
+
 @functools.lru_cache(maxsize=None)
 def gemm_kernel(ta, tb, wm, wn, tx, ty, min_blocks=1, implicit=False, bk=BK, tc=False):
     """The kernel for layout (ta, tb) with a (wm x wn)-per-thread tile and (tx, ty) threads.
@@ -129,134 +260,18 @@ def gemm_kernel(ta, tb, wm, wn, tx, ty, min_blocks=1, implicit=False, bk=BK, tc=
             raise ValueError(f"gemm_kernel: {nt} threads cannot stage a {tile} x {BK} slab")
 
     @inlined
-    def rows_at(off, ld, kfast, fixed, rows, r0, count, tile, roff):
-        """Once per tile, the offsets of this thread's staged rows (-1 past the operand's
-        rows), so that a slab's fetch is one add and one load per element. k-fast: element
-        (r, kk) = (t//BK + nt//BK*q, t%BK), roff[q] = off + (r0 + r)*ld; otherwise
-        (r, kk) = (t%tile, t//tile + nt//tile*q) share one row, roff[0] = off + ``fixed``
-        (the row's offset)."""
-        t = cuda.threadIdx.y * tx + cuda.threadIdx.x
-        if kfast:
-            for q in range(count):
-                r = r0 + t // BK + (nt // BK) * q
-                roff[q] = off + r * ld if r < rows else -1
-        else:
-            roff[0] = off + fixed if r0 + t % tile < rows else -1
-
-    @inlined
-    def fetch(src, roff, ld, kfast, fixed, k0, kdim, count, tile, reg):
-        """reg[q] = this thread's q-th element of the slab at k0 (``rows_at``; zero outside
-        the operand), in the data type: nothing uses the loaded value until ``stash``, so the
-        load's latency hides behind the multiplications of the current slab (a conversion
-        here would wait for it). k-fast: ``fixed`` is the offset of the element's k (walked
-        by the caller)."""
-        t = cuda.threadIdx.y * tx + cuda.threadIdx.x
-        kin = k0 + t % BK < kdim
-        for q in range(count):
-            if kfast:
-                ok, addr = kin and roff[q] >= 0, roff[q] + fixed
-            else:
-                kk = k0 + t // tile + (nt // tile) * q
-                ok, addr = kk < kdim and roff[0] >= 0, roff[0] + kk * ld
-            if ok:
-                reg[q] = src[uint64(addr)]
-            else:
-                reg[q] = 0
-
-    @inlined
-    def corner(cols, j0, n, cg):
-        """cols[4r..4r+3] = (base, zb, yb, xb) of the tile's column j0 + r (r < BN): the
-        image's base plus the window corner's offset (negative where the corner is in the
-        padding), and the corner (od*sd - pd, oh*sh - ph, ow*sw - pw); past the last column
-        the corner's depth is far below 0, so every tap reads as padding. Kept in shared
-        memory, not registers, through the k loop: the fetches read it once a slab."""
-        t = cuda.threadIdx.y * tx + cuda.threadIdx.x
-        if t < bn:
-            jj = j0 + t
-            img, pos = jj // cg[0], jj % cg[0]
-            zb, yb, xb, at = _corner(pos, cg)
-            cols[4 * t] = img * cg[12] + at
-            cols[4 * t + 1] = zb if jj < n else -(1 << 62)
-            cols[4 * t + 2], cols[4 * t + 3] = yb, xb
-
-    @inlined
-    def fetch_conv(src, off, cols, table, cg, k0, kdim, count, reg):
-        """reg[q] = B[k, j] of the implicit convolution for this thread's staged elements
-        (r, kk) = (t%BN, t//BN + NT//BN*q): column j = j0 + r from ``cols`` (``corner``), row
-        k = k0 + kk from ``table``; zero outside the input (padding) and the matrix."""
-        t = cuda.threadIdx.y * tx + cuda.threadIdx.x
-        r = t % bn
-        base, zb, yb, xb = cols[4 * r], cols[4 * r + 1], cols[4 * r + 2], cols[4 * r + 3]
-        for q in range(count):
-            k = k0 + t // bn + (nt // bn) * q
-            if k < kdim:
-                _tap(reg, q, src, off + base, zb, yb, xb, table, k, cg)
-            else:
-                reg[q] = 0
-
-    @inlined
-    def fetch_conv_k(src, off, img_base, pos, table, cg, k0, kdim, j0, n, count, reg):
-        """Layout 01: reg[q] = B[k, j] of the implicit filter gradient for this thread's
-        staged elements (r, kk) = (t//BK + NT//BK*q, t%BK): row k = k0 + kk is the output
-        position ``pos`` of the image at ``img_base`` (the caller walks them), column
-        j = j0 + r a filter row from ``table``."""
-        t = cuda.threadIdx.y * tx + cuda.threadIdx.x
-        zb, yb, xb, at = _corner(pos, cg)
-        kin = k0 + t % BK < kdim
-        for q in range(count):
-            j = j0 + t // BK + (nt // BK) * q
-            if kin and j < n:
-                _tap(reg, q, src, off + img_base + at, zb, yb, xb, table, j, cg)
-            else:
-                reg[q] = 0
-
-    @inlined
     def fetch_b(b, offb, roff, ldb, bq, gsb, br, k0, kdim, n, j0, cols, table, cg, reg):
-        """This thread's share of B's slab at k0 (``fetch``, or the implicit convolution's
-        ``fetch_conv`` / ``fetch_conv_k``)."""
+        """This thread's share of B's slab at k0 (``_fetch``, or the implicit convolution's
+        ``_fetch_conv`` / ``_fetch_conv_k``)."""
         if implicit and tb == 0:
-            fetch_conv(b, offb, cols, table, cg, k0, kdim, lb, reg)
+            _fetch_conv(b, offb, cols, table, cg, k0, kdim, lb, reg, tx, bn, nt)
         elif implicit:
-            fetch_conv_k(b, offb, bq * gsb, br, table, cg, k0, kdim, j0, n, lb, reg)
+            _fetch_conv_k(b, offb, bq * gsb, br, table, cg, k0, kdim, j0, n, lb, reg, tx, BK,
+                          nt)
         else:
-            fetch(b, roff, ldb, tb == 1, bq * gsb + br, k0, kdim, lb, bn, reg)
-
-    @inlined
-    def stash(sh, base, kfast, count, tile, reg):
-        t = cuda.threadIdx.y * tx + cuda.threadIdx.x
-        for q in range(count):
-            if kfast:
-                r, kk = t // BK + (nt // BK) * q, t % BK
-            else:
-                r, kk = t % tile, t // tile + (nt // tile) * q
-            if pairs:   # k pairs: (kk, r) at half (kk // 2)*2*(tile + PAD) + 2r + kk % 2
-                at = base + (kk // 2) * (2 * (tile + PAD)) + 2 * r + kk % 2
-            else:
-                at = base + kk * (tile + PAD) + r
-            sh[uint64(at)] = reg[q]    # to the accumulation type (float16 for "f16")
-
-    @inlined
-    def frag(sh, p, half, count, reg):
-        """reg[i] = sh[p + (i // h)*half + i % h], h = count // 2: two runs of h consecutive
-        words, which LLVM merges into vector loads (ld.shared.v4 for h = 4). Unsigned
-        indices: Numba wraps a signed index with a compare and select per access, which
-        would also block the merge."""
-        h = count // 2
-        for i in range(count):
-            reg[i] = sh[uint64(p + (i // h) * half + i % h)]
-
-    @inlined
-    def outer(c_reg, av, bv):
-        for i in range(wm):
-            for j in range(wn):
-                c_reg[i, j] += av[i] * bv[j]
+            _fetch(b, roff, ldb, tb == 1, bq * gsb + br, k0, kdim, lb, bn, reg, tx, BK, nt)
 
     mma_slab = slab_mma(mode, BK, sa, sb, wmt, wnt) if tc else None
-
-    @inlined
-    def koffset(k, grp, gstride):
-        q, r = _split(k, grp)
-        return q * gstride + r
 
     if pairs:
         @cuda.jit(device=True, inline=True)   # returns the array it declares (bounds.inlined)
@@ -303,22 +318,23 @@ def gemm_kernel(ta, tb, wm, wn, tx, ty, min_blocks=1, implicit=False, bk=BK, tc=
                         for j in range(wn):
                             c_reg[i, j] = zero
                     # fixed (non-k) offsets of the non-k-fast operands, once per tile
-                    fa = 0 if ta == 0 else koffset(i0 + t % bm, ga, gsa)
-                    fb = 0 if tb == 1 else koffset(j0 + t % bn, gb, gsb)
-                    rows_at(offa, lda, ta == 0, fa, m, i0, la, bm, roffa)
+                    fa = 0 if ta == 0 else _koffset(i0 + t % bm, ga, gsa)
+                    fb = 0 if tb == 1 else _koffset(j0 + t % bn, gb, gsb)
+                    _rows_at(offa, lda, ta == 0, fa, m, i0, la, bm, roffa, tx, BK, nt)
                     if not implicit:
-                        rows_at(offb, ldb, tb == 1, fb, n, j0, lb, bn, roffb)
+                        _rows_at(offb, ldb, tb == 1, fb, n, j0, lb, bn, roffb, tx, BK, nt)
                     if implicit and tb == 0:    # the tile's columns (n, od, oh, ow)
-                        corner(cols, j0, n, cg)
+                        _corner_cols(cols, j0, n, cg, tx, bn)
                         cuda.syncthreads()
                     # k-fast operands: (quotient, remainder) of k = k0 + kk, walked per slab
                     aq, ar = _split(kk_a, ga)
                     bq, br = _split(kk_b, gb)
-                    fetch(a, roffa, lda, ta == 0, aq * gsa + ar, 0, kdim, la, bm, a_buf)
+                    _fetch(a, roffa, lda, ta == 0, aq * gsa + ar, 0, kdim, la, bm, a_buf, tx,
+                           BK, nt)
                     fetch_b(b, offb, roffb, ldb, bq, gsb, br, 0, kdim, n, j0, cols, table, cg,
                             b_buf)
-                    stash(sh, 0, ta == 0, la, bm, a_buf)
-                    stash(sh, BK * sa, tb == 1, lb, bn, b_buf)
+                    _stash(sh, 0, ta == 0, la, bm, a_buf, tx, BK, nt, pairs, PAD)
+                    _stash(sh, BK * sa, tb == 1, lb, bn, b_buf, tx, BK, nt, pairs, PAD)
                     cuda.syncthreads()
                     phase = 0
                     for k0 in range(0, kdim, BK):
@@ -334,8 +350,8 @@ def gemm_kernel(ta, tb, wm, wn, tx, ty, min_blocks=1, implicit=False, bk=BK, tc=
                                 while br >= gb:
                                     br -= gb
                                     bq += 1
-                            fetch(a, roffa, lda, ta == 0, aq * gsa + ar, k0 + BK, kdim, la,
-                                  bm, a_buf)
+                            _fetch(a, roffa, lda, ta == 0, aq * gsa + ar, k0 + BK, kdim, la,
+                                   bm, a_buf, tx, BK, nt)
                             fetch_b(b, offb, roffb, ldb, bq, gsb, br, k0 + BK, kdim, n, j0,
                                     cols, table, cg, b_buf)
                         if tc:      # offsets in slab_mma's unit (ew elements)
@@ -350,19 +366,20 @@ def gemm_kernel(ta, tb, wm, wn, tx, ty, min_blocks=1, implicit=False, bk=BK, tc=
                             # of the vector loads.
                             pa = phase * stage + y * (wm // 2)
                             pb = phase * stage + BK * sa + x * (wn // 2)
-                            frag(sh, pa, bm // 2, wm, ra0)
-                            frag(sh, pb, bn // 2, wn, rb0)
+                            _frag(sh, pa, bm // 2, wm, ra0)
+                            _frag(sh, pb, bn // 2, wn, rb0)
                             for kk in range(0, BK, 2):
-                                frag(sh, pa + (kk + 1) * sa, bm // 2, wm, ra1)
-                                frag(sh, pb + (kk + 1) * sb, bn // 2, wn, rb1)
-                                outer(c_reg, ra0, rb0)
-                                frag(sh, pa + (kk + 2) * sa, bm // 2, wm, ra0)
-                                frag(sh, pb + (kk + 2) * sb, bn // 2, wn, rb0)
-                                outer(c_reg, ra1, rb1)
+                                _frag(sh, pa + (kk + 1) * sa, bm // 2, wm, ra1)
+                                _frag(sh, pb + (kk + 1) * sb, bn // 2, wn, rb1)
+                                _outer(c_reg, ra0, rb0, wm, wn)
+                                _frag(sh, pa + (kk + 2) * sa, bm // 2, wm, ra0)
+                                _frag(sh, pb + (kk + 2) * sb, bn // 2, wn, rb0)
+                                _outer(c_reg, ra1, rb1, wm, wn)
                         if more:
                             nxt = (1 - phase) * stage
-                            stash(sh, nxt, ta == 0, la, bm, a_buf)
-                            stash(sh, nxt + BK * sa, tb == 1, lb, bn, b_buf)
+                            _stash(sh, nxt, ta == 0, la, bm, a_buf, tx, BK, nt, pairs, PAD)
+                            _stash(sh, nxt + BK * sa, tb == 1, lb, bn, b_buf, tx, BK, nt, pairs,
+                                   PAD)
                             phase = 1 - phase
                         cuda.syncthreads()
                     _store(c, z1 * c1 + z2 * c2, ldc, gc, gsc, m, n, i0 + i1, j0 + j1, c_reg,
