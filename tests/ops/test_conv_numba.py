@@ -39,6 +39,9 @@ CASES = {
                              flip=True),
     "3d-groups2-s2": conv_geom((2, 4, 3, 4, 3), (4, 2, 3, 1, 2), (2, 1, 2), (1, 1, 0), groups=2),
     "3d-1x1x1-s3": conv_geom((1, 3, 3, 3, 4), (2, 3, 1, 1, 1), (2, 2, 3)),
+    # col2im's undilated path (kernels/conv.py _taps) flipped, strided on every axis, padded
+    "3d-s2-pad-flip": conv_geom((1, 2, 5, 5, 4), (2, 2, 3, 3, 2), (2, 2, 1), (1, 1, 1),
+                                flip=True),
     # 1x1, stride 1, no padding: the GEMMs read x and write dx in place (no im2col)
     "2d-pointwise": conv_geom((3, 5, 1, 2, 3), (4, 5, 1, 1, 1)),
     "3d-pointwise-groups-dil": conv_geom((2, 4, 2, 2, 3), (6, 2, 1, 1, 1), 1, 0, (2, 1, 3),
