@@ -16,8 +16,9 @@ constants are written ``float32(c)``: a Python literal would promote float32 mat
 
 Device functions are ``@bounds.inlined``: compiled once per signature and inlined by LLVM
 (Numba's own IR inlining, ``inline=True``, re-types a function's IR in every caller and doubled
-the GEMM's compile time), except where the generated code came out different: pool.py,
-batchnorm.py and rnn.py keep ``inline=True``, as does a function returning an array it declares.
+the GEMM's compile time), except the three whose kernels' machine code came out different that
+way (batchnorm.py ``_merge``, pool.py ``_walk``, rnn.py ``_time``) and a function returning an
+array it declares, which keep ``inline=True``.
 
 Geometry: a kernel takes its sizes packed in one tuple of int64, ``geo`` (each module documents
 its layout); the ops build it from their geometry objects (``geom``).

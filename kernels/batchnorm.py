@@ -50,7 +50,7 @@ import math
 
 from numba import cuda, float32, uint64
 
-from .bounds import bounded_jit
+from .bounds import bounded_jit, inlined
 
 UNROLL = 4          # the launcher sizes splits so each thread gets a few unrolled trips
 MAX_THREADS = 256   # launch bound of the kernels that walk x: blocks of at most 256 threads
@@ -66,14 +66,14 @@ def _walker(kernel):
 
 # ---------------------------------------------------------------- thread mapping
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def _lanes(sw, cw):
     """(si, ci, yi, by): this thread's position lane, channel slot and sample lane."""
     t = cuda.threadIdx.x
     return t % sw, (t // sw) % cw, t // (sw * cw), cuda.blockDim.x // (sw * cw)
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def _loops(n, c, s, sw, cw, splits_i):
     """This thread's walk over the elements of its channel (module docstring), as
     (first, rows, row_step, a0, a_main, a_end, d): ``rows`` rows starting at
@@ -98,7 +98,7 @@ def _loops(n, c, s, sw, cw, splits_i):
         k_end * k_stride, d
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def _four(p, d):
     """The unrolled loop's four indices, unsigned: Numba then skips the negative-index
     wraparound (a compare and select per access, and registers to hold the array sizes)."""
@@ -107,7 +107,7 @@ def _four(p, d):
 
 # ---------------------------------------------------------------- Welford / Chan
 
-@cuda.jit(device=True, inline=True)
+@cuda.jit(device=True, inline=True)   # LLVM's inlining (bounds.inlined) changed the code
 def _merge(na, ma, qa, nb, mb, qb):
     """Chan et al.'s merge of two (count, mean, M2) triples; an empty b leaves a unchanged."""
     if nb == na - na:
@@ -118,7 +118,7 @@ def _merge(na, ma, qa, nb, mb, qb):
     return n, ma + d * r, qa + qb + d * d * na * r
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def _merge4(n, m, q, v0, v1, v2, v3):
     """Add four values: their exact-ish two-pass group statistics, then one Chan update (one
     division per four elements)."""
@@ -129,7 +129,7 @@ def _merge4(n, m, q, v0, v1, v2, v3):
     return _merge(n, m, q, n - n + float32(4), mg, qg)
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def _tree(sh, width, lane, slot, cw, by_lanes):
     """In-place fixed-order tree over the ``by_lanes`` lanes of each channel slot, for
     ``width`` interleaved arrays (3: Welford merge, 2: plain sums). Result at lane 0."""

@@ -68,33 +68,34 @@ import math
 
 from numba import boolean, cuda, float32, int64, uint64
 
+from .bounds import inlined
 from .common import UNROLL, load4
 
 MAX, AVG_INC, AVG_EXC, SUM = 0, 1, 2, 3
 MODE_NAMES = {MAX: "max", AVG_INC: "avginc", AVG_EXC: "avgexc", SUM: "sum"}
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def _count(lo, k, n):
     """Inputs of [lo, lo + k) inside [0, n)."""
     return min(lo + k, n) - max(lo, 0)
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def _span(lo, k, n, p):
     """Positions of [lo, lo + k) before the padded end n + p (lo >= -p): AVG_INC's divisor
     along one dimension when the window may overhang (``clip``)."""
     return min(lo + k, n + p) - lo
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def _clamped(z, y, x, d, h, w):
     """The in-plane index of (z, y, x) clamped into a d x h x w plane, as uint64 (no
     negative-index wraparound): an always-valid address for a load masked afterwards."""
     return uint64((min(max(z, 0), d - 1) * h + min(max(y, 0), h - 1)) * w + min(max(x, 0), w - 1))
 
 
-@cuda.jit(device=True, inline=True)
+@cuda.jit(device=True, inline=True)   # LLVM's inlining (bounds.inlined) changed the code
 def _walk(g, n, planes, flat):
     """(position, first plane, end plane, plane step) of thread index g. Planes of n >= 128
     positions: g is the position, planes along the grid's y. Smaller planes (``flat``; e.g.
@@ -110,7 +111,7 @@ def _walker(per_window, SD, SH, SW):
     out[o] = per_window(x, plane base, d, h, w, z0, y0, x0, pd, ph, pw, zero) for every output
     o (window corner (z0, y0, x0) from the strides SD, SH, SW), one plane per trip."""
 
-    @cuda.jit(device=True, inline=True)
+    @inlined
     def walk(x, out, geo, planes, flat, zero):
         d_, h_, w_, od_, oh_, ow_ = geo[0], geo[1], geo[2], geo[3], geo[4], geo[5]
         pd, ph, pw = geo[12], geo[13], geo[14]
@@ -156,7 +157,7 @@ def pool_kernels(mode, window, stride, clip=False):
     GCHUNK = NC if NC <= 32 else 8
     GSPAN = GCHUNK * -(-NC // GCHUNK)
 
-    @cuda.jit(device=True, inline=True)
+    @inlined
     def fold(x, base, d_, h_, w_, z0, y0, x0, zero):
         """(max, arg-max tap, sum) over the window at (z0, y0, x0) (unclipped corner) of the
         plane at ``base``, taps in scan order. The arg-max is the first maximum, or the first
@@ -187,7 +188,7 @@ def pool_kernels(mode, window, stride, clip=False):
                     total += v if ins[i] else zero
         return m, best, total
 
-    @cuda.jit(device=True, inline=True)
+    @inlined
     def window_value(x, base, d_, h_, w_, z0, y0, x0, pd, ph, pw, zero):
         """The pooled value of the window at (z0, y0, x0) of the plane at ``base`` (padding
         pd, ph, pw)."""
@@ -204,7 +205,7 @@ def pool_kernels(mode, window, stride, clip=False):
                                            * _count(x0, KW, w_)))
         return total
 
-    @cuda.jit(device=True, inline=True)
+    @inlined
     def window_argmax(x, base, d_, h_, w_, z0, y0, x0, pd, ph, pw, zero):
         """The tap index of the window's arg-max (the forward's rule, ``fold``)."""
         return fold(x, base, d_, h_, w_, z0, y0, x0, zero)[1]
@@ -219,7 +220,7 @@ def pool_kernels(mode, window, stride, clip=False):
         (see the module docstring and ``_walk``)."""
         value_walker(x, y, geo, planes, flat, acc[0])
 
-    @cuda.jit(device=True, inline=True)
+    @inlined
     def refold(x, y, o, geo, zero):
         """y[o] = the value of output o's window again (o flat over y), from x."""
         h_, w_, oh_, ow_ = geo[1], geo[2], geo[4], geo[5]
@@ -259,7 +260,7 @@ def pool_kernels(mode, window, stride, clip=False):
         as ``forward``."""
         argmax_walker(x, codes, geo, planes, flat, acc[0])
 
-    @cuda.jit(device=True, inline=True)
+    @inlined
     def gradient(codes, dy, geo, ybase, iz, iy, ix, zero):
         """dx of the input at (iz, iy, ix) of the plane: the sum over the outputs covering it
         (MAX: only those whose arg-max code is this input's tap in their window). Candidate k

@@ -37,6 +37,7 @@ import math
 
 from numba import cuda, float32
 
+from .bounds import inlined
 from .common import REDUCE_SUM, block_reduce, sigmoid
 
 RELU, TANH, LSTM, GRU = 0, 1, 2, 3
@@ -46,17 +47,17 @@ SKIP, REC, H0, C0, PROJ = 1, 2, 4, 8, 16
 DHY, DCY, PROJB = 1, 2, 4
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def _gates(mode):
     return 4 if mode == LSTM else (3 if mode == GRU else 1)
 
 
-@cuda.jit(device=True, inline=True)
+@cuda.jit(device=True, inline=True)   # LLVM's inlining (bounds.inlined) changed the code
 def _time(d, s, ln):
     return s if d == 0 else ln - 1 - s
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def _element(e, nh, nb, lens):
     """(unit, sequence, direction, the sequence's length, the (d, n, u) offset in hx/hy-like
     arrays) of flat element e of a (D, N, H) step, unit fastest."""
