@@ -32,7 +32,7 @@ C*D*H*W). An output position decodes to its window's corner (od*sd - pd, oh*sh -
 ow*sw - pw) and image base; an element then reads one table row (16 bytes, from cache) and
 checks the tap against the input's bounds (0 outside, as padding):
 B = x[offb + base(position) + off(filter row)]. Layout 00 decodes the tile's columns once per
-tile into shared memory (``corner``); layout 01's positions are its k, which a thread walks
+tile into shared memory (``_corner_cols``); layout 01's positions are its k, which a thread walks
 as (image, position) pairs like any grouped k-fast index (``gb`` = O) and decodes once per
 slab. The other variants take a dummy table and cg.
 
@@ -51,7 +51,7 @@ TC_BK (HMMA_BK) deep and rows padded by TC_PAD; the multiply is kernels/tensorco
 ``slab_mma`` in one of its modes, "3xtf32" (each 8-deep k-step's sum of three TF32 mma added to
 the accumulators in float32), "tf32" (one TF32 mma) or "f16" (float16 data: ``mma.m16n8k16``
 with float32 accumulators, the slab kept in float16, each pair of consecutive k in one 32-bit
-word: ``stash``), and ``_store`` maps the mma fragment layout to C.
+word: ``_stash``), and ``_store`` maps the mma fragment layout to C.
 """
 
 import functools
@@ -305,7 +305,7 @@ def gemm_kernel(ta, tb, wm, wn, tx, ty, min_blocks=1, implicit=False, bk=BK, tc=
         rb1 = cuda.local.array(wn, dtype=acc.dtype)
         a_buf = cuda.local.array(la, dtype=a.dtype)     # the next slab, as loaded
         b_buf = cuda.local.array(lb, dtype=b.dtype)
-        roffa = cuda.local.array(la if ta == 0 else 1, dtype=int64)    # rows_at
+        roffa = cuda.local.array(la if ta == 0 else 1, dtype=int64)    # _rows_at
         roffb = cuda.local.array(lb if tb == 1 else 1, dtype=int64)
         # the k of this thread's k-fast staging elements is k0 + t % BK
         kk_a, kk_b = t % BK, t % BK
