@@ -411,6 +411,10 @@ def gemm_kernel(ta, tb, wm, wn, tx, ty, min_blocks=1, implicit=False, bk=BK, tc=
                             v += beta * (c[at] + zero)
                         c[at] = v
 
+    # the variant in the kernel's name, which its mangled name carries into profilers and
+    # disassemblies (otherwise every variant reads gemm_kernel::<locals>::kernel)
+    kernel.__name__ = kernel.__qualname__ = (f"gemm_{ta}{tb}_{bm}x{bn}_{mode or 'fma'}"
+                                             f"{'_implicit' if implicit else ''}")
     return bounded_jit(kernel, nt, min_blocks)
 
 

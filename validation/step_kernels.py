@@ -51,8 +51,9 @@ def kind_of(name):
 
 
 def short(name, width=70):
-    """A kernel's name for the table: a Numba kernel's qualified Python name (its mangled
-    name is a list of length-prefixed parts: _ZN6cudapy6dnnkit7kernels...), else as given."""
+    """A kernel's name for the table: a Numba kernel's qualified Python name (demangled, or
+    from its mangled name, a list of length-prefixed parts: _ZN6cudapy6dnnkit7kernels...), else
+    as given."""
     text = name
     if name.startswith("_ZN") and "cudapy" in name:
         parts, i = [], 3
@@ -64,8 +65,8 @@ def short(name, width=70):
             parts.append(name[j:j + n])
             i = j + n
         text = "::".join(p for p in parts[3:] if p) or name
-    elif "cudapy::" in name:
-        text = name.split("kernels::", 1)[-1].split("(")[0]
+    elif "dnnkit::kernels::" in name:      # demangled by the profiler: drop the ABI tags
+        text = name.split("dnnkit::kernels::", 1)[-1].split("[abi:")[0].split("(")[0]
     return text if len(text) <= width else text[:width - 3] + "..."
 
 
