@@ -188,6 +188,22 @@ def _e(name):
     return warmup.Entry("m", name, ())
 
 
+def _stub_started(entry):
+    """Reports when the entry started (through its error), after a short sleep."""
+    t = time.time()
+    time.sleep(0.3)
+    raise RuntimeError(repr(t))
+
+
+def test_compile_hands_the_gemm_variants_out_first_and_returns_in_order():
+    names = ["act", "gemm_00_x", "pool", "gemm_01_y", "loss"]
+    results = warmup.compile([_e(n) for n in names], workers=1, fn=_stub_started)
+    assert [r.entry.name for r in results] == names
+    started = {r.entry.name: float(r.error.split(": ", 1)[1]) for r in results}
+    order = sorted(started, key=started.get)
+    assert order == ["gemm_00_x", "gemm_01_y", "act", "pool", "loss"], order
+
+
 def test_compile_runs_entries_side_by_side_and_collects_results():
     entries = [_e("a"), _e("b_cached"), _e("c"), _e("d"), _e("a"), _e("boom")]
     t0 = time.perf_counter()
