@@ -12,11 +12,15 @@ rename itself survives a power loss.
 ``read_text(path, what)`` reads a UTF-8 text file (a leading byte-order mark is dropped) and
 refuses anything else -- binary data, UTF-16 -- with a ValueError naming ``what``, the file and
 the line, instead of Python's UnicodeDecodeError, which names neither.
+
+``elf_sections(f)`` lists an ELF file's section headers (a shared library's dynamic section,
+a cubin's code sections), read from the file, never loaded.
 """
 
 import contextlib
 import os
 import stat
+import struct
 
 _UTF16_BOMS = (b"\xff\xfe", b"\xfe\xff")
 
@@ -143,3 +147,29 @@ def read_text(path, what):
         raise ValueError(f"{what} {path}, line {line}, column {col}: byte "
                          f"0x{data[e.start]:02x} is not UTF-8 text (a binary file, or "
                          "another encoding)") from None
+
+
+def elf_sections(f):
+    """(byte order "<" or ">", 64-bit or not, [(name, type, offset, size, link)] of every
+    section) of the ELF file open in binary mode as ``f``; None when it is not ELF. Raises
+    struct.error or IndexError on a truncated file."""
+    f.seek(0)
+    head = f.read(64)
+    if head[:4] != b"\x7fELF":
+        return None
+    bits64, end = head[4] == 2, "<" if head[5] == 1 else ">"
+    # e_shoff, then e_shentsize, e_shnum, e_shstrndx (32- or 64-bit header layout)
+    shoff, = struct.unpack_from(end + ("Q" if bits64 else "I"), head, 0x28 if bits64 else 0x20)
+    shentsize, shnum, shstrndx = struct.unpack_from(end + "HHH", head,
+                                                    0x3A if bits64 else 0x2E)
+    f.seek(shoff)
+    table = f.read(shentsize * shnum)
+    # section header: sh_name, sh_type; sh_offset, sh_size, sh_link at fields 4, 5, 6
+    fmt = end + ("IIQQQQII" if bits64 else "IIIIIIII")
+    raw = [struct.unpack_from(fmt, table, i * shentsize) for i in range(shnum)]
+    names = b""
+    if 0 < shstrndx < shnum:
+        f.seek(raw[shstrndx][4])
+        names = f.read(raw[shstrndx][5])
+    return end, bits64, [(names[r[0]:names.index(b"\0", r[0])].decode(errors="replace")
+                          if r[0] < len(names) else "", r[1], r[4], r[5], r[6]) for r in raw]

@@ -22,7 +22,6 @@ import json
 import os
 import re
 import shutil
-import struct
 import subprocess
 import sys
 import tempfile
@@ -50,19 +49,11 @@ _FIELDS = {"registers": r"Used (\d+) registers", "stack": r"(\d+) bytes stack fr
 
 
 def instructions(cubin):
-    """SASS instructions in an sm_90 cubin: its .text sections' bytes / 16 (ELF64 headers)."""
+    """SASS instructions in an sm_90 cubin: its .text sections' bytes / 16."""
+    from dnnkit import files
     with open(cubin, "rb") as f:
-        b = f.read()
-    shoff, = struct.unpack_from("<Q", b, 0x28)
-    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", b, 0x3A)
-    secs = [struct.unpack_from("<IIQQQQIIQQ", b, shoff + i * shentsize) for i in range(shnum)]
-    names = secs[shstrndx][4]
-    total = 0
-    for sec in secs:
-        name = b[names + sec[0]:b.index(b"\0", names + sec[0])]
-        if name.startswith(b".text"):
-            total += sec[5]
-    return total // 16
+        _, _, sections = files.elf_sections(f)
+    return sum(size for name, _, _, size, _ in sections if name.startswith(".text")) // 16
 
 
 def report(ptxas, dtypes=None, only=""):

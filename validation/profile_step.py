@@ -10,6 +10,7 @@ functions by own time and by cumulative time, and the calls per step of the busi
 import argparse
 import cProfile
 import pstats
+import time
 
 import numpy as np
 
@@ -43,6 +44,19 @@ def build(name, backend, batch, rng, dtype="float32"):
     return step
 
 
+def time_steps(step, steps):
+    """(host ms per step to queue ``steps`` steps without waiting on the GPU, ms per step until
+    the GPU has run them too), the GPU idle when they start."""
+    from numba import cuda
+    cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        step()
+    t1 = time.perf_counter()
+    cuda.synchronize()
+    return (t1 - t0) * 1e3 / steps, (time.perf_counter() - t0) * 1e3 / steps
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("model", nargs="?", default="vgg")
@@ -62,14 +76,7 @@ def main():
     for _ in range(a.steps):
         step()
     pr.disable()
-    cuda.synchronize()
-    import time
-    t0 = time.perf_counter()
-    for _ in range(a.steps):
-        step()
-    t1 = time.perf_counter()
-    cuda.synchronize()
-    print(f"unprofiled: {(t1 - t0) * 1e3 / a.steps:.2f} ms of host time per step")
+    print(f"unprofiled: {time_steps(step, a.steps)[0]:.2f} ms of host time per step")
     if a.dump:
         pr.dump_stats(a.dump)
     st = pstats.Stats(pr)

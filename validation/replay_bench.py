@@ -15,7 +15,6 @@ the per-round ratios of host ms to ``off``. Needs a GPU."""
 
 import argparse
 import statistics
-import time
 
 import numpy as np
 
@@ -28,10 +27,8 @@ def main(argv=None):
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--steps", type=int, default=10)
     a = ap.parse_args(argv)
-    from numba import cuda
-
     from dnnkit import device, fastpath, registry, replay
-    from validation.profile_step import build
+    from validation.profile_step import build, time_steps
     real = replay.bind
     own = {op: impls["numba"].bind for op, impls in registry.REGISTRY.items()
            if "numba" in impls and impls["numba"].bind is not None}
@@ -56,14 +53,9 @@ def main(argv=None):
                     variant(v)
                     for _ in range(3):
                         step()
-                    cuda.synchronize()
-                    t0 = time.perf_counter()
-                    for _ in range(a.steps):
-                        step()
-                    t1 = time.perf_counter()
-                    cuda.synchronize()
-                    got[v].append((t1 - t0) / a.steps * 1e3)
-                    gpu[v].append((time.perf_counter() - t0) / a.steps * 1e3)
+                    host, done = time_steps(step, a.steps)
+                    got[v].append(host)
+                    gpu[v].append(done)
             med = {v: f"{statistics.median(got[v]):.2f} ({statistics.median(gpu[v]):.2f})"
                    for v in names}
             ratio = {v: statistics.median(x / y for x, y in zip(got[v], got["off"]))

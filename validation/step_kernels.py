@@ -21,11 +21,8 @@ import os
 import re
 import sys
 
-import numpy as np
-
-import dnnkit
 from dnnkit import files
-from validation.train_bench import Row, dk_trainer, mirror, torch_trainer
+from validation.train_bench import Row, dk_trainer, row_setup, torch_trainer
 
 # (kind, pattern on the lower-cased kernel name), the first match wins
 KINDS = (
@@ -107,18 +104,7 @@ def summary(acts, steps):
 
 
 def build_variants(torch, row, names):
-    from numba import cuda
-    rng = np.random.default_rng(0)
-    xh, yh = row.data(rng)
-    ref = row.build()
-    tm = mirror(torch, ref).cuda()
-    if row.dtype == "float16":
-        tm = tm.half()
-    kinds = {k: np.asarray(v).dtype for k, v in ref.state_dict().items()}
-    init = {k: v.detach().cpu().numpy().astype(kinds.get(k, v.detach().cpu().numpy().dtype))
-            for k, v in tm.state_dict().items()}
-    tx, ty = torch.from_numpy(xh).cuda(), torch.from_numpy(yh).cuda()
-    dx, dy = dnnkit.tensor(xh), cuda.to_device(yh)
+    tm, init, (tx, ty), (dx, dy) = row_setup(torch, row)
     out = {}
     for n in names:
         if n == "torch":

@@ -167,10 +167,11 @@ def torch_trainer(torch, row, model):
     return step
 
 
-def run_row(torch, row, q):
+def row_setup(torch, row):
+    """(PyTorch's model on the GPU, the initial state every dnnkit model loads, the row's
+    data as PyTorch tensors (tx, ty), and as dnnkit's (dx, dy))."""
     from numba import cuda
-    rng = np.random.default_rng(0)
-    xh, yh = row.data(rng)
+    xh, yh = row.data(np.random.default_rng(0))
     ref = row.build()
     tm = mirror(torch, ref).cuda()
     if row.dtype == "float16":
@@ -179,10 +180,12 @@ def run_row(torch, row, q):
     # PyTorch's half model has float16 BatchNorm parameters; dnnkit keeps its own dtypes
     init = {k: v.detach().cpu().numpy().astype(kinds.get(k, v.detach().cpu().numpy().dtype))
             for k, v in tm.state_dict().items()}
-    del ref
-    tx, ty = torch.from_numpy(xh).cuda(), torch.from_numpy(yh).cuda()
-    dx = dnnkit.tensor(xh)
-    dy = cuda.to_device(yh)
+    return (tm, init, (torch.from_numpy(xh).cuda(), torch.from_numpy(yh).cuda()),
+            (dnnkit.tensor(xh), cuda.to_device(yh)))
+
+
+def run_row(torch, row, q):
+    tm, init, (tx, ty), (dx, dy) = row_setup(torch, row)
     out = {"row": row.name, "model": row.model, "batch": row.batch, "dtype": row.dtype}
 
     def loaded():

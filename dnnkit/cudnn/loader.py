@@ -23,7 +23,7 @@ import struct
 import sys
 import threading
 
-from .. import config
+from .. import config, files
 from .enums import STATUS_NAMES, STATUS_SUCCESS
 
 MAIN_NAME = "libcudnn.so.9"
@@ -79,36 +79,23 @@ def soname(path):
     or None when the file is not ELF or has no soname."""
     try:
         with open(path, "rb") as f:
-            data = f.read(64)
-            if data[:4] != b"\x7fELF":
+            elf = files.elf_sections(f)
+            if elf is None:
                 return None
-            bits64, end = data[4] == 2, "<" if data[5] == 1 else ">"
-            # e_shoff, e_shentsize, e_shnum from the ELF header (32- or 64-bit layout)
-            if bits64:
-                shoff, = struct.unpack_from(end + "Q", data, 0x28)
-                shentsize, shnum = struct.unpack_from(end + "HH", data, 0x3A)
-            else:
-                shoff, = struct.unpack_from(end + "I", data, 0x20)
-                shentsize, shnum = struct.unpack_from(end + "HH", data, 0x2E)
-            f.seek(shoff)
-            table = f.read(shentsize * shnum)
-            # section header: sh_type at 4; sh_offset, sh_size, sh_link at 24/32/40 (64-bit)
-            fmt = end + ("IIQQQQII" if bits64 else "IIIIIIII")
-            sections = [struct.unpack_from(fmt, table, i * shentsize) for i in range(shnum)]
-            for sec in sections:
-                if sec[1] != 6:   # SHT_DYNAMIC
+            end, bits64, sections = elf
+            for _, kind, offset, size, link in sections:
+                if kind != 6:   # SHT_DYNAMIC
                     continue
-                f.seek(sec[4])
-                dyn = f.read(sec[5])
+                f.seek(offset)
+                dyn = f.read(size)
                 entry = end + ("qQ" if bits64 else "iI")
                 step = struct.calcsize(entry)
-                strtab = sections[sec[6]]
                 for i in range(0, len(dyn) - step + 1, step):
                     tag, val = struct.unpack_from(entry, dyn, i)
                     if tag == 0:          # DT_NULL ends the table
                         break
                     if tag == 14:         # DT_SONAME: an offset into the linked string table
-                        f.seek(strtab[4] + val)
+                        f.seek(sections[link][2] + val)
                         return f.read(256).split(b"\0", 1)[0].decode(errors="replace")
     except (OSError, struct.error, IndexError):
         return None

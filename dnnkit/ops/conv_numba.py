@@ -51,16 +51,6 @@ def _kernels():
     return kernels
 
 
-def _columns_grid(ncol, channels, threads):
-    """im2col's and col2im's grid: the chunk's ``ncol`` (image, position) pairs across x,
-    channels across y, as many channel blocks as fill about 8 blocks per SM (each thread
-    decodes its pair once for the channels it visits). Mapping an image's positions alone
-    across x left a block's threads idle past a small image's positions: 16 of 256 busy on
-    ResNet-18's 4x4 layers (validation/notes/conv-numba.md)."""
-    xb = -(-ncol // threads)
-    return xb, min(channels, max(1, -(-8 * conv_launch.sm_count() // xb)))
-
-
 def _kernel_geo(geom):
     """kernels/conv.py's ``geo`` tuple of a ConvGeom."""
     return (geom.x_shape[1],) + tuple(geom.x_shape[2:]) + tuple(geom.w_shape[2:]) \
@@ -84,7 +74,8 @@ class ConvSizes:
         self.k, self.groups = geom.w_shape[0], geom.groups
         self.kg, self.rows = self.k // geom.groups, _prod(geom.w_shape[1:])
         self.out = _prod(geom.out_spatial)
-        self.image = self.c * _prod(geom.x_shape[2:])
+        self.spatial = _prod(geom.x_shape[2:])          # input positions per channel
+        self.image = self.c * self.spatial
         per_image = self.rows * geom.groups * self.out * itemsize
         self.chunk = max(1, min(self.n, settings.col_budget_bytes // max(1, per_image)))
         # A 1x1 kernel at stride 1 without padding: the column matrix IS x (col[c, (n, o)] =
@@ -102,6 +93,18 @@ class ConvSizes:
         return self.n * self.k * self.out * self.rows == 0
 
 
+def _by_columns(kernel, ncol, channels, stream, args):
+    """im2col's and col2im's launch: the chunk's ``ncol`` (image, position) pairs across x,
+    channels across y, as many channel blocks as fill about 8 blocks per SM (each thread
+    decodes its pair once for the channels it visits). Mapping an image's positions alone
+    across x left a block's threads idle past a small image's positions: 16 of 256 busy on
+    ResNet-18's 4x4 layers (validation/notes/conv-numba.md)."""
+    threads = conv_launch.elem_threads()
+    xb = -(-ncol // threads)
+    grid = xb, min(channels, max(1, -(-8 * conv_launch.sm_count() // xb)))
+    launch(kernel, grid, threads, stream, args)
+
+
 def _elementwise(kernel, n, stream, args):
     threads = conv_launch.elem_threads()
     launch(kernel, arrays.grid_1d(n, threads)[0], threads, stream, args)
@@ -109,12 +112,10 @@ def _elementwise(kernel, n, stream, args):
 
 def _im2col(x, col, geom, sz, n0, nc, stream):
     """kernels/conv.py's im2col on a 2-D grid: (image, position) columns x channels
-    (``_columns_grid``)."""
+    (``_by_columns``)."""
     src = at(flat_arg(x), n0 * sz.image)
-    threads = conv_launch.elem_threads()
-    grid = _columns_grid(nc * sz.out, sz.c, threads)
-    launch(_kernels().conv_im2col_fwd_kernel, grid, threads, stream,
-           (src, col, _kernel_geo(geom), nc, arrays.acc_array(x.dtype)))
+    _by_columns(_kernels().conv_im2col_fwd_kernel, nc * sz.out, sz.c, stream,
+                (src, col, _kernel_geo(geom), nc, arrays.acc_array(x.dtype)))
 
 
 def gemm_math(opts):
@@ -273,10 +274,8 @@ def backward_data(dy, w, geom, stream, math="3xtf32"):
                   (sz.groups, 1, sz.kg * sz.rows, 0, sz.kg * o, 0, c1, 0), stream=stream,
                   math=math)
         if not sz.pointwise:
-            threads = conv_launch.elem_threads()
-            launch(_kernels().conv_col2im_bwd_kernel,
-                   _columns_grid(nc * (sz.image // sz.c), sz.c, threads), threads, stream,
-                   (dcol, at(dxf, n0 * sz.image), _kernel_geo(geom), nc, acc))
+            _by_columns(_kernels().conv_col2im_bwd_kernel, nc * sz.spatial, sz.c, stream,
+                        (dcol, at(dxf, n0 * sz.image), _kernel_geo(geom), nc, acc))
     return dx, "gemm+col2im"
 
 
