@@ -1,7 +1,9 @@
-"""Launch sizes shared by the Numba convolution paths (ops/conv_numba.py, ops/conv_winograd.py):
-elementwise blocks, the GPU's wave of GEMM blocks, the GEMM's block count. Read at call time
-from the device (cached by dnnkit/device.py)."""
+"""Launch sizes shared by the Numba convolution paths (ops/conv_numba.py, ops/conv_winograd.py)
+and the split GEMMs of matmul and linear (ops/gemm_split.py): elementwise blocks, the GPU's
+wave of GEMM blocks, the GEMM's block count, the split rule. Read at call time from the device
+(cached by dnnkit/device.py)."""
 
+import functools
 import math
 
 from .. import device
@@ -36,3 +38,26 @@ def gemm_blocks(m, n, batch):
     """Blocks of the GEMM's launch for an m x n product ``batch`` times (its tile
     configuration depends on the batch too: ops/gemm.py)."""
     return math.prod(gemm.launch_grid(m, n, batch)[1])
+
+
+def fill_parts(m, n, groups, total, top):
+    """The number of parts p (a divisor of ``total``, at most ``top``) of an m x n GEMM per
+    group whose groups * p batch of blocks fills its last wave best (:func:`wave_blocks` per
+    wave); ties within 0.02 go to more parts (shorter blocks balance better), and 1 unless a
+    split fills 0.02 more. The split rule of the convolution's forward and filter gradient
+    (ops/conv_numba.py) and of matmul and linear (ops/gemm_split.py); every call asks:
+    remembered per shape (and per simulator/GPU and its wave, whose tiles and sizes differ)."""
+    return _fill_parts_of(m, n, groups, total, top, device.simulator(), wave_blocks())
+
+
+@functools.lru_cache(maxsize=1024)
+def _fill_parts_of(m, n, groups, total, top, _simulator, wave):
+    fills = {}
+    for p in range(1, max(1, top) + 1):
+        if total % p == 0:
+            b = gemm_blocks(m, n, groups * p)
+            fills[p] = b / (-(-b // wave) * wave)
+    best = max(fills.values())
+    if best <= fills[1] + 0.02:
+        return 1
+    return max(p for p, fill in fills.items() if fill >= best - 0.02)

@@ -33,9 +33,6 @@ budget), accumulated over chunks, and summed at the end in a fixed order. Every 
 deterministic.
 """
 
-import functools
-
-
 from .. import arrays, device
 from ..launch import at, flat as flat_arg, launch, pow2_at_most
 from . import conv_launch, conv_winograd, gemm
@@ -203,32 +200,9 @@ def k_parts(sz, part_bytes):
     if settings.split_k is not None:
         return _largest_divisor(sz.rows, settings.split_k)
     n = sz.chunk * sz.out
-    return _fill_parts(sz.kg, n, sz.groups, sz.rows,
+    return conv_launch.fill_parts(sz.kg, n, sz.groups, sz.rows,
                        min(MAX_PARTS, sz.rows // MIN_K_PER_PART,
                            settings.col_budget_bytes // max(1, part_bytes)))
-
-
-def _fill_parts(m, n, groups, total, top):
-    """The number of parts p (a divisor of ``total``, at most ``top``) of an m x n GEMM per
-    group whose groups * p batch of blocks fills its last wave best (conv_launch.wave_blocks()
-    per wave); ties within 0.02 go to more parts (shorter blocks balance better), and 1 unless
-    a split fills 0.02 more. Every forward asks: remembered per shape (and per simulator/GPU
-    and its wave, whose tiles and sizes differ)."""
-    return _fill_parts_of(m, n, groups, total, top, device.simulator(),
-                          conv_launch.wave_blocks())
-
-
-@functools.lru_cache(maxsize=1024)
-def _fill_parts_of(m, n, groups, total, top, _simulator, wave):
-    fills = {}
-    for p in range(1, max(1, top) + 1):
-        if total % p == 0:
-            b = conv_launch.gemm_blocks(m, n, groups * p)
-            fills[p] = b / (-(-b // wave) * wave)
-    best = max(fills.values())
-    if best <= fills[1] + 0.02:
-        return 1
-    return max(p for p, fill in fills.items() if fill >= best - 0.02)
 
 
 def _fill_bias(y, bias, sz, stream):
@@ -288,9 +262,9 @@ def _largest_divisor(n, cap):
 
 def filter_parts(sz, dw_bytes, images=None):
     """Image slices reduced by separate blocks, dividing the chunk (or ``images``) evenly: the
-    forward's last-wave rule (_fill_parts), each slice's sum at least MIN_K_PER_PART long
-    (images x output positions) and within the workspace budget (one dw in the accumulation
-    type per slice). Measured on an H100 with the tensor-core GEMM (validation/implicit_bench.py
+    forward's last-wave rule (conv_launch.fill_parts), each slice's sum at least
+    MIN_K_PER_PART long (images x output positions) and within the workspace budget (one dw in
+    the accumulation type per slice). Measured on an H100 with the tensor-core GEMM (validation/implicit_bench.py
     --split, ms at the rule's count / the best): 128 channels at 28^2 32 slices, 0.827 (best);
     256 at 14^2 16, 0.814 (best); 512 at 7^2 4, 0.849 / 0.832 at 2; a rule of blocks for ~4
     per SM (16 / 4 / 1 slices) took 0.893 / 0.905 / 0.888 ms, and 16 slices at 512 channels
@@ -301,7 +275,7 @@ def filter_parts(sz, dw_bytes, images=None):
         return _largest_divisor(total, settings.filter_parts)
     top = min(total, max(1, settings.col_budget_bytes // dw_bytes),
               total * sz.out // MIN_K_PER_PART)
-    return _fill_parts(sz.kg, sz.rows, sz.groups, total, top)
+    return conv_launch.fill_parts(sz.kg, sz.rows, sz.groups, total, top)
 
 
 def backward_filter(x, dy, geom, stream, math="3xtf32"):

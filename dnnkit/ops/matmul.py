@@ -52,7 +52,7 @@ from ..dispatch import public_op
 from ..hints import ArrayLike, Backend, Stream
 from ..registry import NoCudnnCall, register
 from ..tracing import note_algo
-from . import gemm, split
+from . import gemm, gemm_split, split
 from .conv import conv_backward_bias
 
 _TOL = {"float16": (1e-2, 1e-3), "float32": (1e-4, 1e-6), "float64": (1e-11, 1e-13)}
@@ -215,8 +215,12 @@ def _numba_product(a, b, y, geom, stream):
         dims, batch = (bt * m, n, k), gemm.NO_BATCH
     else:
         dims, batch = (m, n, k), (bt, 1, a1, 0, b1, 0, m * n, 0)
-    gemm.gemm(f"{int(ta)}{int(tb)}", fa, fb, fy, dims, lds, gemm.PLAIN * 3, batch,
-              stream=stream)
+    layout = f"{int(ta)}{int(tb)}"
+    p = gemm_split.parts(*dims, y.dtype) if batch[0] == 1 else 1
+    if p > 1:       # few output tiles, a long k: k-slices summed (ops/gemm_split.py)
+        gemm_split.gemm_parts(layout, fa, fb, fy, dims, lds, p, stream=stream)
+        return
+    gemm.gemm(layout, fa, fb, fy, dims, lds, gemm.PLAIN * 3, batch, stream=stream)
 
 
 @register("matmul", "numba", tolerance=_TOL)
@@ -236,7 +240,11 @@ def _linear_numba(x, weight, bias, geom, stream):
     note_algo("gemm")
     r, i, o = geom.rows, geom.in_f, geom.out_f
     fx, fw, fy = flat_arg(x), flat_arg(weight), flat_arg(y)
-    if bias is None:        # y (r x o) = x (r x i) . W^T
+    p = gemm_split.parts(r, o, i, x.dtype)
+    if p > 1:               # few output tiles, a long k: k-slices summed, the bias with them
+        gemm_split.gemm_parts("01", fx, fw, fy, (r, o, i), (i, i, o), p, bias=bias,
+                              stream=stream)
+    elif bias is None:      # y (r x o) = x (r x i) . W^T
         gemm.gemm("01", fx, fw, fy, (r, o, i), (i, i, o), gemm.PLAIN * 3, gemm.NO_BATCH,
                   stream=stream)
     else:                   # y^T (o x r) = W . x^T + bias per row, stored as y
