@@ -120,8 +120,10 @@ def torch_view(t, stream):
     """A Numba view of CUDA ``torch.Tensor`` ``t`` for an op on raw stream ``stream``, ordered
     after the tensor's producer (PyTorch's current stream of its device) where that differs:
     :func:`as_array`'s answer for one PyTorch tensor without its general dispatch (dnnkit.torch
-    views several hundred tensors a training step, on PyTorch's current stream)."""
-    v, producer = _torch(t, stream, {})
+    views several hundred tensors a training step, on PyTorch's current stream). ``t`` may
+    require grad: the view only reads its memory (an autograd.Function's inputs need no
+    detached copy)."""
+    v, producer = _torch(t, stream, {}, True)
     if producer is not None and producer != stream:
         device.stream_wait(stream, producer)
     return v
@@ -171,11 +173,11 @@ def torch_stream(dev):
     return int(torch.cuda.current_stream(dev).cuda_stream)
 
 
-def _torch(a, consumer, waited):
+def _torch(a, consumer, waited, grad_ok=False):
     dev = a.get_device()
     if dev < 0:
         return np.asarray(a), None       # a CPU tensor: a host input (NumPy's view of it)
-    if a.requires_grad:     # PyTorch's own interface gives its error
+    if a.requires_grad and not grad_ok:     # PyTorch's own interface gives its error
         return _cai(a, consumer, waited)
     # keyed by PyTorch's own objects (torch.Size is a tuple; its dtype hashes fast)
     key = (dev, a.data_ptr(), a.shape, a.stride(), a.dtype)

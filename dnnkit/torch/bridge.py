@@ -3,10 +3,17 @@
 In: a CUDA ``torch.Tensor`` becomes a Numba view of the same memory (dnnkit/foreign.py: a
 template per buffer, ~1 us, the view holding the tensor alive); the op runs on PyTorch's
 current stream of that device, passed as ``stream=`` (a raw handle read by one C call), so the
-work is ordered with PyTorch's own kernels and nothing waits. Tensors that require grad are
-detached first (autograd.Function inputs do), and made contiguous (a no-op when they are).
+work is ordered with PyTorch's own kernels and nothing waits. Tensors are made contiguous (a
+no-op when they are); one that requires grad is viewed as it is (the view reads its memory).
 (foreign.torch_view: the view without foreign.as_array's general dispatch, several hundred
-times a training step.)
+times a training step.) A forward keeps its views for its backward (:func:`keep`).
+
+What a converted layer costs the host (NVIDIA H100 host, a 3x3 convolution's forward and
+backward inside a training loop): the ops' memoised calls are about a third, PyTorch's
+autograd engine (the Function's node, the hand-over to its backward thread and back) another
+third, and the views, output tensors and wrappers here the rest; everything runs 2-3x slower
+than in a tight loop of one call, as a step's ~120 calls share the CPU's caches with the
+autograd engine's thread.
 
 Out: an op's output is a Numba array from dnnkit's caching pool, allocated on that stream. It
 becomes a ``torch.Tensor`` through ``__cuda_array_interface__`` (``torch.as_tensor``): PyTorch
@@ -73,13 +80,31 @@ def view(t, stream):
     ``stream``, or on the simulator a NumPy view of the CPU tensor."""
     if t is None:
         return None
-    if t.requires_grad:
-        t = t.detach()
     if not t.is_contiguous():
         t = t.contiguous()
     if stream is None:
-        return t.numpy()
+        return t.detach().numpy()
     return foreign.torch_view(t, stream)
+
+
+def keep(ctx, stream, *views):
+    """Keep a forward's op arguments (views of its inputs, or its own output arrays) on
+    ``ctx`` for the backward (:func:`kept`): a backward on the forward's stream views them
+    again for nothing. Outputs are kept as dnnkit's arrays, not views of the output tensors:
+    a view holds its tensor, and an output's node holding its output is a reference cycle."""
+    ctx.dnnkit_views = (stream, views)
+
+
+def kept(ctx, stream, *tensors):
+    """The views :func:`keep` kept, when the backward runs on the forward's stream, else new
+    views of ``tensors`` (the same arguments, from ``ctx.saved_tensors``). Either way ``ctx``
+    lets go of them: PyTorch frees saved tensors after the backward, and the views must not
+    keep their memory any longer (the graph's nodes live until its output dies)."""
+    k = ctx.dnnkit_views
+    ctx.dnnkit_views = None
+    if k is not None and k[0] == stream:
+        return k[1]
+    return tuple(view(t, stream) for t in tensors)
 
 
 class _Exported:
@@ -179,28 +204,45 @@ def within(context):
 
 
 def pooled(fn):
-    """``fn`` (an autograd.Function's forward or backward) with dnnkit's allocations served by
-    the private pool of the graph that PyTorch's current stream is capturing, if any
+    """``fn`` (an autograd.Function's ``forward`` or ``backward``) with dnnkit's allocations
+    served by the private pool of the graph that PyTorch's current stream is capturing, if any
     (dnnkit/torch/graph.py), and, in a backward, the forward caller's flags, traces and
     profiles. PyTorch runs the backward of CUDA tensors on its own autograd thread, which
     neither the capturing thread's pool nor the caller's ``change_flags``, ``trace()`` and
     ``profile()`` (all per thread) reach: the pool is found by the stream, the rest is kept
     on ``ctx`` by the forward (the same object in both) and entered by the backward when it
-    runs on another thread."""
-    @functools.wraps(fn)
-    def run(ctx, *args):
-        saved = getattr(ctx, "dnnkit_caller", None)
-        if saved is None:          # the forward: remember who called it
-            ctx.dnnkit_caller = saved = (threading.get_ident(), caller_context())
-            context = None
-        else:
-            context = saved[1] if saved[0] != threading.get_ident() else None
-        with within(context):
+    runs on another thread. Two wrappers, chosen by ``fn``'s name, so that the common call (no
+    capture, no flags, traces or profiles open) costs an attribute and a dict check: these
+    run twice per converted layer and step."""
+    if fn.__name__ == "forward":
+        @functools.wraps(fn)
+        def forward(ctx, *args):
+            c = caller_context()
+            ctx.dnnkit_caller = None if c is None else (threading.get_ident(), c)
             if not CAPTURES:
                 return fn(ctx, *args)
-            pool = CAPTURES.get(foreign.torch_stream(torch.cuda.current_device()))
-            if pool is None:
-                return fn(ctx, *args)
-            with memory.private_pool(pool):
-                return fn(ctx, *args)
-    return run
+            return _in_graph_pool(fn, ctx, args)
+        return forward
+    if fn.__name__ != "backward":
+        raise TypeError(f"bridge.pooled wraps an autograd.Function's forward or backward; got "
+                        f"{fn.__name__!r}")
+
+    @functools.wraps(fn)
+    def backward(ctx, *args):
+        saved = ctx.dnnkit_caller
+        if saved is not None and saved[0] != threading.get_ident():
+            with within(saved[1]):
+                return _in_graph_pool(fn, ctx, args)
+        if not CAPTURES:
+            return fn(ctx, *args)
+        return _in_graph_pool(fn, ctx, args)
+    return backward
+
+
+def _in_graph_pool(fn, ctx, args):
+    pool = CAPTURES.get(foreign.torch_stream(torch.cuda.current_device())) if CAPTURES \
+        else None
+    if pool is None:
+        return fn(ctx, *args)
+    with memory.private_pool(pool):
+        return fn(ctx, *args)

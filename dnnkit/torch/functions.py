@@ -28,7 +28,7 @@ import torch
 from .. import ops
 
 from . import bridge
-from .bridge import maybe, op_backend, pooled, stream_of, tensor, view
+from .bridge import keep, kept, maybe, op_backend, pooled, stream_of, tensor, view
 
 _CONV = {2: (ops.conv2d, ops.conv2d_backward_data, ops.conv2d_backward_filter),
          3: (ops.conv3d, ops.conv3d_backward_data, ops.conv3d_backward_filter)}
@@ -53,8 +53,10 @@ class Conv(torch.autograd.Function):
         fwd = _CONV[nd][0]
         kw = dict(stride=stride, padding=padding, dilation=dilation, groups=groups,
                   backend=op_backend(backend), stream=s)
-        y = fwd(view(x, s), view(w, s), view(bias, s), **kw)
+        xv, wv = view(x, s), view(w, s)
+        y = fwd(xv, wv, view(bias, s), **kw)
         ctx.save_for_backward(x, w)
+        keep(ctx, s, xv, wv)
         ctx.nd, ctx.kw, ctx.has_bias = nd, kw, bias is not None
         return tensor(y, x)
 
@@ -65,11 +67,12 @@ class Conv(torch.autograd.Function):
         s, g = _grad(ctx, dy)
         kw = dict(ctx.kw, stream=s)
         _, bwd_data, bwd_filter = _CONV[ctx.nd]
+        xv, wv = kept(ctx, s, x, w)
         dx = dw = db = None
         if ctx.needs_input_grad[0]:
-            dx = tensor(bwd_data(g, view(w, s), tuple(x.shape), **kw), x)
+            dx = tensor(bwd_data(g, wv, tuple(x.shape), **kw), x)
         if ctx.needs_input_grad[1]:
-            dw = tensor(bwd_filter(view(x, s), g, tuple(w.shape), **kw), w)
+            dw = tensor(bwd_filter(xv, g, tuple(w.shape), **kw), w)
         if ctx.has_bias and ctx.needs_input_grad[2]:
             db = tensor(ops.conv_backward_bias(g, backend=kw["backend"], stream=s), w)
         return dx, dw, db, None, None, None, None, None, None
@@ -93,9 +96,10 @@ class ConvTranspose(torch.autograd.Function):
         s = stream_of(x)
         kw = dict(stride=stride, padding=padding, dilation=dilation, groups=groups,
                   backend=op_backend(backend), stream=s)
-        y = _TRANSPOSE[nd](view(x, s), view(w, s), view(bias, s),
-                           output_padding=output_padding, **kw)
+        xv, wv = view(x, s), view(w, s)
+        y = _TRANSPOSE[nd](xv, wv, view(bias, s), output_padding=output_padding, **kw)
         ctx.save_for_backward(x, w)
+        keep(ctx, s, xv, wv)
         ctx.nd, ctx.kw, ctx.has_bias = nd, kw, bias is not None
         return tensor(y, x)
 
@@ -106,11 +110,12 @@ class ConvTranspose(torch.autograd.Function):
         s, g = _grad(ctx, dy)
         kw = dict(ctx.kw, stream=s)
         fwd, _, bwd_filter = _CONV[ctx.nd]
+        xv, wv = kept(ctx, s, x, w)
         dx = dw = db = None
         if ctx.needs_input_grad[0]:
-            dx = tensor(fwd(g, view(w, s), **kw), x)
+            dx = tensor(fwd(g, wv, **kw), x)
         if ctx.needs_input_grad[1]:
-            dw = tensor(bwd_filter(g, view(x, s), tuple(w.shape), **kw), w)
+            dw = tensor(bwd_filter(g, xv, tuple(w.shape), **kw), w)
         if ctx.has_bias and ctx.needs_input_grad[2]:
             db = tensor(ops.conv_backward_bias(g, backend=kw["backend"], stream=s), w)
         return dx, dw, db, None, None, None, None, None, None, None
@@ -127,9 +132,11 @@ class Pool(torch.autograd.Function):
         if window is None:
             window = stride = tuple(x.shape[2:])
         kw = dict(ceil_mode=ceil_mode, backend=op_backend(backend), stream=s)
-        y = _POOL[nd][0](view(x, s), window, stride, padding, mode, **kw)
+        xv = view(x, s)
+        y = _POOL[nd][0](xv, window, stride, padding, mode, **kw)
         out = tensor(y, x)
         ctx.save_for_backward(x, out)
+        keep(ctx, s, xv, y)
         ctx.args, ctx.kw, ctx.nd = (window, stride, padding, mode), kw, nd
         return out
 
@@ -138,7 +145,8 @@ class Pool(torch.autograd.Function):
     def backward(ctx, dy):
         x, y = ctx.saved_tensors
         s, g = _grad(ctx, dy)
-        dx = _POOL[ctx.nd][1](view(x, s), view(y, s), g, *ctx.args, **dict(ctx.kw, stream=s))
+        xv, yv = kept(ctx, s, x, y)
+        dx = _POOL[ctx.nd][1](xv, yv, g, *ctx.args, **dict(ctx.kw, stream=s))
         return tensor(dx, x), None, None, None, None, None, None, None
 
 

@@ -25,7 +25,7 @@ import torch
 from .. import ops
 
 from . import bridge
-from .bridge import op_backend, pooled, stream_of, tensor, view
+from .bridge import keep, kept, op_backend, pooled, stream_of, tensor, view
 
 try:        # the custom operators, what torch.compile traces (PyTorch >= 2.4)
     from . import library_norm
@@ -40,9 +40,10 @@ def _traced():
 def _gamma_beta(x, weight, bias, s):
     """The scale and shift as op arguments: the affine parameters, or ones and zeros (cached
     constants) for affine=False."""
+    if weight is not None and bias is not None:
+        return view(weight, s), view(bias, s)
     c = x.shape[1]
-    pdt = torch.float64 if x.dtype == torch.float64 else torch.float32
-    like = torch.empty((), dtype=pdt)
+    like = torch.empty((), dtype=torch.float64 if x.dtype == torch.float64 else torch.float32)
     g = view(weight, s) if weight is not None else bridge.constant([1.0] * c, like)
     b = view(bias, s) if bias is not None else bridge.constant([0.0] * c, like)
     return g, b
@@ -62,10 +63,12 @@ class BatchNormTrain(torch.autograd.Function):
         if running_mean is not None:
             # views of PyTorch's buffers: the op writes the updated statistics into them
             rm, rv = view(running_mean, s), view(running_var, s)
-        y, mean, invstd = ops.batch_norm_train(view(x, s), g, be, epsilon=eps,
-                                                  momentum=momentum, running_mean=rm,
-                                                  running_var=rv, backend=b, stream=s)
+        xv = view(x, s)
+        y, mean, invstd = ops.batch_norm_train(xv, g, be, epsilon=eps, momentum=momentum,
+                                                  running_mean=rm, running_var=rv, backend=b,
+                                                  stream=s)
         ctx.save_for_backward(x, weight)
+        keep(ctx, s, xv)
         ctx.saved = (mean, invstd, g)
         ctx.eps, ctx.backend = eps, b
         return tensor(y, x)
@@ -76,7 +79,8 @@ class BatchNormTrain(torch.autograd.Function):
         x, weight = ctx.saved_tensors
         mean, invstd, g = ctx.saved
         s = stream_of(dy)
-        dx, dgamma, dbeta = ops.batch_norm_backward(view(x, s), view(dy, s), g, mean,
+        (xv,) = kept(ctx, s, x)
+        dx, dgamma, dbeta = ops.batch_norm_backward(xv, view(dy, s), g, mean,
                                                        invstd, epsilon=ctx.eps,
                                                        backend=ctx.backend, stream=s)
         affine = weight is not None
@@ -174,8 +178,11 @@ class Activation(torch.autograd.Function):
     def forward(ctx, x, mode, coef, backend):
         s = stream_of(x)
         b = op_backend(backend)
-        out = tensor(ops.activation(view(x, s), mode, coef, backend=b, stream=s), x)
+        xv = view(x, s)
+        y = ops.activation(xv, mode, coef, backend=b, stream=s)
+        out = tensor(y, x)
         ctx.save_for_backward(x, out)
+        keep(ctx, s, xv, y)
         ctx.mode, ctx.coef, ctx.backend = mode, coef, b
         return out
 
@@ -184,7 +191,8 @@ class Activation(torch.autograd.Function):
     def backward(ctx, dy):
         x, y = ctx.saved_tensors
         s = stream_of(dy)
-        dx = ops.activation_backward(view(x, s), view(y, s), view(dy, s), ctx.mode,
+        xv, yv = kept(ctx, s, x, y)
+        dx = ops.activation_backward(xv, yv, view(dy, s), ctx.mode,
                                         ctx.coef, backend=ctx.backend, stream=s)
         return tensor(dx, x), None, None, None
 
