@@ -8,8 +8,10 @@ The model: ResNet-18 in its CIFAR form written in PyTorch (tests/torch/models.py
 images, float32, TF32 off on both sides; a step is forward, cross-entropy, backward and SGD
 with momentum 0.9 (PyTorch's optimizer in every variant: only the layers differ). Variants:
 ``torch`` (unconverted, PyTorch's cuDNN), ``dnnkit-cudnn`` and ``dnnkit-numba`` (deep copies
-converted to that backend). First a check: the loss of the first step of each converted copy
-against PyTorch's (1e-3 relative). Then interleaved rounds: each variant in turn runs K steps
+converted to that backend), and for reference the step captured as a CUDA graph and replayed,
+``torch+graph`` (``torch.cuda.graph``) and ``dnnkit-cudnn+graph`` (``dnnkit.torch.graph``).
+First a check: the loss of the first step of each converted copy against PyTorch's, and of
+each graph's first replay against PyTorch's eager step at that point (1e-3 relative). Then interleaved rounds: each variant in turn runs K steps
 between two CUDA events on PyTorch's current stream, no host wait inside; the median of the
 rounds' ms per step, and the host's median wall time to queue a step (where it is near the GPU
 figure, the host bounds the step). Prints a table with the ratios to ``torch`` (the issue's
@@ -30,6 +32,10 @@ import traceback
 
 VARIANTS = ("torch", "dnnkit-cudnn", "dnnkit-numba")
 TARGETS = {"dnnkit-cudnn": 1.1, "dnnkit-numba": 1.5}
+# whole steps captured with torch.cuda.graph (dnnkit.torch.graph for the converted model) after
+# WARM_STEPS eager steps on a side stream, replayed: PyTorch's own and the cuDNN-converted one
+GRAPHED = ("torch+graph", "dnnkit-cudnn+graph")
+WARM_STEPS = 3
 
 
 def build(torch, batch):
@@ -66,6 +72,53 @@ def variants(torch, batch):
                 raise RuntimeError(f"{name}: layers left to PyTorch:\n{report}")
         out[name] = trainer(torch, m)
     return out, x, y
+
+
+def graphed(torch, batch):
+    """({name: step} of the GRAPHED variants, x, y): each a deep copy of the model (converted
+    for dnnkit-cudnn+graph) warmed up WARM_STEPS steps, its next step captured on x and y (the
+    build's: equal to the timed ones, which a replay does not read) and replayed once. Checked:
+    that replay's loss against an unconverted eager copy's loss after as many steps (1e-3
+    relative)."""
+    import dnnkit.torch as dt
+    model, x, y = build(torch, batch)
+    ref = trainer(torch, copy.deepcopy(model))
+    for _ in range(WARM_STEPS + 1):
+        want = float(ref(x, y))
+    out = {}
+    for name in GRAPHED:
+        m = copy.deepcopy(model)
+        if name.startswith("dnnkit"):
+            dt.convert(m, "cudnn")
+        step = trainer(torch, m)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(WARM_STEPS):
+                step(x, y)
+        torch.cuda.current_stream().wait_stream(side)
+        g = torch.cuda.CUDAGraph()
+        with (dt.graph(g) if name.startswith("dnnkit") else torch.cuda.graph(g)):
+            loss = step(x, y)
+        g.replay()
+        got = float(loss)
+        if not abs(got - want) <= 1e-3 * abs(want):
+            raise AssertionError(f"{name}: the first replay's loss {got} differs from the eager "
+                                 f"step's {want}")
+        out[name] = _replay(g, loss, step)
+    return out, x, y
+
+
+def _replay(g, loss, step):
+    """A replay step of graph ``g``. It holds ``step`` (whose closure holds the model and the
+    optimizer): the graph reads and writes their parameters, gradients and momentum buffers
+    at the addresses captured, and PyTorch would hand that memory to other tensors once they
+    died (compute-sanitizer caught the momentum update reading freed memory)."""
+    def replay(*_):
+        g.replay()
+        return loss
+    replay.keep = step
+    return replay
 
 
 def check(torch, steps, x, y):
@@ -173,6 +226,7 @@ def main(argv=None):
         try:
             steps, x, y = variants(torch, batch)
             losses = check(torch, steps, x, y)
+            steps.update(graphed(torch, batch)[0])
             times = time_steps(torch, steps, x, y, warm, rounds, per_round)
             rows.append({"batch": batch, "first_loss": losses, "times": times})
         except Exception as e:      # noqa: BLE001 - a failing row is reported, the rest run
