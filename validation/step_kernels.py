@@ -3,6 +3,10 @@ PyTorch eager on the same rows as validation/train_bench.py. Needs a GPU and PyT
 
     python -m validation.step_kernels [--rows resnet18:128:float16,lm:32:float32]
                                       [--variants torch,cudnn,numba] [--steps 10] [--out DIR]
+    python -m validation.step_kernels --rows converted:32     # dnnkit.torch's ResNet-18
+
+A row ``converted:BATCH`` profiles validation/torch_bench.py's variants instead: the ResNet-18
+written in PyTorch, unconverted, converted to each backend, and captured as CUDA graphs.
 
 Each variant is warmed up, then ``--steps`` steps run under PyTorch's profiler (CUDA activity
 only: CUPTI records every kernel, memset and copy of the device, dnnkit's cuDNN and Numba
@@ -118,6 +122,15 @@ def build_variants(torch, row, names):
     return out
 
 
+def converted_variants(torch, batch):
+    """validation/torch_bench.py's variants (a ResNet-18 written in PyTorch, unconverted,
+    converted, and captured as CUDA graphs) as step functions of no argument."""
+    from validation import torch_bench
+    steps, x, y = torch_bench.variants(torch, batch)
+    steps.update(torch_bench.graphed(torch, batch)[0])
+    return {n: (lambda s=s: s(x, y)) for n, s in steps.items()}
+
+
 def report_row(row, res, top):
     names = list(res)
     lines = [f"## {row.name}", "",
@@ -159,10 +172,12 @@ def main(argv=None):
              f"`python -m validation.step_kernels --rows {a.rows} --variants {a.variants} "
              f"--steps {a.steps}`; ms per step.", ""]
     for spec in a.rows.split(","):
-        model, batch, dtype = spec.split(":")
-        row = Row(model, int(batch), dtype)
+        model, batch, dtype = (spec + ":float32").split(":")[:3]
+        row = Row(model, int(batch), dtype) if model != "converted" else \
+            argparse.Namespace(name=f"converted ResNet-18 (validation.torch_bench) b{batch}")
         try:
-            variants = build_variants(torch, row, a.variants.split(","))
+            variants = build_variants(torch, row, a.variants.split(",")) \
+                if model != "converted" else converted_variants(torch, int(batch))
             res = {}
             for n, fn in variants.items():
                 for _ in range(a.warm):

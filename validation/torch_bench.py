@@ -5,18 +5,21 @@ unconverted: the time of one training step.
     python -m validation.torch_bench --profile dnnkit-cudnn [--batch 32]
 
 The model: ResNet-18 in its CIFAR form written in PyTorch (tests/torch/models.py), 3x32x32
-images, float32, TF32 off on both sides; a step is forward, cross-entropy, backward and SGD
-with momentum 0.9 (PyTorch's optimizer in every variant: only the layers differ). Variants:
+images, float32, TF32 off and cuDNN's heuristic algorithm choice on both sides (PyTorch's
+cudnn.benchmark off, as dnnkit's dnn.benchmark by default: the same kernels); a step is
+forward, cross-entropy, backward and SGD with momentum 0.9 (PyTorch's optimizer in every
+variant: only the layers differ). Variants:
 ``torch`` (unconverted, PyTorch's cuDNN), ``dnnkit-cudnn`` and ``dnnkit-numba`` (deep copies
 converted to that backend), and for reference the step captured as a CUDA graph and replayed,
 ``torch+graph`` (``torch.cuda.graph``) and ``dnnkit-cudnn+graph`` (``dnnkit.torch.graph``).
 First a check: the loss of the first step of each converted copy against PyTorch's, and of
-each graph's first replay against PyTorch's eager step at that point (1e-3 relative). Then interleaved rounds: each variant in turn runs K steps
-between two CUDA events on PyTorch's current stream, no host wait inside; the median of the
-rounds' ms per step, and the host's median wall time to queue a step (where it is near the GPU
-figure, the host bounds the step). Prints a table with the ratios to ``torch`` (the issue's
-targets: cudnn <= 1.1x; numba within the Numba path's targets of the training-speed issue,
-<= 1.5x PyTorch eager) and writes DIR/torch_bench.json and torch_bench.md.
+each graph's first replay against PyTorch's eager step at that point (1e-3 relative). Then
+interleaved rounds: each variant in turn runs K steps between two CUDA events on PyTorch's
+current stream, no host wait inside; the median of the rounds' ms per step, and the host's
+median wall time to queue a step (where it is near the GPU figure, the host bounds the step).
+Prints a table with the ratios to ``torch`` (the issue's targets: cudnn <= 1.1x; numba within
+the Numba path's targets of the training-speed issue, <= 1.5x PyTorch eager) and writes
+DIR/torch_bench.json and torch_bench.md.
 """
 
 from __future__ import annotations
@@ -105,19 +108,21 @@ def graphed(torch, batch):
         if not abs(got - want) <= 1e-3 * abs(want):
             raise AssertionError(f"{name}: the first replay's loss {got} differs from the eager "
                                  f"step's {want}")
-        out[name] = _replay(g, loss, step)
+        out[name] = _replay(g, loss, step, x, y)
     return out, x, y
 
 
-def _replay(g, loss, step):
-    """A replay step of graph ``g``. It holds ``step`` (whose closure holds the model and the
-    optimizer): the graph reads and writes their parameters, gradients and momentum buffers
-    at the addresses captured, and PyTorch would hand that memory to other tensors once they
-    died (compute-sanitizer caught the momentum update reading freed memory)."""
+def _replay(g, loss, step, x, y):
+    """A replay step of graph ``g``. It holds what the graph reads and writes at the addresses
+    it captured: ``step`` (whose closure holds the model and the optimizer: parameters,
+    gradients, momentum buffers) and the static inputs ``x`` and ``y``. PyTorch hands the
+    memory of a tensor that died to the next one: compute-sanitizer caught the momentum update
+    reading freed memory, and nll_loss's bounds assert caught targets overwritten, when they
+    were not held."""
     def replay(*_):
         g.replay()
         return loss
-    replay.keep = step
+    replay.keep = (step, x, y)
     return replay
 
 
@@ -216,7 +221,9 @@ def main(argv=None):
         print("torch_bench: needs PyTorch with a CUDA GPU", file=sys.stderr)
         return 2
     torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.benchmark = True
+    # cuDNN's heuristics choose the algorithms on both sides (dnnkit's dnn.benchmark is off by
+    # default): the same kernels, as train_bench compares
+    torch.backends.cudnn.benchmark = False
     warm, rounds, per_round = (3, 3, 5) if args.quick else (10, 15, 20)
     gpu = torch.cuda.get_device_name()
     if args.profile:
