@@ -38,6 +38,7 @@ import numpy as np
 import torch
 
 from .. import arrays, config, device, foreign, memory
+from ..errors import CaptureError
 from ..profile import joined as join_profiles, open_profiles
 from ..tracing import joined as join_traces, open_traces
 
@@ -175,10 +176,13 @@ def _outside(fn, *args):
 def graph_pool():
     """dnnkit's allocations inside served by the private pool of the graph that PyTorch's
     current stream is capturing, if any (dnnkit/torch/graph.py); the custom operators'
-    kernels (dnnkit/torch/library.py) run under it, as ``pooled`` functions do."""
+    kernels (dnnkit/torch/library.py) run under it, as ``pooled`` functions do. A capture
+    dnnkit does not know of (``torch.compile``'s ``reduce-overhead`` graphs) is refused."""
     pool = CAPTURES.get(foreign.torch_stream(torch.cuda.current_device())) if CAPTURES \
         else None
     if pool is None:
+        if _capturing():            # torch.compile's CUDA graphs, or torch.cuda.graph
+            _refuse("library (a custom operator)")
         yield
         return
     with memory.private_pool(pool):
@@ -215,13 +219,17 @@ def pooled(fn):
     capture, no flags, traces or profiles open) costs an attribute and a dict check: these
     run twice per converted layer and step."""
     if fn.__name__ == "forward":
+        name = fn.__qualname__.split(".")[0]
+
         @functools.wraps(fn)
         def forward(ctx, *args):
             c = caller_context()
             ctx.dnnkit_caller = None if c is None else (threading.get_ident(), c)
             if not CAPTURES:
+                if _capturing():
+                    _refuse(name)
                 return fn(ctx, *args)
-            return _in_graph_pool(fn, ctx, args)
+            return _in_graph_pool(fn, ctx, args, name)
         return forward
     if fn.__name__ != "backward":
         raise TypeError(f"bridge.pooled wraps an autograd.Function's forward or backward; got "
@@ -239,10 +247,39 @@ def pooled(fn):
     return backward
 
 
-def _in_graph_pool(fn, ctx, args):
+def _in_graph_pool(fn, ctx, args, name=None):
     pool = CAPTURES.get(foreign.torch_stream(torch.cuda.current_device())) if CAPTURES \
         else None
     if pool is None:
+        if name is not None and _capturing():
+            _refuse(name)
         return fn(ctx, *args)
     with memory.private_pool(pool):
         return fn(ctx, *args)
+
+
+# torch.cuda.is_current_stream_capturing without its Python frame (a converted layer's
+# forward asks once: ~0.3 us)
+_stream_capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", None)
+
+
+def _capturing():
+    """Whether PyTorch's current stream is being captured into a CUDA graph (never on the
+    simulator, whose tensors are CPU tensors)."""
+    if device.simulator():
+        return False
+    f = _stream_capturing or torch.cuda.is_current_stream_capturing
+    return bool(f())
+
+
+def _refuse(name):
+    """A converted layer called inside ``torch.cuda.graph`` (or ``make_graphed_callables``)
+    without dnnkit.torch.graph: its outputs and workspaces would come from dnnkit's shared
+    pool, whose blocks go back to eager calls after the capture while the graph keeps writing
+    them at every replay. Refused before anything is allocated."""
+    raise CaptureError(
+        f"dnnkit.torch.{name}: PyTorch's current stream is being captured into a CUDA graph "
+        f"that dnnkit does not know of. Capture with dnnkit.torch.graph(g) in place of "
+        f"torch.cuda.graph(g): it gives dnnkit's allocations a pool private to the graph (a "
+        f"block of the shared pool would be handed to eager calls after the capture while "
+        f"every replay still writes it)", what=f"dnnkit.torch.{name}")

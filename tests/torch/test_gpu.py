@@ -214,6 +214,35 @@ def test_cuda_graph_of_a_converted_step_replays_to_the_eager_steps(backend):
             torch.allclose(b, c, rtol=1e-5, atol=1e-6), n
 
 
+@pytest.mark.parametrize("backend", backend_params())
+def test_a_plain_torch_cuda_graph_of_a_converted_model_is_refused(backend):
+    """Inside torch.cuda.graph (not dnnkit.torch.graph) a converted layer's outputs would come
+    from dnnkit's shared pool, handed to eager calls after the capture while every replay
+    writes them: the first converted layer raises CaptureError naming the fix, and the same
+    model then captures with dnnkit.torch.graph and replays."""
+    from dnnkit.errors import CaptureError
+    torch.manual_seed(0)
+    model = _cnn().cuda()
+    dt.convert(model, backend)
+    x = torch.randn(4, 3, 8, 8, device="cuda")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            model(x).sum().backward()
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with pytest.raises(CaptureError, match="dnnkit.torch.graph"):
+        with torch.cuda.graph(g):
+            model(x)
+    g = torch.cuda.CUDAGraph()
+    with dt.graph(g):
+        static = model(x)
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.allclose(static, model(x), rtol=1e-5, atol=1e-6)
+
+
 # ---------------------------------------------------------------- compare, streams, trace
 
 def test_compare_names_a_perturbed_layer_on_both_backends(monkeypatch):
