@@ -188,6 +188,23 @@ def refuse_in_capture(what, why, stream_ptr=None):
             f"replay", what=what)
 
 
+def refuse_foreign_capture(stream_ptr):
+    """CaptureError when raw stream ``stream_ptr`` is being captured into a CUDA graph that
+    dnnkit does not know of (``torch.cuda.graph``, CuPy's capture): dnnkit.memory asks before
+    handing a block of its shared pool to work on a stream other than the legacy default
+    (which cannot be captured) while no graph pool of dnnkit's is active on the thread. Such a
+    block goes back to eager calls when its array dies, while every replay still writes it.
+    One driver query, under a microsecond."""
+    if is_capturing(stream_ptr):
+        raise CaptureError(
+            f"dnnkit: an allocation for work on stream {stream_ptr:#x}, which is being "
+            f"captured into a CUDA graph that dnnkit does not know of. Capture dnnkit's ops "
+            f"with dnnkit.graphs.capture, or with dnnkit.torch.graph(g) in place of "
+            f"torch.cuda.graph(g): they give dnnkit's allocations a pool private to the graph "
+            f"(a block of the shared pool would be handed to eager calls after the capture "
+            f"while every replay still writes it)", what="dnnkit.memory")
+
+
 @contextlib.contextmanager
 def capture_relaxed():
     """This thread's stream-capture mode RELAXED inside the block (cuThreadExchangeStreamCapture

@@ -29,32 +29,28 @@ import threading
 import numpy as np
 
 from . import config
-from .device import capture_relaxed, device_id, driver, numba_cuda, simulator, stream_pointer
+from .device import capture_relaxed, device_id, driver, numba_cuda, refuse_foreign_capture, \
+    simulator, stream_pointer
 from .errors import DnnkitError
 
 _SMALL, _SMALL_ROUND, _LARGE_ROUND = 1 << 20, 512, 2 << 20
 
 
-def _allocator(flag, value):
-    v = str(value).strip().lower()
-    if v not in ("caching", "numba"):
-        raise ValueError(f"flag {flag}: bad value {value!r}; allowed: caching, numba")
-    return v
+def _choice(*allowed):
+    def parse(flag, value):
+        v = str(value).strip().lower()
+        if v not in allowed:
+            raise ValueError(f"flag {flag}: bad value {value!r}; allowed: {', '.join(allowed)}")
+        return v
+    return parse
 
 
-config.register_flag("dnn.allocator", "caching", _allocator,
+config.register_flag("dnn.allocator", "caching", _choice("caching", "numba"),
                      "device allocations of dnnkit's ops: caching (reuse freed blocks per "
                      "stream) or numba (cuMemAlloc/cuMemFree every time)")
 
 
-def _fill_mode(flag, value):
-    v = str(value).strip().lower()
-    if v not in ("off", "nan"):
-        raise ValueError(f"flag {flag}: bad value {value!r}; allowed: off, nan")
-    return v
-
-
-config.register_flag("dnn.debug.fill_uninitialized", "off", _fill_mode,
+config.register_flag("dnn.debug.fill_uninitialized", "off", _choice("off", "nan"),
                      "off, or nan: every new array of dnnkit's allocator starts as all-0xFF "
                      "bytes (NaN in every float dtype), so an output element no kernel wrote "
                      "shows as NaN")
@@ -342,6 +338,8 @@ def _new(key, attrs, stream):
     array nor its pointer goes through Numba's constructors (the array's computes its layout
     in Python, the pointer's registers a weakref finalizer: ~5 and ~4 us a call)."""
     pool = _pool if not _private_users[0] else (_private.__dict__.get("pool") or _pool)
+    if pool is _pool and key[1]:
+        refuse_foreign_capture(key[1])
     raw = pool.take(key) or (
         _raw_alloc(_context(), key[2]) if pool is _pool else _private_alloc(key[2]))
     lend = raw.__dict__.get("_dnnkit_lend") or _lend_attrs(key, raw)
@@ -418,6 +416,8 @@ class scratch:
         self.key = (device_id(), int(stream_ptr), rounded(int(nbytes)))
         pool = self.pool = \
             _pool if not _private_users[0] else (_private.__dict__.get("pool") or _pool)
+        if pool is _pool and self.key[1]:
+            refuse_foreign_capture(self.key[1])
         self.raw = pool.take(self.key) or (
             _raw_alloc(_context(), self.key[2]) if pool is _pool else _private_alloc(self.key[2]))
 

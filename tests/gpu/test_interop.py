@@ -128,3 +128,24 @@ def test_cupy_arrays_and_their_cai_stream():
         y = dnnkit.relu(big)                     # the legacy stream, after an event on s
     assert float(y.copy_to_host().min()) == 4.0
     s.synchronize()
+
+
+@pytest.mark.parametrize("backend", ["cudnn", "numba"])
+def test_an_op_inside_a_capture_dnnkit_does_not_know_of_is_refused(backend):
+    """dnnkit's ops inside torch.cuda.graph (not dnnkit.torch.graph / dnnkit.graphs.capture)
+    would take blocks of the shared pool, which go back to eager calls while every replay
+    writes them: the allocation raises CaptureError; after the capture the same call runs."""
+    from dnnkit.errors import CaptureError
+    if backend == "cudnn" and not dnnkit.cudnn.is_available():
+        pytest.skip("no cuDNN")
+    x = torch.randn(4, 256, device="cuda")
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        dnnkit.relu(x, backend=backend)              # warm: the memo entry and a pool block
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with pytest.raises(CaptureError, match="does not know of"):
+        with torch.cuda.graph(g):
+            dnnkit.relu(x, backend=backend)
+    y = dnnkit.relu(x, backend=backend)
+    np.testing.assert_allclose(y.copy_to_host(), torch.relu(x).cpu().numpy())
