@@ -269,7 +269,10 @@ def _capturing():
     if device.simulator():
         return False
     f = _stream_capturing or torch.cuda.is_current_stream_capturing
-    return bool(f())
+    try:
+        return bool(f())
+    except RuntimeError:        # a PyTorch built without CUDA: nothing can be captured
+        return False
 
 
 def _refuse(name):
