@@ -188,6 +188,18 @@ def refuse_in_capture(what, why, stream_ptr=None):
             f"replay", what=what)
 
 
+def capture_id(stream_ptr):
+    """The id of the capture sequence raw stream ``stream_ptr`` is part of (a stream joined
+    into a capture by an event shares the capturing stream's), or None when it is not being
+    captured (always on the simulator)."""
+    if simulator():
+        return None
+    out = driver().cuStreamGetCaptureInfo(stream_ptr)
+    if int(out[0]) or int(out[1]) != 1:         # CU_STREAM_CAPTURE_STATUS_ACTIVE
+        return None
+    return int(out[2])
+
+
 def refuse_foreign_capture(stream_ptr):
     """CaptureError when raw stream ``stream_ptr`` is being captured into a CUDA graph that
     dnnkit does not know of (``torch.cuda.graph``, CuPy's capture): dnnkit.memory asks before

@@ -185,7 +185,7 @@ def _torch(a, consumer, waited, grad_ok=False):
     if t is None:
         dt = (_torch_dtypes or _torch_dtype_table()).get(a.dtype)
         if dt is None:      # bfloat16 and the like: PyTorch's interface gives its answer
-            return _cai(a, consumer, waited)
+            return _cai(a.detach() if a.requires_grad else a, consumer, waited)
         isz = dt.itemsize
         t = _template(key, a.data_ptr(), tuple(a.shape), tuple(s * isz for s in a.stride()),
                       dt, dev)

@@ -131,16 +131,13 @@ class _Pool:
         with self.lock:
             raw = self.lent.pop(addr, None)
             if raw is not None:
-                heapq.heappush(self.free.setdefault(key, []), (addr, id(raw), raw))
-                self.cached_bytes += key[2]
+                self.give(key, raw, addr)
 
     def clear(self):
         """Drop every cached block; True when there were any."""
         with self.lock:
             dropped, self.free, self.cached_bytes = self.free, {}, 0
-        had = bool(dropped)
-        dropped.clear()
-        return had
+        return bool(dropped)        # the blocks go with ``dropped``
 
 
 _pool = _Pool()
@@ -156,8 +153,7 @@ _private_users = [0]              # threads inside private_pool(); 0 keeps the h
 
 
 def new_pool():
-    """An empty pool for one CUDA graph (its owner keeps it as long as the graph); ``kept``:
-    the memory of Numba-allocated arrays made inside private_pool()."""
+    """An empty pool for one CUDA graph, kept as long as it; ``kept``: Numba arrays' memory."""
     pool = _Pool()
     pool.kept = []
     return pool
@@ -165,8 +161,7 @@ def new_pool():
 
 @contextlib.contextmanager
 def private_pool(pool):
-    """Inside the block, this thread's allocations come from ``pool`` (``new_pool()``) and
-    their blocks go back to it."""
+    """Inside the block, this thread's allocations come from ``pool`` and go back to it."""
     d = _private.__dict__
     saved, d["pool"] = d.get("pool"), pool
     with _pool.lock:
@@ -177,6 +172,11 @@ def private_pool(pool):
         with _pool.lock:
             _private_users[0] -= 1
         d["pool"] = saved
+
+
+def in_private_pool():
+    """Whether this thread's allocations come from a graph's pool (inside private_pool())."""
+    return _private.__dict__.get("pool") is not None
 
 
 def _private_alloc(size):

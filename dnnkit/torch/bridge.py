@@ -88,24 +88,41 @@ def view(t, stream):
     return foreign.torch_view(t, stream)
 
 
-def keep(ctx, stream, *views):
-    """Keep a forward's op arguments (views of its inputs, or its own output arrays) on
-    ``ctx`` for the backward (:func:`kept`): a backward on the forward's stream views them
-    again for nothing. Outputs are kept as dnnkit's arrays, not views of the output tensors:
-    a view holds its tensor, and an output's node holding its output is a reference cycle."""
-    ctx.dnnkit_views = (stream, views)
+# torch.autograd.graph.saved_tensors_hooks' innermost (pack, unpack) pair, or None
+_saved_hooks = getattr(getattr(torch._C, "_autograd", None), "_top_saved_tensors_default_hooks",
+                       None)
+
+
+def keep(ctx, stream, views, tensors):
+    """Keep a forward's op arguments ``views`` on ``ctx`` for the backward (:func:`kept`): a
+    backward on the forward's stream need not view its saved ``tensors`` again. ``views[i]``
+    stands for ``tensors[i]``: a view of an input, or for an output the op's own array (a view
+    of the output tensor would hold it, and an output's node holding its output is a reference
+    cycle). Kept with each tensor's address; not kept for an input ``view`` copied (not
+    contiguous: the copy would live until the backward), and nothing is kept while saved-tensor
+    hooks are active (``save_on_cpu``, checkpointing: they release the tensors' memory, and
+    PyTorch then skips the in-place check the backward relies on)."""
+    if _saved_hooks is not None and _saved_hooks(False) is not None:
+        ctx.dnnkit_views = None
+        return
+    ctx.dnnkit_views = (stream, tuple(v if t.is_contiguous() else None
+                                      for v, t in zip(views, tensors)),
+                        tuple(t.data_ptr() for t in tensors))
 
 
 def kept(ctx, stream, *tensors):
-    """The views :func:`keep` kept, when the backward runs on the forward's stream, else new
-    views of ``tensors`` (the same arguments, from ``ctx.saved_tensors``). Either way ``ctx``
-    lets go of them: PyTorch frees saved tensors after the backward, and the views must not
-    keep their memory any longer (the graph's nodes live until its output dies)."""
+    """The views :func:`keep` kept for ``tensors`` (the same tensors, from
+    ``ctx.saved_tensors``), where the backward runs on the forward's stream and the tensor
+    still has the address it had (its storage was not swapped, as FSDP does); else new views.
+    Either way ``ctx`` lets go of them: PyTorch frees saved tensors after the backward, and
+    the views must not keep their memory any longer (the graph's nodes live until its output
+    dies)."""
     k = ctx.dnnkit_views
     ctx.dnnkit_views = None
-    if k is not None and k[0] == stream:
-        return k[1]
-    return tuple(view(t, stream) for t in tensors)
+    if k is None or k[0] != stream:
+        return tuple(view(t, stream) for t in tensors)
+    return tuple(v if v is not None and t.data_ptr() == p else view(t, stream)
+                 for v, t, p in zip(k[1], tensors, k[2]))
 
 
 class _Exported:
@@ -178,8 +195,7 @@ def graph_pool():
     current stream is capturing, if any (dnnkit/torch/graph.py); the custom operators'
     kernels (dnnkit/torch/library.py) run under it, as ``pooled`` functions do. A capture
     dnnkit does not know of (``torch.compile``'s ``reduce-overhead`` graphs) is refused."""
-    pool = CAPTURES.get(foreign.torch_stream(torch.cuda.current_device())) if CAPTURES \
-        else None
+    pool = _graph_pool() if CAPTURES else None
     if pool is None:
         if _capturing():            # torch.compile's CUDA graphs, or torch.cuda.graph
             _refuse("library (a custom operator)")
@@ -247,9 +263,22 @@ def pooled(fn):
     return backward
 
 
+def _graph_pool():
+    """The private pool of the dnnkit.torch.graph capture that PyTorch's current stream is
+    part of: the capturing stream's, or that of the capture a stream was joined into
+    (``torch.cuda.stream(side)`` inside it: the side stream shares its capture id)."""
+    s = foreign.torch_stream(torch.cuda.current_device())
+    pool = CAPTURES.get(s)
+    if pool is None and s:
+        cid = device.capture_id(s)
+        if cid is not None:
+            pool = next((p for k, p in list(CAPTURES.items()) if device.capture_id(k) == cid),
+                        None)
+    return pool
+
+
 def _in_graph_pool(fn, ctx, args, name=None):
-    pool = CAPTURES.get(foreign.torch_stream(torch.cuda.current_device())) if CAPTURES \
-        else None
+    pool = _graph_pool() if CAPTURES else None
     if pool is None:
         if name is not None and _capturing():
             _refuse(name)
@@ -266,7 +295,7 @@ _stream_capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", None)
 def _capturing():
     """Whether PyTorch's current stream is being captured into a CUDA graph (never on the
     simulator, whose tensors are CPU tensors)."""
-    if device.simulator():
+    if device.simulator() or memory.in_private_pool():    # dnnkit.graphs.capture's thread
         return False
     f = _stream_capturing or torch.cuda.is_current_stream_capturing
     try:

@@ -56,7 +56,7 @@ class Conv(torch.autograd.Function):
         xv, wv = view(x, s), view(w, s)
         y = fwd(xv, wv, view(bias, s), **kw)
         ctx.save_for_backward(x, w)
-        keep(ctx, s, xv, wv)
+        keep(ctx, s, (xv, wv), (x, w))
         ctx.nd, ctx.kw, ctx.has_bias = nd, kw, bias is not None
         return tensor(y, x)
 
@@ -99,7 +99,7 @@ class ConvTranspose(torch.autograd.Function):
         xv, wv = view(x, s), view(w, s)
         y = _TRANSPOSE[nd](xv, wv, view(bias, s), output_padding=output_padding, **kw)
         ctx.save_for_backward(x, w)
-        keep(ctx, s, xv, wv)
+        keep(ctx, s, (xv, wv), (x, w))
         ctx.nd, ctx.kw, ctx.has_bias = nd, kw, bias is not None
         return tensor(y, x)
 
@@ -136,7 +136,7 @@ class Pool(torch.autograd.Function):
         y = _POOL[nd][0](xv, window, stride, padding, mode, **kw)
         out = tensor(y, x)
         ctx.save_for_backward(x, out)
-        keep(ctx, s, xv, y)
+        keep(ctx, s, (xv, y), (x, out))
         ctx.args, ctx.kw, ctx.nd = (window, stride, padding, mode), kw, nd
         return out
 

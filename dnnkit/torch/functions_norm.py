@@ -68,7 +68,7 @@ class BatchNormTrain(torch.autograd.Function):
                                                   running_mean=rm, running_var=rv, backend=b,
                                                   stream=s)
         ctx.save_for_backward(x, weight)
-        keep(ctx, s, xv)
+        keep(ctx, s, (xv,), (x,))
         ctx.saved = (mean, invstd, g)
         ctx.eps, ctx.backend = eps, b
         return tensor(y, x)
@@ -182,7 +182,7 @@ class Activation(torch.autograd.Function):
         y = ops.activation(xv, mode, coef, backend=b, stream=s)
         out = tensor(y, x)
         ctx.save_for_backward(x, out)
-        keep(ctx, s, xv, y)
+        keep(ctx, s, (xv, y), (x, out))
         ctx.mode, ctx.coef, ctx.backend = mode, coef, b
         return out
 

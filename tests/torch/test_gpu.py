@@ -243,6 +243,36 @@ def test_a_plain_torch_cuda_graph_of_a_converted_model_is_refused(backend):
     assert torch.allclose(static, model(x), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("backend", backend_params())
+def test_a_side_stream_joined_into_a_dnnkit_torch_graph_capture_takes_its_pool(backend):
+    """A converted layer run on another stream inside dnnkit.torch.graph (the stream joined to
+    the capture by wait_stream) belongs to the same capture: served by the graph's pool, not
+    refused; its backward (PyTorch's autograd thread, on that stream) too."""
+    torch.manual_seed(0)
+    model = _cnn().cuda()
+    dt.convert(model, backend)
+    x = torch.randn(4, 3, 8, 8, device="cuda")
+    side = torch.cuda.Stream()
+
+    def step():
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            out = model(x)
+            out.sum().backward()
+        torch.cuda.current_stream().wait_stream(side)
+        return out
+    for _ in range(2):
+        step()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with dt.graph(g):
+        static = step()
+    g.replay()
+    torch.cuda.synchronize()
+    assert len(g.dnnkit_pool.lent) + sum(len(v) for v in g.dnnkit_pool.free.values()) > 0
+    assert torch.allclose(static, model(x), rtol=1e-5, atol=1e-6)
+
+
 # ---------------------------------------------------------------- compare, streams, trace
 
 def test_compare_names_a_perturbed_layer_on_both_backends(monkeypatch):
