@@ -41,7 +41,9 @@ def parse_bool(name, value):
     raise ValueError(f"flag {name}: bad value {value!r}; allowed: True, False (or 1/0, yes/no)")
 
 
-def _enum(*allowed, aliases=None):
+def enum(*allowed, aliases=None):
+    """A flag parser taking one of ``allowed`` (any case, stripped; returned lower-cased) or
+    an alias; anything else raises ValueError naming the flag and the allowed values."""
     aliases = dict(aliases or {})
 
     def parse(name, value):
@@ -72,7 +74,7 @@ _THEANO_BOOL = {True: "forced", False: "disabled", "True": "forced", "False": "d
                 "true": "forced", "false": "disabled"}
 
 FLAGS = {f.name: f for f in [
-    Flag("dnn.enabled", "auto", _enum("auto", "forced", "disabled", aliases=_THEANO_BOOL),
+    Flag("dnn.enabled", "auto", enum("auto", "forced", "disabled", aliases=_THEANO_BOOL),
          "auto: cuDNN where it can, else Numba (PyTorch's cudnn.enabled = True); forced (True, "
          "Theano's meaning): cuDNN or an error; disabled (False): never cuDNN"),
     Flag("dnn.library_path", "", _path,

@@ -36,21 +36,12 @@ from .errors import DnnkitError
 _SMALL, _SMALL_ROUND, _LARGE_ROUND = 1 << 20, 512, 2 << 20
 
 
-def _choice(*allowed):
-    def parse(flag, value):
-        v = str(value).strip().lower()
-        if v not in allowed:
-            raise ValueError(f"flag {flag}: bad value {value!r}; allowed: {', '.join(allowed)}")
-        return v
-    return parse
-
-
-config.register_flag("dnn.allocator", "caching", _choice("caching", "numba"),
+config.register_flag("dnn.allocator", "caching", config.enum("caching", "numba"),
                      "device allocations of dnnkit's ops: caching (reuse freed blocks per "
                      "stream) or numba (cuMemAlloc/cuMemFree every time)")
 
 
-config.register_flag("dnn.debug.fill_uninitialized", "off", _choice("off", "nan"),
+config.register_flag("dnn.debug.fill_uninitialized", "off", config.enum("off", "nan"),
                      "off, or nan: every new array of dnnkit's allocator starts as all-0xFF "
                      "bytes (NaN in every float dtype), so an output element no kernel wrote "
                      "shows as NaN")

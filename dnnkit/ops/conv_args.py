@@ -64,15 +64,6 @@ PRECISIONS = ("as_input_f32", "as_input", "float16", "float32", "float64")
 WORKSPACE_SHARE, WORKSPACE_CAP = 0.25, 4 * 2**30
 
 
-def _enum_flag(name, allowed):
-    def parse(flag, value):
-        v = str(value).strip().lower()
-        if v not in allowed:
-            raise ValueError(f"flag {flag}: bad value {value!r}; allowed: {', '.join(allowed)}")
-        return v
-    return parse
-
-
 def _workspace(flag, value):
     """'auto', or a whole number of bytes >= 0: an int, an integral float (``1e9``) or a
     string of either. There is no "unlimited" value (inf is refused: a limit the size of the
@@ -103,17 +94,17 @@ def _bool(flag, value):
 # Default: cuDNN's heuristics through the graph API, remembered per shape (PyTorch's and
 # cudnn.torch's default). Theano defaulted to named legacy algorithms ("small", "none"), which
 # cuDNN 9 runs through its legacy API at 60-90 us of host time per call.
-config.register_flag("dnn.conv.algo_fwd", "guess_once", _enum_flag("fwd", ALGOS["fwd"]),
+config.register_flag("dnn.conv.algo_fwd", "guess_once", config.enum(*ALGOS["fwd"]),
                      "cuDNN forward algorithm or runtime choice")
 config.register_flag("dnn.conv.algo_bwd_data", "guess_once",
-                     _enum_flag("bwd_data", ALGOS["bwd_data"]),
+                     config.enum(*ALGOS["bwd_data"]),
                      "cuDNN backward-data algorithm or runtime choice")
 config.register_flag("dnn.conv.algo_bwd_filter", "guess_once",
-                     _enum_flag("bwd_filter", ALGOS["bwd_filter"]),
+                     config.enum(*ALGOS["bwd_filter"]),
                      "cuDNN backward-filter algorithm or runtime choice")
 config.register_flag("dnn.conv.workspace_limit", "auto", _workspace,
                      "largest cuDNN workspace in bytes; auto: a quarter of free memory, <= 4 GiB")
-config.register_flag("dnn.conv.precision", "as_input_f32", _enum_flag("precision", PRECISIONS),
+config.register_flag("dnn.conv.precision", "as_input_f32", config.enum(*PRECISIONS),
                      "compute type: as_input_f32 (float16 computes in float32), as_input, float16, "
                      "float32, float64")
 config.register_flag("dnn.conv.allow_tf32", False, _bool,
