@@ -33,7 +33,7 @@ import importlib
 
 # One module per op family; adding a family = adding its module here. (Helpers shared between
 # families live in common.py, bounds.py and tensorcore.py: no kernels of their own.)
-MODULES = ("activation", "softmax", "conv", "gemm", "pool", "batchnorm", "dropout", "rnn",
+MODULES = ("activation", "softmax", "conv", "gemm", "hmma", "pool", "batchnorm", "dropout", "rnn",
            "spatial", "optim", "loss", "winograd", "arith", "reduce", "shape",
            "embedding", "lrn")
 

@@ -111,6 +111,111 @@ def mma_f16(typingctx, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
     return sig, codegen
 
 
+# ---------------------------------------------------------------- addresses, async copies,
+# ldmatrix: the pipelined float16 GEMM (kernels/hmma.py). Each asm that reads or writes memory
+# behind LLVM's back is volatile with a memory clobber, so LLVM keeps it between the barriers
+# and the other accesses it is written between.
+
+def _void_asm(context, builder, args, text, constraints):
+    fnty = ir.FunctionType(ir.VoidType(), [a.type for a in args])
+    builder.call(ir.InlineAsm(fnty, text, constraints, side_effect=True), args)
+    return context.get_dummy_value()
+
+
+@intrinsic
+def address(typingctx, arr):
+    """The generic address (uint64) of array ``arr``'s first element."""
+    if not isinstance(arr, types.Array):
+        return None
+
+    def codegen(context, builder, signature, args):
+        ary = context.make_array(signature.args[0])(context, builder, args[0])
+        return builder.ptrtoint(ary.data, ir.IntType(64))
+
+    return types.uint64(arr), codegen
+
+
+@intrinsic
+def shared_address(typingctx, arr):
+    """The shared-window address (uint32, as ``ld.shared``, ``cp.async`` and ``ldmatrix``
+    take it) of shared array ``arr``'s first element."""
+    if not isinstance(arr, types.Array):
+        return None
+
+    def codegen(context, builder, signature, args):
+        ary = context.make_array(signature.args[0])(context, builder, args[0])
+        generic = builder.ptrtoint(ary.data, ir.IntType(64))
+        return _asm(builder, ir.IntType(32), [generic],
+                    "{ .reg .u64 t; cvta.to.shared.u64 t, $1; cvt.u32.u64 $0, t; }", "=r,l")
+
+    return types.uint32(arr), codegen
+
+
+@intrinsic
+def cp_async16(typingctx, dst, src, nbytes):
+    """Copy 16 bytes from global address ``src`` to shared address ``dst`` asynchronously
+    (``cp.async.cg``: through L2 only), of which the first ``nbytes`` (0 or 16) are read and
+    the rest zero-filled: 0 reads nothing (an element past the matrix)."""
+    u32, u64 = types.uint32, types.uint64
+    if (dst, src, nbytes) != (u32, u64, u32):
+        return None
+
+    def codegen(context, builder, signature, args):
+        return _void_asm(context, builder, list(args),
+                         "cp.async.cg.shared.global [$0], [$1], 16, $2;", "r,l,r,~{memory}")
+
+    return types.void(u32, u64, u32), codegen
+
+
+def _cp_async_group(text, doc):
+    @intrinsic
+    def fn(typingctx):
+        def codegen(context, builder, signature, args):
+            return _void_asm(context, builder, [], text, "~{memory}")
+        return types.void(), codegen
+    fn.__doc__ = doc
+    return fn
+
+
+cp_async_commit = _cp_async_group("cp.async.commit_group;",
+                                  "Close this thread's group of cp.async copies issued so far.")
+cp_async_wait1 = _cp_async_group("cp.async.wait_group 1;",
+                                 "Wait until at most one of this thread's copy groups is pending.")
+cp_async_wait0 = _cp_async_group("cp.async.wait_group 0;",
+                                 "Wait for all of this thread's copy groups.")
+
+
+def _ldmatrix(trans):
+    text = (f"ldmatrix.sync.aligned.m8n8.x4{'.trans' if trans else ''}.shared.b16 "
+            "{$0, $1, $2, $3}, [$4];")
+
+    @intrinsic
+    def fn(typingctx, addr):
+        if addr != types.uint32:
+            return None
+        sig = types.UniTuple(types.uint32, 4)(types.uint32)
+
+        def codegen(context, builder, signature, args):
+            i32 = ir.IntType(32)
+            ret = ir.LiteralStructType([i32] * 4)
+            fnty = ir.FunctionType(ret, [i32])
+            out = builder.call(ir.InlineAsm(fnty, text, "=r,=r,=r,=r,r,~{memory}",
+                                            side_effect=True), list(args))
+            return context.make_tuple(builder, signature.return_type,
+                                      [builder.extract_value(out, i) for i in range(4)])
+
+        return sig, codegen
+    return fn
+
+
+# Four 8 x 8 matrices of 16-bit elements: lane 8j + r gives the shared address of matrix j's
+# row r (16 bytes); each lane gets, in register j, matrix j's elements (g, 2q) and (g, 2q+1)
+# (lane 4g + q), the lower in the low half -- or with .trans (2q, g) and (2q+1, g): the
+# fragment of an mma operand stored the other way round.
+ldmatrix_x4 = _ldmatrix(False)
+ldmatrix_x4_trans = _ldmatrix(True)
+
+
 MODES = ("3xtf32", "tf32", "f16")
 
 
@@ -233,4 +338,6 @@ def _stable_uuid(fn, name):
 
 _stable_uuid(tf32_split, "tf32_split")
 _stable_uuid(mma_tf32, "mma_tf32")
-_stable_uuid(mma_f16, "mma_f16")
+for _name in ("mma_f16", "address", "shared_address", "cp_async16", "cp_async_commit",
+              "cp_async_wait1", "cp_async_wait0", "ldmatrix_x4", "ldmatrix_x4_trans"):
+    _stable_uuid(globals()[_name], _name)

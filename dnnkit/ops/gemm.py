@@ -24,7 +24,10 @@ the GPU of compute capability 8.0 or later, the products run on tensor cores
   - float32, math "tf32": one TF32 product (A and B rounded to 10 mantissa bits, errors of
     order 2^-11 = 5e-4 of |C|), a third of the mma: the convolution's ``dnn.conv.allow_tf32``;
   - float16 (any math): HMMA, ``mma.m16n8k16`` with float32 accumulators; float16 products
-    are exact, so the error is float32 accumulation's, then C's rounding to float16.
+    are exact, so the error is float32 accumulation's, then C's rounding to float16. Where no
+    operand walks a grouped k and B is not read from a convolution's input (implicit), the
+    pipelined kernel of kernels/hmma.py runs it (2.5-3x the rate of
+    kernels/gemm.py's HMMA variants).
 
 Set it False for plain FP32 FMA (IEEE Inf arithmetic: with tensor cores an Inf operand of a
 3xTF32 product gives NaN). The simulator and float64 always take FP32 FMA.
@@ -109,15 +112,19 @@ def prepared(layout, a, b, c, dims, lds, grps, batch, *, beta=0.0, bias=None, co
 
 def _launch_of(layout, a, b, c, dims, lds, grps, batch, beta, bias, conv, math):
     """(kernel, grid, block, shared bytes, arguments) of one GEMM, its plan remembered."""
+    # A's and B's k plain where k is their fast index (the pipelined float16 kernel's
+    # condition: layout 00's A, 01's A and B)
+    plain = (layout[0] == "1" or grps[0] >= dims[2]) and (layout[1] == "0" or
+                                                          grps[2] >= dims[2])
     key = (layout, dims, batch[0], batch[1], a.dtype, device.device_id(), conv is not None,
-           TENSOR_CORES, math)
+           TENSOR_CORES, math, plain)
     plan = _plans.get(key)
     if plan is None:
         if math not in MATHS:
             raise ValueError(f"gemm: math must be one of {MATHS}, got {math!r}")
         if len(_plans) >= 4096:
             _plans.clear()
-        plan = _plans[key] = _plan(layout, dims, batch, a.dtype, conv is not None, math)
+        plan = _plans[key] = _plan(layout, dims, batch, a.dtype, conv is not None, math, plain)
     kernel, grid, block, shared, acc, dummy = plan
     table, cg = conv or dummy
     return kernel, grid, block, shared, (
@@ -151,17 +158,25 @@ def tc_prefix(dtype, math="3xtf32"):
     return "tf32" if math == "tf32" else "tc"
 
 
-def _plan(layout, dims, batch, dtype, implicit, math):
+def _plan(layout, dims, batch, dtype, implicit, math, plain):
     from ..kernels.gemm import CG_LEN, CONFIGS, VARIANTS, config_options, shared_bytes
     m, n, _ = dims
     name, grid = launch_grid(m, n, batch[0] * batch[1])
     prefix = tc_prefix(dtype, math)
-    if prefix is not None:
-        name = f"{prefix}_{name}"   # the same tiles (kernels/gemm.py CONFIGS)
-    wm, wn, tx, ty, _ = CONFIGS[name]
     acc = arrays.acc_array(dtype)
     # the implicit convolution's arguments, unused by the other variants: a 4-entry table
     dummy = None if implicit else (arrays.constant(np.zeros(4), np.int32), (0,) * CG_LEN)
+    if prefix == "hmma" and plain and not implicit:
+        # float16, k plain: the pipelined kernel (kernels/hmma.py), its 64-row tiles
+        # where 128-row ones would not make two blocks per SM (measured: validation/notes/gemm.md)
+        from ..kernels import hmma
+        bm = 128 if name == "large" else 64
+        grid = (-(-n // hmma.BN), min(-(-m // bm), 65535), grid[2])
+        return (hmma.VARIANTS[f"gemm_{layout}_hmma{bm}_kernel"], grid, (hmma.THREADS, 1),
+                hmma.shared_bytes(bm), acc, dummy)
+    if prefix is not None:
+        name = f"{prefix}_{name}"   # the same tiles (kernels/gemm.py CONFIGS)
+    wm, wn, tx, ty, _ = CONFIGS[name]
     kernel = VARIANTS[f"gemm_{layout}_{name}_implicit_kernel" if implicit else
                       f"gemm_{layout}_{name}_kernel"]
     return (kernel, grid, (tx, ty),

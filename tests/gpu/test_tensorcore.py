@@ -28,8 +28,10 @@ def _rel(got, ref):
 
 
 def _kernels(prefix):
+    from dnnkit.kernels import hmma
     from dnnkit.kernels.gemm import VARIANTS
-    return [k for n, k in VARIANTS.items() if f"_{prefix}_" in n]
+    pipelined = list(hmma.VARIANTS.values()) if prefix == "hmma" else []
+    return [k for n, k in VARIANTS.items() if f"_{prefix}_" in n] + pipelined
 
 
 @pytest.mark.parametrize("layout", ["00", "10", "01"])
