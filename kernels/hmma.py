@@ -157,18 +157,16 @@ def _stage_scalar(src, off, ld, rows, fast, r0, k0, kdim, kmajor, tile, count, s
 @inlined
 def _aligned(gbase, off, ld, fast, grp, gstride):
     """Whether every 8-element chunk of an operand starts on 16 bytes and lies wholly inside
-    or outside its rows (and within one group of a grouped fast index)."""
-    ok = (gbase + uint64(2 * off)) % uint64(16) == uint64(0) and ld % 8 == 0
-    if grp < fast:
-        return ok and grp % 8 == 0 and gstride % 8 == 0
-    return ok and fast % 8 == 0
+    or outside its rows (and, for a grouped fast index, within one group)."""
+    ok = (gbase + uint64(2 * off)) % uint64(16) == uint64(0) and ld % 8 == 0 and fast % 8 == 0
+    return ok and (grp >= fast or grp % 8 == 0 and gstride % 8 == 0)
 
 
 @functools.lru_cache(maxsize=None)
-def hmma_kernel(ta, tb, bm=128, min_blocks=2):
+def hmma_kernel(ta, tb, bm=128):
     """The pipelined float16 GEMM for layout (ta, tb) (kernels/gemm.py's; A k-major when
-    ta == 0, B k-major when tb == 1) with bm x 128 tiles (bm 128 or 64), ``min_blocks``
-    resident per SM (launch bounds)."""
+    ta == 0, B k-major when tb == 1) with bm x 128 tiles (bm 128 or 64), two blocks resident
+    per SM (launch bounds: 128 registers)."""
     a_kmaj, b_kmaj = ta == 0, tb == 1
     if bm not in (64, 128):
         raise ValueError(f"hmma_kernel: tile rows must be 64 or 128, not {bm}")
@@ -177,7 +175,23 @@ def hmma_kernel(ta, tb, bm=128, min_blocks=2):
     ACH = bm // 64          # noqa: N806 -- A chunks per thread per slab
     A_BYTES = bm * BK * 2   # noqa: N806
     STAGE = A_BYTES + BN * BK * 2   # noqa: N806
-    PASSES = MT // 2        # noqa: N806 -- epilogue passes of 32 rows per warp
+
+    @inlined
+    def fill(a, b, abase, bbase, offa, offb, lda, ldb, i0, j0, k0, at, vec, va, vb, am, afast,
+             bn_, bfast, astep, bstep, kdim, sh, gpa, sda, kca, oka, gpb, sdb, kcb, okb, ga, gsa,
+             gb, gsb):
+        """The slabs of A and B at k0 into the stage at byte ``at``: by cp.async (``vec``
+        both, else each operand as its alignment allows) or element by element."""
+        if vec or va:
+            _issue(gpa, sda, kca, oka, ACH, k0, kdim, astep, uint32(at), abase)
+        else:
+            _stage_scalar(a, offa, lda, am, afast, i0, k0, kdim, a_kmaj, bm, ACH, sh, at, ga,
+                          gsa)
+        if vec or vb:
+            _issue(gpb, sdb, kcb, okb, 2, k0, kdim, bstep, uint32(at), bbase)
+        else:
+            _stage_scalar(b, offb, ldb, bn_, bfast, j0, k0, kdim, b_kmaj, BN, 2, sh,
+                          at + A_BYTES, gb, gsb)
 
     @inlined
     def mainloop(a, b, abase, bbase, offa, offb, lda, ldb, m, n, kdim, i0, j0, vec, sh, sbase,
@@ -197,33 +211,18 @@ def hmma_kernel(ta, tb, bm=128, min_blocks=2):
                 sdb, kcb, okb, gb, gsb)
         for s in range(STAGES - 1):
             if s < nk:
-                if vec or va:
-                    _issue(gpa, sda, kca, oka, ACH, s * BK, kdim, astep, uint32(s * STAGE), abase)
-                else:
-                    _stage_scalar(a, offa, lda, am, afast, i0, s * BK, kdim, a_kmaj, bm, ACH, sh,
-                                  s * STAGE, ga, gsa)
-                if vec or vb:
-                    _issue(gpb, sdb, kcb, okb, 2, s * BK, kdim, bstep, uint32(s * STAGE), bbase)
-                else:
-                    _stage_scalar(b, offb, ldb, bn_, bfast, j0, s * BK, kdim, b_kmaj, BN, 2, sh,
-                                  s * STAGE + A_BYTES, gb, gsb)
+                fill(a, b, abase, bbase, offa, offb, lda, ldb, i0, j0, s * BK, s * STAGE, vec,
+                     va, vb, am, afast, bn_, bfast, astep, bstep, kdim, sh, gpa, sda, kca, oka,
+                     gpb, sdb, kcb, okb, ga, gsa, gb, gsb)
             cp_async_commit()
         for kt in range(nk):
             cp_async_wait1()        # slab kt has landed (this thread's copies) ...
             cuda.syncthreads()      # ... everyone's, and slab kt-1 is consumed
             nxt = kt + STAGES - 1
             if nxt < nk:
-                at = (nxt % STAGES) * STAGE
-                if vec or va:
-                    _issue(gpa, sda, kca, oka, ACH, nxt * BK, kdim, astep, uint32(at), abase)
-                else:
-                    _stage_scalar(a, offa, lda, am, afast, i0, nxt * BK, kdim, a_kmaj, bm,
-                                  ACH, sh, at, ga, gsa)
-                if vec or vb:
-                    _issue(gpb, sdb, kcb, okb, 2, nxt * BK, kdim, bstep, uint32(at), bbase)
-                else:
-                    _stage_scalar(b, offb, ldb, bn_, bfast, j0, nxt * BK, kdim, b_kmaj, BN, 2,
-                                  sh, at + A_BYTES, gb, gsb)
+                fill(a, b, abase, bbase, offa, offb, lda, ldb, i0, j0, nxt * BK,
+                     (nxt % STAGES) * STAGE, vec, va, vb, am, afast, bn_, bfast, astep, bstep,
+                     kdim, sh, gpa, sda, kca, oka, gpb, sdb, kcb, okb, ga, gsa, gb, gsb)
             cp_async_commit()
             sa = uint32(sbase + uint32((kt % STAGES) * STAGE))
             sb = uint32(sa + uint32(A_BYTES))
@@ -249,6 +248,14 @@ def hmma_kernel(ta, tb, bm=128, min_blocks=2):
                         _mma(c_reg, mt, 2 * np_ + 1, af, b2, b3)
         cp_async_wait0()
         cuda.syncthreads()      # the slabs are free: C goes out through them
+
+    @inlined
+    def drain(c, c_reg, out, coff, ldc, m, n, i0, j0, h, wy, wx, g, q, beta, bias, boff,
+              use_bias, zero):
+        _spill(c_reg, out, h, wy, wx, g, q)
+        cuda.syncthreads()
+        _write(c, out, coff, ldc, m, n, i0, j0, h, WM, beta, bias, boff, use_bias, zero)
+        cuda.syncthreads()
 
     def kernel(a, b, c, bias, dims, lds, grps, batch, beta, use_bias, acc, table, cg):
         sh = _slabs()
@@ -306,18 +313,16 @@ def hmma_kernel(ta, tb, bm=128, min_blocks=2):
                     out = _words()
                     coff = z1 * c1 + z2 * c2 + (j0 + (t & 127)) // gc * gsc \
                         + (j0 + (t & 127)) % gc
-                    for h in range(PASSES):
-                        if h == 0:      # (separate calls: c_reg's indices stay constants)
-                            _spill(c_reg, out, 0, wy, wx, g, q)
-                        else:
-                            _spill(c_reg, out, 1, wy, wx, g, q)
-                        cuda.syncthreads()
-                        _write(c, out, coff, ldc, m, n, i0, j0, h, WM, beta, bias, z1 * m,
-                               use_bias, zero)
-                        cuda.syncthreads()
+                    # 32 rows of each warp a pass, h a constant in each call (c_reg's
+                    # indices stay constants: registers)
+                    drain(c, c_reg, out, coff, ldc, m, n, i0, j0, 0, wy, wx, g, q, beta, bias,
+                          z1 * m, use_bias, zero)
+                    if MT == 4:
+                        drain(c, c_reg, out, coff, ldc, m, n, i0, j0, 1, wy, wx, g, q, beta,
+                              bias, z1 * m, use_bias, zero)
 
     kernel.__name__ = kernel.__qualname__ = f"gemm_{ta}{tb}_{bm}x{BN}_hmma_pipe"
-    return bounded_jit(kernel, THREADS, min_blocks)
+    return bounded_jit(kernel, THREADS, 2)
 
 
 @inlined

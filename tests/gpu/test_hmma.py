@@ -109,22 +109,23 @@ def test_grouped_k_keeps_the_staged_kernel(rng):
     assert plans and plans[-1][0] not in hmma.VARIANTS.values()
 
 
-@pytest.mark.parametrize("grp", [48, 49])
-def test_grouped_columns_of_b_and_a(rng, grp):
+@pytest.mark.parametrize("grp, short", [(48, 0), (49, 0), (48, 4)])
+def test_grouped_columns_of_b_and_a(rng, grp, short):
     # layout 10 (the convolution's data gradient): A stored k x m with m grouped, B's columns
     # grouped as a convolution's (n, position) in NCHW: 48 a multiple of 8 (16-byte copies),
-    # 49 not (element by element)
+    # 49 not (element by element); ``short``: B's last group cut short (n not a multiple of
+    # 8: element by element, no chunk read past column n)
     from numba import cuda
 
     from dnnkit.ops import gemm
     _need_tensor_cores()
     m, k, groups = 2 * grp, 40, 3
-    n = groups * grp
+    n = groups * grp - short
     a = rng.standard_normal((k, 2, grp + 8)).astype(np.float16)       # A[i, k] grouped in i
     # B[k, j] at (j // grp, k, j % grp)
     b = rng.standard_normal((groups, k, grp)).astype(np.float16)
     am = a[:, :, :grp].reshape(k, m).T.astype(np.float64)
-    bm = b.transpose(1, 0, 2).reshape(k, n).astype(np.float64)
+    bm = b.transpose(1, 0, 2).reshape(k, groups * grp)[:, :n].astype(np.float64)
     c = cuda.to_device(np.full(m * n, np.nan, np.float32))
     gemm.gemm("10", cuda.to_device(a.ravel()), cuda.to_device(b.ravel()), c, (m, n, k),
               (2 * (grp + 8), grp, n), (grp, grp + 8, grp, k * grp, 1 << 62, 0),
