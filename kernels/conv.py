@@ -20,7 +20,7 @@ col (C*T*R*S rows, nc*O columns; O = OD*OH*OW), row (c, t, r, s), column (n, od,
 
 from numba import cuda
 
-from .bounds import inlined
+from .bounds import bounded_jit, inlined
 from .common import REDUCE_SUM, block_reduce
 
 
@@ -76,55 +76,85 @@ def conv_im2col_fwd_kernel(x, col, geo, nc, acc):
 
 
 @inlined
-def _out(i, pad, k, ksize, dil, stride, osize, flip):
-    """Output coordinate whose tap k reads input coordinate i, or -1 if none. Stride 1 (a
-    branch uniform over the grid) takes no division: a 64-bit remainder and quotient per tap
-    made col2im bound by its integer arithmetic."""
-    q = i + pad - ((ksize - 1 - k) if flip else k) * dil       # = o * stride
-    if q < 0:
-        return -1
-    if stride == 1:
-        return q if q < osize else -1
-    if q % stride != 0 or q // stride >= osize:
-        return -1
-    return q // stride
+def _taps(i, pad, ksize, dil, stride, osize, flip, q):
+    """The taps of one axis that read input coordinate i, in increasing tap order: (first
+    tap, its output coordinate, output step, count; the tap step is q = ``_period``). Before
+    the flip, tap k' reads i where i + pad - k'*dil = o*stride with 0 <= o < osize: one residue
+    class of k' modulo q = stride / gcd(dil, stride), o falling by dil*q/stride per step. So a
+    thread divides per axis, not per tap and channel (col2im was bound by a 64-bit remainder
+    and quotient per tap); an undilated stride-1 axis divides nothing."""
+    base = i + pad
+    k0 = -1
+    for k in range(min(ksize, q)):          # the residue class's first tap, if any
+        rem = base - k * dil
+        if rem >= 0 and (stride == 1 or rem % stride == 0):
+            k0 = k
+            break
+    if k0 < 0:
+        return 0, 0, 0, 0
+    if stride == 1 and dil == 1:
+        o0, do, hi = base, 1, min(ksize, base + 1)
+    else:
+        o0 = (base - k0 * dil) // stride
+        do = q * dil // stride
+        hi = min((ksize - k0 + q - 1) // q, o0 // do + 1)
+    lo = 0 if o0 < osize else (o0 - osize + do) // do      # steps until o < osize
+    if hi <= lo:
+        return 0, 0, 0, 0
+    if flip:        # tap ksize-1-k': increasing taps are decreasing steps, o rising
+        return ksize - 1 - (k0 + (hi - 1) * q), o0 - (hi - 1) * do, do, hi - lo
+    return k0 + lo * q, o0 - lo * do, -do, hi - lo
 
 
-@cuda.jit(cache=True)
+@inlined
+def _period(dil, stride):
+    """stride / gcd(dil, stride): the tap period of col2im's valid taps on an axis."""
+    a, b = dil, stride
+    while b != 0:
+        a, b = b, a % b
+    return stride // a
+
+
 def conv_col2im_bwd_kernel(dcol, dx, geo, nc, acc):
     """dx (the chunk's nc images, flat) from dcol (C*T*R*S, nc*O), in gather form:
     dx[n, c, i] = sum over taps (t, r, s) and outputs o with o*stride + t'*dil - pad = i of
     dcol[(c,t,r,s), (n,o)]. Thread mapping: x threads walk the chunk's nc*DHW (image, input
     position) pairs (grid-stride), the grid's y dimension the channels (grid-stride); a thread
-    decodes its pair once and reuses it for every channel it visits (it decoded all four
-    indices of every element before: bound by integer division). Consecutive threads on
-    consecutive x positions (coalesced writes); each element sums its taps in a fixed order:
-    deterministic, no atomics. Traffic: dcol read once, dx written once."""
+    decodes its pair and the valid taps of each axis (``_taps``) once and reuses them for
+    every channel it visits, which then visit only valid taps, with no division. Consecutive
+    threads on consecutive x positions (coalesced writes); each element sums its taps in
+    increasing (t, r, s) order: deterministic, no atomics. Traffic: dcol read once, dx
+    written once."""
     c_, d_, h_, w_, t_, r_, s_, od_, oh_, ow_, sd, sh, sw, pd, ph, pw, dd, dh, dw, flip = geo
     zero = acc[0]
     dhw, o_ = d_ * h_ * w_, od_ * oh_ * ow_
     ncol, taps = nc * o_, t_ * r_ * s_
+    qt, qr, qs = _period(dd, sd), _period(dh, sh), _period(dw, sw)
     for j in range(cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x, nc * dhw,
                    cuda.gridDim.x * cuda.blockDim.x):
         n, p = j // dhw, j % dhw
         iz, iy, ix = p // (h_ * w_), (p // w_) % h_, p % w_
+        t0, z0, zs, ct = _taps(iz, pd, t_, dd, sd, od_, flip, qt)
+        r0, y0, ys, cr = _taps(iy, ph, r_, dh, sh, oh_, flip, qr)
+        s0, x0, xs, cs = _taps(ix, pw, s_, dw, sw, ow_, flip, qs)
         for c in range(cuda.blockIdx.y, c_, cuda.gridDim.y):
             base = c * taps * ncol + n * o_          # row (c, 0, 0, 0), column (n, 0)
             total = zero
-            for t in range(t_):
-                zo = _out(iz, pd, t, t_, dd, sd, od_, flip)
-                if zo < 0:
-                    continue
-                for r in range(r_):
-                    yo = _out(iy, ph, r, r_, dh, sh, oh_, flip)
-                    if yo < 0:
-                        continue
-                    for s in range(s_):
-                        xo = _out(ix, pw, s, s_, dw, sw, ow_, flip)
-                        if xo >= 0:
-                            row = (t * r_ + r) * s_ + s
-                            total += dcol[base + row * ncol + (zo * oh_ + yo) * ow_ + xo] + zero
+            for a in range(ct):
+                t, zo = t0 + a * qt, z0 + a * zs
+                for b in range(cr):
+                    r, yo = r0 + b * qr, y0 + b * ys
+                    row = (t * r_ + r) * s_ + s0
+                    col = (zo * oh_ + yo) * ow_ + x0
+                    for e in range(cs):
+                        total += dcol[base + (row + e * qs) * ncol + col + e * xs] + zero
             dx[(n * c_ + c) * dhw + p] = total
+
+
+# 80 registers (three blocks of 256 per SM): unbounded, the per-axis taps took 124 and the
+# stride-1 layers ran 4-36% slower than the per-tap kernel before them; bounded, 0.85-1.23x
+# its time at stride 1 and 1.3-4.2x faster at stride 2 (H100, validation/notes/conv-numba.md)
+conv_col2im_bwd_kernel = bounded_jit(conv_col2im_bwd_kernel, 256, 3)
 
 
 @cuda.jit(cache=True)

@@ -20,7 +20,9 @@ and halve, so their rounding is a few ulps (measured against float64 in tests/op
 validation/winograd_bench.py).
 
 Layouts (all flat, C-contiguous): x (N, C, H, W) and y (N, K, OH, OW) from a chunk's first
-image; the transformed arrays in the accumulation type, position xi = 4a + b major:
+image; the transformed arrays, position xi = 4a + b major (each kernel computes in the
+accumulation type and stores in its output's type: U, V and dM are the products' operands,
+float16 for float16 data, M and dU their float32 sums; dnnkit/ops/conv_winograd.py):
 U[xi, k, c] (or [xi, c, k] transposed: the data gradient's filter), V[xi, c, p] and
 M / dM[xi, k, p] with row stride ``ps`` >= P (columns P..ps-1 written as zeros, so a GEMM may
 split its sum over p into equal parts), dU[part, xi, k, c]. Tile p = (n, ty, tx) covers input
@@ -244,10 +246,11 @@ def SIGNATURES(t, acc):
     from numba.core.types import UniTuple
     a, z = t[::1], acc[::1]
     return {
-        "winograd_filter_fwd_kernel": (a, z, UniTuple(int64, 4), z),
-        "winograd_input_fwd_kernel": (a, z, UniTuple(int64, 9), z),
+        # U, V and dM in the data type (the products' operands), M and dU in acc's
+        "winograd_filter_fwd_kernel": (a, a, UniTuple(int64, 4), z),
+        "winograd_input_fwd_kernel": (a, a, UniTuple(int64, 9), z),
         "winograd_output_fwd_kernel": (z, a, a, UniTuple(int64, 7), int64, z),
-        "winograd_grad_bwd_kernel": (a, z, UniTuple(int64, 7), z),
+        "winograd_grad_bwd_kernel": (a, a, UniTuple(int64, 7), z),
         "winograd_filter_bwd_kernel": (z, a, UniTuple(int64, 4), z),
     }
 

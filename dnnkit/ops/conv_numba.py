@@ -123,11 +123,11 @@ def gemm_math(opts):
 
 
 def _winograd(geom, dtype, math):
-    """conv_winograd.pays, whatever the direct GEMM's math: on an H100 the 3x3 rows of the
-    ResNet-50 set ran faster through Winograd (its GEMM on 3xTF32) than through the direct
-    GEMM on HMMA (float16: 30.6 against 15.8 TFLOP/s at 128->128 28^2) or on one TF32 product
-    (float32 with allow_tf32: 14.6 TFLOP/s direct), so the rule measured against 3xTF32
-    stands. Its products are 3xTF32 either way: no less accurate than the direct GEMM."""
+    """conv_winograd.pays, whatever the direct GEMM's math: Winograd's products take the same
+    math (float16 operands on the pipelined HMMA kernel, one TF32 product with allow_tf32,
+    else 3xTF32), and on an H100 it took 0.24-0.72x the direct path's time (im2col or
+    col2im + the same GEMM) in float16 and 0.39-0.86x with TF32 on ResNet's 3x3 layers, every
+    pass, batch 32 and 128 (validation/notes/winograd.md), as it did in float32."""
     return conv_winograd.pays(geom, dtype)
 
 
@@ -141,7 +141,7 @@ def forward(x, w, bias, geom, stream, math="3xtf32"):
             _fill_bias(y, bias, sz, stream)
         return y, "im2col+gemm"
     if _winograd(geom, x.dtype, math):
-        return conv_winograd.forward(x, w, bias, geom, y, stream), "winograd"
+        return conv_winograd.forward(x, w, bias, geom, y, stream, math), "winograd"
     conv = implicit_forward(geom, sz)
     if conv is not None:
         args, kw = implicit_forward_gemm(sz, conv, x, w, y, bias, math)
@@ -226,7 +226,7 @@ def backward_data(dy, w, geom, stream, math="3xtf32"):
     if sz.empty():
         return arrays.zero_fill(dx, stream), "gemm+col2im"
     if _winograd(geom, dy.dtype, math):
-        return conv_winograd.backward_data(dy, w, geom, dx, stream), "winograd"
+        return conv_winograd.backward_data(dy, w, geom, dx, stream, math), "winograd"
     conv = implicit_backward_data(geom, sz)
     if conv is not None:
         args, kw = implicit_backward_data_gemm(sz, conv, dy, w, dx, math)
@@ -288,7 +288,7 @@ def backward_filter(x, dy, geom, stream, math="3xtf32"):
     if sz.empty():
         return arrays.zero_fill(dw, stream), "im2col+gemm"
     if _winograd(geom, x.dtype, math):
-        return conv_winograd.backward_filter(x, dy, geom, dw, stream), "winograd"
+        return conv_winograd.backward_filter(x, dy, geom, dw, stream, math), "winograd"
     acc = arrays.acc_array(x.dtype)
     # the filter gradient: implicit only when asked for (settings.implicit True; implicit_pays)
     conv = None if sz.pointwise or settings.implicit is not True \

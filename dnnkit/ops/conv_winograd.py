@@ -9,14 +9,23 @@ transform; the data gradient is the forward of dy with the filters transposed an
 the filter gradient transforms dy and x to dM and V and sums dU[xi] = dM[xi] . V[xi]^T over
 the tiles, split into ``parts`` slices reduced by separate blocks, then dg = G^T dU G.
 
-Cost: V, M (or dM) are 16/4 = 4x the size of x and y (a tile of 4 outputs takes 16 values), in
-the accumulation type: memory traffic for fewer flops, which pays where the GEMM is the
-bottleneck (``pays``; measured by validation/winograd_bench.py). The batch goes through in
-chunks of images whose transformed arrays fit ``conv_tuning.settings.col_budget_bytes``.
+The products' operands U, V and dM are in the data type for float16 (``operand_dtype``: the
+GEMMs then run on the pipelined HMMA kernel of kernels/hmma.py with float32 sums, as the direct
+path's do) and in the accumulation type otherwise; M and dU, the sums, in the accumulation
+type. Rows of V, M and dM are padded to a multiple of ``ALIGN`` tiles (zeros), so every
+operand row starts on 16 bytes, as the pipelined kernel's copies need. float32's products
+follow the call's ``math`` (3xTF32, or one TF32 product with ``dnn.conv.allow_tf32``).
+
+Cost: V, M (or dM) are 16/4 = 4x the size of x and y (a tile of 4 outputs takes 16 values):
+memory traffic for fewer flops, which pays where the GEMM is the bottleneck (``pays``;
+measured by validation/winograd_bench.py). The batch goes through in chunks of images whose
+transformed arrays fit ``conv_tuning.settings.col_budget_bytes``.
 ``conv_tuning.settings.winograd`` and ``winograd_parts`` force the choices of the rules below.
 """
 
 import functools
+
+import numpy as np
 
 from .. import arrays, device
 from ..launch import At, launch
@@ -25,6 +34,20 @@ from .conv_tuning import settings
 
 MIN_TILES_PER_PART = 256     # each slice at least this long (a GEMM k of 16 slabs)
 MAX_PARTS = 64
+ALIGN = 8                    # tile columns per 16 bytes of float16 (module docstring)
+
+
+def _aligned(p):
+    return -(-p // ALIGN) * ALIGN
+
+
+def operand_dtype(dtype):
+    """The type of U, V and dM for data of ``dtype``: float16 stays float16 (rounding a
+    transformed value, a sum of up to 4 inputs or of halves of 9 filter taps, costs 2^-11 of
+    it: an input rounding, as the direct path's float16 operands have; the products are then
+    exact in float32), else the accumulation type."""
+    acc = arrays.acc_array(dtype).dtype
+    return np.dtype(np.float16) if arrays.float_name(dtype) == "float16" else acc
 
 
 def _threads():
@@ -43,13 +66,13 @@ def applies(geom):
     """Whether F(2x2, 3x3) computes this convolution: 2-D, 3x3, stride 1, undilated,
     ungrouped, and one image's arrays within the transforms' 32-bit indexing (below 2**31
     elements: x's and y's planes of all channels, and the transformed tiles of one image with
-    the filter gradient's padding of up to MAX_PARTS tiles)."""
+    the padding of the filter gradient's slices, each rounded up to ALIGN tiles)."""
     if not (geom.x_shape[2] == 1 and tuple(geom.w_shape[2:]) == (1, 3, 3)
             and geom.groups == 1 and max(geom.stride) == 1 and max(geom.dilation) == 1):
         return False
     (c, h, w), (k, oh, ow) = geom.x_shape[1:2] + geom.x_shape[3:], \
         geom.w_shape[:1] + geom.out_spatial[1:]
-    tiles = max(-(-oh // 2) * -(-ow // 2), -(-h // 2) * -(-w // 2)) + MAX_PARTS
+    tiles = max(-(-oh // 2) * -(-ow // 2), -(-h // 2) * -(-w // 2)) + ALIGN * MAX_PARTS
     return max(c * h * w, k * oh * ow, 16 * (c + k) * tiles) < 2**31
 
 
@@ -63,7 +86,8 @@ def pays(geom, dtype):
     """Whether the Numba backend takes Winograd here: ``settings.winograd`` when set, else the
     measured rule. validation/winograd_bench.py on an H100, ResNet-50's four 3x3 layers, every
     pass: at batch 32 (7.4 GFLOP a call) Winograd took 0.36-0.72x the direct path's GPU time in
-    float32 and 0.36-0.73x in float16, and less time per call; at batch 2 (0.46 GFLOP) its
+    float32 and 0.36-0.73x in float16 (0.24-0.72x since its float16 products run on the
+    pipelined HMMA kernel), and less time per call; at batch 2 (0.46 GFLOP) its
     GPU time was mostly lower too, but a call's time is then its host time (four or five
     launches against one or two), and it lost 4 of 12 passes per call (0.16-0.30 ms against
     0.12-0.29). MIN_FLOPS (4.3 GFLOP) lies between. float64 (not timed) takes it only when
@@ -115,9 +139,9 @@ def _grid(cols, rows):
 
 
 def _filter(w, k, c, flip, transpose, stream):
-    """U[xi] = G g G^T of every filter of w (k x c filters), in the accumulation type."""
+    """U[xi] = G g G^T of every filter of w (k x c filters), in ``operand_dtype``."""
     acc = arrays.acc_array(w.dtype)
-    u = arrays.cuda_empty((16 * k * c,), acc.dtype, stream)
+    u = arrays.cuda_empty((16 * k * c,), operand_dtype(w.dtype), stream)
     launch(_kernels().winograd_filter_fwd_kernel, *arrays.grid_1d(k * c, _threads()), stream,
            (arrays.flat(w), u, (k, c, int(flip), int(transpose)), acc))
     return u
@@ -132,26 +156,28 @@ def _input(x, v, t, pad, n0, nc, ps, stream):
            (At(arrays.flat(x), n0 * image), v, dims, acc))
 
 
-def _run_forward(x, w, bias, out, t, pad, flip, transpose, stream):
+def _run_forward(x, w, bias, out, t, pad, flip, transpose, stream, math):
     """out = the stride-1 3x3 correlation of x (t.cin channels) with the filters (reversed
     when ``flip``; w[c, k] read as filter (k, c) when ``transpose``), padding ``pad``."""
     acc = arrays.acc_array(x.dtype)
     k, c = t.cout, t.cin
     u = _filter(w, *((c, k) if transpose else (k, c)), flip, transpose, stream)    # w's shape
-    v = arrays.cuda_empty((16 * c * t.chunk * t.tiles,), acc.dtype, stream)
-    m = arrays.cuda_empty((16 * k * t.chunk * t.tiles,), acc.dtype, stream)
+    width = _aligned(t.chunk * t.tiles)
+    v = arrays.cuda_empty((16 * c * width,), operand_dtype(x.dtype), stream)
+    m = arrays.cuda_empty((16 * k * width,), acc.dtype, stream)
     oimage = k * t.hw_out[0] * t.hw_out[1]
     outf = arrays.flat(out)
     for n0, nc in t.chunks():
         p = nc * t.tiles
-        _input(x, v, t, pad, n0, nc, p, stream)
-        # M[xi] (K x P) = U[xi] (K x C) . V[xi] (C x P), the 16 xi batched
-        gemm.gemm("00", u, v, m, (k, p, c), (c, p, p), gemm.PLAIN * 3,
-                  (16, 1, k * c, 0, c * p, 0, k * p, 0), stream=stream)
+        ps = _aligned(p)        # columns P .. ps-1 of V zero, of M unread
+        _input(x, v, t, pad, n0, nc, ps, stream)
+        # M[xi] (K x ps) = U[xi] (K x C) . V[xi] (C x ps), the 16 xi batched
+        gemm.gemm("00", u, v, m, (k, ps, c), (c, ps, ps), gemm.PLAIN * 3,
+                  (16, 1, k * c, 0, c * ps, 0, k * ps, 0), stream=stream, math=math)
         launch(_kernels().winograd_output_fwd_kernel, _grid(p, k), _threads(), stream,
                (m, At(outf, n0 * oimage),
                 outf if bias is None else arrays.flat(bias),
-                (k,) + tuple(t.hw_out) + (t.th, t.tw, p, p), int(bias is not None), acc))
+                (k,) + tuple(t.hw_out) + (t.th, t.tw, p, ps), int(bias is not None), acc))
     return out
 
 
@@ -160,22 +186,23 @@ def _spatial(geom):
     return tuple(geom.x_shape[3:]), tuple(geom.out_spatial[1:]), tuple(geom.padding[1:])
 
 
-def forward(x, w, bias, geom, y, stream):
-    """y = conv(x, w) (+ bias) by Winograd, into ``y`` (``applies(geom)`` must hold)."""
+def forward(x, w, bias, geom, y, stream, math="3xtf32"):
+    """y = conv(x, w) (+ bias) by Winograd, into ``y`` (``applies(geom)`` must hold);
+    ``math``: float32's products (ops/gemm.py)."""
     hw, ohw, pad = _spatial(geom)
     acc = arrays.acc_array(x.dtype)
     t = Tiles(geom.x_shape[0], geom.x_shape[1], hw, geom.w_shape[0], ohw, acc.dtype.itemsize)
-    return _run_forward(x, w, bias, y, t, pad, geom.flip, False, stream)
+    return _run_forward(x, w, bias, y, t, pad, geom.flip, False, stream, math)
 
 
-def backward_data(dy, w, geom, dx, stream):
+def backward_data(dy, w, geom, dx, stream, math="3xtf32"):
     """dx by Winograd, into ``dx``: the correlation of dy with w[k, c] transposed to (c, k)
     and reversed, padding 2 - p (kernels/winograd.py)."""
     hw, ohw, pad = _spatial(geom)
     acc = arrays.acc_array(dy.dtype)
     t = Tiles(geom.x_shape[0], geom.w_shape[0], ohw, geom.x_shape[1], hw, acc.dtype.itemsize)
     return _run_forward(dy, w, None, dx, t, (2 - pad[0], 2 - pad[1]), not geom.flip, True,
-                        stream)
+                        stream, math)
 
 
 def filter_parts(k, c, tiles):
@@ -204,7 +231,7 @@ def _filter_parts_of(k, c, tiles, _simulator, wave):
     return min(p, top)
 
 
-def backward_filter(x, dy, geom, dw, stream):
+def backward_filter(x, dy, geom, dw, stream, math="3xtf32"):
     """dw by Winograd, into ``dw``: dU[xi] = sum over tiles of dM[xi] . V[xi]^T, then
     G^T dU G."""
     hw, ohw, pad = _spatial(geom)
@@ -212,15 +239,15 @@ def backward_filter(x, dy, geom, dw, stream):
     k, c = geom.w_shape[:2]
     t = Tiles(geom.x_shape[0], c, hw, k, ohw, acc.dtype.itemsize)
     parts = filter_parts(k, c, t.chunk * t.tiles)
-    ps_max = parts * -(-(t.chunk * t.tiles) // parts)
-    v = arrays.cuda_empty((16 * c * ps_max,), acc.dtype, stream)
-    dm = arrays.cuda_empty((16 * k * ps_max,), acc.dtype, stream)
+    ps_max = parts * _aligned(-(-(t.chunk * t.tiles) // parts))
+    v = arrays.cuda_empty((16 * c * ps_max,), operand_dtype(x.dtype), stream)
+    dm = arrays.cuda_empty((16 * k * ps_max,), operand_dtype(x.dtype), stream)
     du = arrays.cuda_empty((parts * 16 * k * c,), acc.dtype, stream)
     oimage = k * ohw[0] * ohw[1]
     dyf = arrays.flat(dy)
     for i, (n0, nc) in enumerate(t.chunks()):
         p = nc * t.tiles
-        pp = -(-p // parts)         # each slice's tiles; the last slice padded with zeros
+        pp = _aligned(-(-p // parts))   # each slice's tiles; zeros past the chunk's
         ps = parts * pp
         _input(x, v, t, pad, n0, nc, ps, stream)
         launch(_kernels().winograd_grad_bwd_kernel, _grid(ps, k), _threads(), stream,
@@ -229,7 +256,7 @@ def backward_filter(x, dy, geom, dw, stream):
         # du[q, xi] (K x C) (+)= dM[xi] (K x pp) . V[xi]^T (pp x C) over slice q's tiles
         gemm.gemm("01", dm, v, du, (k, c, pp), (ps, ps, c), gemm.PLAIN * 3,
                   (16, parts, k * ps, pp, c * ps, pp, k * c, 16 * k * c),
-                  beta=0.0 if i == 0 else 1.0, stream=stream)
+                  beta=0.0 if i == 0 else 1.0, stream=stream, math=math)
     launch(_kernels().winograd_filter_bwd_kernel, *arrays.grid_1d(k * c, _threads()), stream,
            (du, arrays.flat(dw), (k, c, int(geom.flip), parts), acc))
     return dw

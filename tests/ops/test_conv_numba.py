@@ -42,6 +42,11 @@ CASES = {
     # col2im's undilated path (kernels/conv.py _taps) flipped, strided on every axis, padded
     "3d-s2-pad-flip": conv_geom((1, 2, 5, 5, 4), (2, 2, 3, 3, 2), (2, 2, 1), (1, 1, 1),
                                 flip=True),
+    # col2im's tap period stride / gcd(dil, stride) > 1 with dilation: q = 2 (s2 d3, s4 d2)
+    "2d-s2-dil3-s4-dil2": conv_geom((1, 2, 1, 9, 11), (2, 2, 1, 3, 4), (1, 2, 4), (0, 2, 3),
+                                    (1, 3, 2)),
+    "2d-s3-dil2-flip": conv_geom((2, 1, 1, 8, 7), (1, 1, 1, 4, 3), (1, 3, 2), (0, 3, 1),
+                                 (1, 2, 3), flip=True),
     # 1x1, stride 1, no padding: the GEMMs read x and write dx in place (no im2col)
     "2d-pointwise": conv_geom((3, 5, 1, 2, 3), (4, 5, 1, 1, 1)),
     "3d-pointwise-groups-dil": conv_geom((2, 4, 2, 2, 3), (6, 2, 1, 1, 1), 1, 0, (2, 1, 3),

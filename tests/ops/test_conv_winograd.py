@@ -103,3 +103,35 @@ def test_filter_slices_rule():
         assert [conv_winograd.filter_parts(c, c, 32 * ((hw + 1) // 2) ** 2)
                 for c, hw in ((64, 56), (128, 28), (256, 14), (512, 7))] == [17, 9, 3, 2]
         assert conv_winograd.filter_parts(8, 8, 300) == 1
+
+
+@pytest.mark.parametrize("dtype, operand", [("float16", "float16"), ("float32", "float32")])
+def test_products_operands(rng, winograd, monkeypatch, dtype, operand):
+    """The 16 products' operands: float16 data gives float16 U, V and dM (the pipelined HMMA
+    kernel's input) with float32 sums; every operand row starts on a multiple of 8 tiles
+    (16 bytes of float16: its copies), the padding columns zero; the call's math reaches the
+    GEMM."""
+    calls = []
+    plain = gemm.gemm
+
+    def spy(layout, a, b, c, dims, lds, grps, batch, **kw):
+        calls.append((layout, a.dtype.name, b.dtype.name, c.dtype.name, dims, lds, batch,
+                      kw.get("math")))
+        return plain(layout, a, b, c, dims, lds, grps, batch, **kw)
+    monkeypatch.setattr(gemm, "gemm", spy)
+    monkeypatch.setattr(settings, "winograd_parts", 3)
+    from numba import cuda
+    g = CASES["pad1-odd"]           # 2 images of 3 x 3 tiles: P = 18, not a multiple of 8
+    x, w, dy = (cuda.to_device(rng.standard_normal(s).astype(dtype))
+                for s in (g.x_shape, g.w_shape, g.y_shape))
+    s = cuda.default_stream()
+    conv_numba.forward(x, w, None, g, s, math="tf32")
+    conv_numba.backward_data(dy, w, g, s, math="tf32")
+    conv_numba.backward_filter(x, dy, g, s, math="tf32")
+    assert [c[0] for c in calls] == ["00", "00", "01"]
+    for layout, a, b, c, dims, lds, batch, math in calls:
+        assert (a, b, c, math) == (operand, operand, "float32", "tf32")
+        assert lds[1] % 8 == 0 and (layout == "00" or (lds[0] % 8, dims[2] % 8) == (0, 0))
+    assert calls[0][4][1] == calls[0][5][1] == 24                   # n = ps = 24 >= 18
+    assert calls[2][4][2] == 8 and calls[2][6][3] == 8              # slices of 6 -> 8 tiles
+    check_errors(run_all(rng, g, dtype), dtype)
