@@ -18,7 +18,7 @@ col (C*T*R*S rows, nc*O columns; O = OD*OH*OW), row (c, t, r, s), column (n, od,
 (C, D, H, W, T, R, S, OD, OH, OW, sd, sh, sw, pd, ph, pw, dd, dh, dw, flip).
 """
 
-from numba import cuda
+from numba import cuda, int64
 
 from .bounds import bounded_jit, inlined
 from .common import REDUCE_SUM, block_reduce
@@ -193,6 +193,207 @@ def conv_partsum_fwd_kernel(ws, out, parts, size, bias, per, k, acc):
         out[i] = total
 
 
+# ---------------------------------------------------------------- depthwise (groups = C)
+# One input channel per filter: filter k reads channel k // mult (K = mult * C). Direct
+# kernels, memory-bound: a GEMM per group would have one row. Each thread works on DW_IMAGES
+# images at once for the same filter and position: their loads are independent (a thread on
+# one image waited for each tap's load in turn, ~0.16 ms for 16 x 256 x 28^2 on an H100),
+# and the tap's weight and index arithmetic serve all of them.
+
+DW_TAPS = 32            # taps per filter-gradient block (its shared partial sums)
+DW_IMAGES = 4           # images per thread
+
+
+@inlined
+def _span(o, stride, pad, dil, ksize, size):
+    """(the input coordinate of tap 0, [lo, hi) of the taps k with o*stride - pad + k*dil in
+    [0, size)) on one axis of the forward; an undilated axis divides nothing."""
+    i0 = o * stride - pad
+    if dil == 1:
+        lo, hi = max(0, -i0), min(ksize, size - i0)
+    else:
+        lo = (dil - 1 - i0) // dil if i0 < 0 else 0
+        hi = min(ksize, (size - i0 + dil - 1) // dil)
+    return i0, lo, max(lo, hi)
+
+
+@inlined
+def _images(q, groups, n_, per_image):
+    """(group index, first image, the offsets of images 1, 2 and 3 of quad q's group of
+    DW_IMAGES images): an image past the batch repeats the first one's offset (its loads
+    stay in bounds; nothing is stored for it)."""
+    g = q // groups
+    n0 = g * DW_IMAGES
+    return g, n0, (per_image if n0 + 1 < n_ else 0), (2 * per_image if n0 + 2 < n_ else 0), \
+        (3 * per_image if n0 + 3 < n_ else 0)
+
+
+def conv_depthwise_fwd_kernel(x, w, y, bias, geo, n_, mult, use_bias, acc):
+    """y[n, k, o] = sum over taps of x[n, k // mult, o*stride - pad + tap'*dil] w[k, tap]
+    (+ bias[k]); tap' the tap reversed in every axis for a true convolution (flip): the flat
+    tap index T*R*S - 1 - tap. Thread mapping: x threads walk the output plane's OD*OH*OW
+    positions (grid-stride), each decoding its position and the in-bounds tap range of every
+    axis once; the grid's y the (image group, filter) pairs, DW_IMAGES images a thread
+    (grid-stride). Consecutive threads on consecutive outputs: coalesced stores and loads
+    (stride 1). Traffic: x read about once (the taps' overlap from cache), y written once,
+    w from cache."""
+    c_, d_, h_, w_, t_, r_, s_, od_, oh_, ow_, sd, sh, sw, pd, ph, pw, dd, dh, dw, flip = geo
+    zero = acc[0]
+    hw, o_, taps, k_ = h_ * w_, od_ * oh_ * ow_, t_ * r_ * s_, c_ * mult
+    img = c_ * d_ * hw
+    quads = -(-n_ // DW_IMAGES) * k_
+    for p in range(cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x, o_,
+                   cuda.gridDim.x * cuda.blockDim.x):
+        oz, oy, ox = p // (oh_ * ow_), (p // ow_) % oh_, p % ow_
+        z0, tlo, thi = _span(oz, sd, pd, dd, t_, d_)
+        y0, rlo, rhi = _span(oy, sh, ph, dh, r_, h_)
+        x0, slo, shi = _span(ox, sw, pw, dw, s_, w_)
+        for q in range(cuda.blockIdx.y, quads, cuda.gridDim.y):
+            g, n0, i1, i2, i3 = _images(q, k_, n_, img)
+            k = q - g * k_
+            xb, wb = (n0 * c_ + k // mult) * d_ * hw + x0, k * taps
+            a0 = a1 = a2 = a3 = zero
+            for t in range(tlo, thi):
+                for r in range(rlo, rhi):
+                    row = xb + (z0 + t * dd) * hw + (y0 + r * dh) * w_
+                    tap = (t * r_ + r) * s_
+                    for s in range(slo, shi):
+                        wv = w[wb + (taps - 1 - tap - s if flip else tap + s)] + zero
+                        e = row + s * dw
+                        a0 += (x[e] + zero) * wv
+                        a1 += (x[e + i1] + zero) * wv
+                        a2 += (x[e + i2] + zero) * wv
+                        a3 += (x[e + i3] + zero) * wv
+            add = bias[k] + zero if use_bias else zero
+            at = (n0 * k_ + k) * o_ + p
+            y[at] = a0 + add
+            if i1:
+                y[at + k_ * o_] = a1 + add
+            if i2:
+                y[at + 2 * k_ * o_] = a2 + add
+            if i3:
+                y[at + 3 * k_ * o_] = a3 + add
+
+
+def conv_depthwise_bwd_data_kernel(dy, w, dx, geo, n_, mult, acc):
+    """dx[n, c, i] = sum over the filters k = c*mult + j, taps and outputs o with
+    o*stride - pad + tap'*dil = i of dy[n, k, o] w[k, tap] (col2im's gather with the
+    column matrix's products done in place). Thread mapping: x threads walk the input plane's
+    D*H*W positions, each finding its valid taps per axis once (``_taps``); the grid's y the
+    (image group, channel) pairs, DW_IMAGES images a thread (grid-stride). Traffic: dy read
+    about once per filter of the channel (the taps' overlap from cache), dx written once."""
+    c_, d_, h_, w_, t_, r_, s_, od_, oh_, ow_, sd, sh, sw, pd, ph, pw, dd, dh, dw, flip = geo
+    zero = acc[0]
+    dhw, o_, taps, k_ = d_ * h_ * w_, od_ * oh_ * ow_, t_ * r_ * s_, c_ * mult
+    quads = -(-n_ // DW_IMAGES) * c_
+    qt, qr, qs = _period(dd, sd), _period(dh, sh), _period(dw, sw)
+    for p in range(cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x, dhw,
+                   cuda.gridDim.x * cuda.blockDim.x):
+        iz, iy, ix = p // (h_ * w_), (p // w_) % h_, p % w_
+        t0, z0, zs, ct = _taps(iz, pd, t_, dd, sd, od_, flip, qt)
+        r0, y0, ys, cr = _taps(iy, ph, r_, dh, sh, oh_, flip, qr)
+        s0, x0, xs, cs = _taps(ix, pw, s_, dw, sw, ow_, flip, qs)
+        for q in range(cuda.blockIdx.y, quads, cuda.gridDim.y):
+            g, n0, i1, i2, i3 = _images(q, c_, n_, k_ * o_)
+            c = q - g * c_
+            a0 = a1 = a2 = a3 = zero
+            for j in range(mult):
+                k = c * mult + j
+                dyb, wb = (n0 * k_ + k) * o_ + x0, k * taps + s0
+                for a in range(ct):
+                    t, zo = t0 + a * qt, z0 + a * zs
+                    for b in range(cr):
+                        r, yo = r0 + b * qr, y0 + b * ys
+                        row, wrow = dyb + (zo * oh_ + yo) * ow_, wb + (t * r_ + r) * s_
+                        for f in range(cs):
+                            wv = w[wrow + f * qs] + zero
+                            e = row + f * xs
+                            a0 += (dy[e] + zero) * wv
+                            a1 += (dy[e + i1] + zero) * wv
+                            a2 += (dy[e + i2] + zero) * wv
+                            a3 += (dy[e + i3] + zero) * wv
+            at = (n0 * c_ + c) * dhw + p
+            dx[at] = a0
+            if i1:
+                dx[at + c_ * dhw] = a1
+            if i2:
+                dx[at + 2 * c_ * dhw] = a2
+            if i3:
+                dx[at + 3 * c_ * dhw] = a3
+
+
+# At most 128 registers (two blocks of 256 per SM): unbounded, ptxas took 128-163, and the
+# bounded kernels ran 0.70-0.94x their time on an H100 (validation/notes/conv-numba.md).
+conv_depthwise_fwd_kernel = bounded_jit(conv_depthwise_fwd_kernel, 256, 2)
+conv_depthwise_bwd_data_kernel = bounded_jit(conv_depthwise_bwd_data_kernel, 256, 2)
+
+
+@cuda.jit(cache=True)
+def conv_depthwise_bwd_filter_kernel(x, dy, ws, geo, n_, mult, per_part, acc):
+    """ws[part, k, tap] = sum over images n of slice ``part`` (per_part images each, a
+    multiple of DW_IMAGES) and outputs o of dy[n, k, o] x[n, k // mult, o*stride - pad +
+    tap'*dil], for the DW_TAPS taps from blockIdx.z * DW_TAPS; the slices are summed
+    afterwards in a fixed order (conv_partsum_fwd_kernel). Thread mapping: blocks over (k,
+    part, tap chunk), grid-stride over k; threads walk the slice's output positions,
+    DW_IMAGES images at a time, loading their dy once for all the chunk's taps and adding
+    each tap's products into the thread's own column of shared partial sums (dynamic shared
+    memory, DW_TAPS x blockDim.x), which one thread per tap then sums in a fixed order:
+    deterministic, no atomics. The taps' (flipped, dilated) offsets are tabled in shared
+    memory once per block. Traffic: dy read once per tap chunk, x about once (from cache)."""
+    c_, d_, h_, w_, t_, r_, s_, od_, oh_, ow_, sd, sh, sw, pd, ph, pw, dd, dh, dw, flip = geo
+    part = cuda.shared.array(0, dtype=acc.dtype)
+    offs = cuda.shared.array((3, DW_TAPS), dtype=int64)
+    zero = acc[0]
+    hw, o_, taps, k_ = h_ * w_, od_ * oh_ * ow_, t_ * r_ * s_, c_ * mult
+    img = c_ * d_ * hw
+    tid, nt = cuda.threadIdx.x, cuda.blockDim.x
+    tap0 = cuda.blockIdx.z * DW_TAPS
+    tc = min(DW_TAPS, taps - tap0)
+    for j in range(tid, tc, nt):
+        tap = tap0 + j
+        t, r, s = tap // (r_ * s_), (tap // s_) % r_, tap % s_
+        if flip:
+            t, r, s = t_ - 1 - t, r_ - 1 - r, s_ - 1 - s
+        offs[0, j], offs[1, j], offs[2, j] = t * dd, r * dh, s * dw
+    n_lo = cuda.blockIdx.y * per_part
+    n_hi = min(n_, n_lo + per_part)
+    for k in range(cuda.blockIdx.x, k_, cuda.gridDim.x):
+        cuda.syncthreads()          # the offsets tabled; the last k's sums read
+        for j in range(tc):         # each thread adds into its own column only
+            part[j * nt + tid] = zero
+        for n0 in range(n_lo, n_hi, DW_IMAGES):
+            xb, dyb = (n0 * c_ + k // mult) * d_ * hw, (n0 * k_ + k) * o_
+            i1 = img if n0 + 1 < n_hi else 0        # 0: no such image in the slice
+            i2 = 2 * img if n0 + 2 < n_hi else 0
+            i3 = 3 * img if n0 + 3 < n_hi else 0
+            ko = k_ * o_
+            for p in range(tid, o_, nt):
+                oz, oy, ox = p // (oh_ * ow_), (p // ow_) % oh_, p % ow_
+                z0, y0, x0 = oz * sd - pd, oy * sh - ph, ox * sw - pw
+                g0 = dy[dyb + p] + zero
+                g1 = dy[dyb + p + ko] + zero if i1 else zero
+                g2 = dy[dyb + p + 2 * ko] + zero if i2 else zero
+                g3 = dy[dyb + p + 3 * ko] + zero if i3 else zero
+                for j in range(tc):
+                    iz, iy, ix = z0 + offs[0, j], y0 + offs[1, j], x0 + offs[2, j]
+                    if 0 <= iz < d_ and 0 <= iy < h_ and 0 <= ix < w_:
+                        e = xb + iz * hw + iy * w_ + ix
+                        v = g0 * (x[e] + zero)
+                        if i1:      # (uniform over the block; no 0 x Inf from a repeat)
+                            v += g1 * (x[e + i1] + zero)
+                        if i2:
+                            v += g2 * (x[e + i2] + zero)
+                        if i3:
+                            v += g3 * (x[e + i3] + zero)
+                        part[j * nt + tid] += v
+        cuda.syncthreads()
+        for j in range(tid, tc, nt):
+            total = zero
+            for i in range(nt):
+                total += part[j * nt + i]
+            ws[(cuda.blockIdx.y * k_ + k) * taps + tap0 + j] = total
+
+
 def SIGNATURES(t, acc):
     from numba import int64
     from numba.core.types import UniTuple
@@ -203,4 +404,7 @@ def SIGNATURES(t, acc):
         "conv_col2im_bwd_kernel": (z, a, geo, int64, z),
         "conv_bias_bwd_kernel": (a, a, int64, int64, int64, z),
         "conv_partsum_fwd_kernel": (z, a, int64, int64, a, int64, int64, z),
+        "conv_depthwise_fwd_kernel": (a, a, a, a, geo, int64, int64, int64, z),
+        "conv_depthwise_bwd_data_kernel": (a, a, a, geo, int64, int64, z),
+        "conv_depthwise_bwd_filter_kernel": (a, a, z, geo, int64, int64, int64, z),
     }

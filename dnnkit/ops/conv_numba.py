@@ -8,6 +8,9 @@ stride-1 data gradient is. ``conv_tuning.settings.implicit`` picks it: True alwa
 never, None (default) where it measured faster (``implicit_pays``: stride-1 undilated
 ungrouped 2-D 3x3 forward and data gradients with at most 128 channels out).
 
+Depthwise convolutions (groups = C, one input channel per filter) take direct kernels instead
+(ops/conv_depthwise.py): a group's GEMM would have a single row.
+
 Every array is 5-D here (dnnkit/geometry.py): x (N, C, D, H, W), w (K, C/G, T, R, S), y (N, K,
 OD, OH, OW), one float dtype throughout; kernels/conv.py has the math and kernels/gemm.py the
 GEMM. The batch goes through in chunks of images whose column buffer (G*rows x n*O elements;
@@ -35,7 +38,7 @@ deterministic.
 
 from .. import arrays, device
 from ..launch import at, flat as flat_arg, launch, pow2_at_most
-from . import conv_launch, conv_winograd, gemm
+from . import conv_depthwise, conv_launch, conv_winograd, gemm
 from .conv_implicit import (implicit_backward_data, implicit_backward_data_gemm,
                             implicit_forward, implicit_forward_gemm, implicit_operand)
 from .conv_tuning import settings
@@ -140,6 +143,9 @@ def forward(x, w, bias, geom, stream, math="3xtf32"):
         if y.size:       # a sum over no input channels: y = 0 (+ bias)
             _fill_bias(y, bias, sz, stream)
         return y, "im2col+gemm"
+    if conv_depthwise.applies(geom):
+        geo = _kernel_geo(geom)
+        return conv_depthwise.forward(x, w, bias, geom, geo, y, stream), "depthwise"
     if _winograd(geom, x.dtype, math):
         return conv_winograd.forward(x, w, bias, geom, y, stream, math), "winograd"
     conv = implicit_forward(geom, sz)
@@ -225,6 +231,9 @@ def backward_data(dy, w, geom, stream, math="3xtf32"):
         return dx, "gemm+col2im"
     if sz.empty():
         return arrays.zero_fill(dx, stream), "gemm+col2im"
+    if conv_depthwise.applies(geom):
+        geo = _kernel_geo(geom)
+        return conv_depthwise.backward_data(dy, w, geom, geo, dx, stream), "depthwise"
     if _winograd(geom, dy.dtype, math):
         return conv_winograd.backward_data(dy, w, geom, dx, stream, math), "winograd"
     conv = implicit_backward_data(geom, sz)
@@ -287,6 +296,9 @@ def backward_filter(x, dy, geom, stream, math="3xtf32"):
         return dw, "im2col+gemm"
     if sz.empty():
         return arrays.zero_fill(dw, stream), "im2col+gemm"
+    if conv_depthwise.applies(geom):
+        geo = _kernel_geo(geom)
+        return conv_depthwise.backward_filter(x, dy, geom, geo, dw, stream), "depthwise"
     if _winograd(geom, x.dtype, math):
         return conv_winograd.backward_filter(x, dy, geom, dw, stream, math), "winograd"
     acc = arrays.acc_array(x.dtype)

@@ -14,7 +14,7 @@ import pytest
 
 from dnnkit import device, reference
 from dnnkit.geometry import ConvGeom
-from dnnkit.ops import conv_implicit, conv_launch, conv_numba, gemm
+from dnnkit.ops import conv_depthwise, conv_implicit, conv_launch, conv_numba, gemm
 from dnnkit.ops.conv_tuning import settings
 
 TOL = {"float16": 4e-3, "float32": 2e-6, "float64": 1e-12}
@@ -42,6 +42,14 @@ CASES = {
     # col2im's undilated path (kernels/conv.py _taps) flipped, strided on every axis, padded
     "3d-s2-pad-flip": conv_geom((1, 2, 5, 5, 4), (2, 2, 3, 3, 2), (2, 2, 1), (1, 1, 1),
                                 flip=True),
+    # depthwise kernels (ops/conv_depthwise.py): 3-D strided, dilated, flipped, mult 2; and
+    # 5 x 7 = 35 taps, two of the filter gradient's tap chunks (DW_TAPS 32)
+    "3d-depthwise-s2-dil-flip": conv_geom((2, 3, 4, 5, 4), (6, 1, 2, 3, 2), (2, 1, 2),
+                                          (1, 1, 0), (1, 2, 1), groups=3, flip=True),
+    "2d-depthwise-5x7": conv_geom((3, 2, 1, 7, 9), (2, 1, 1, 5, 7), 1, (0, 2, 3), groups=2),
+    # 6 images: a full group of DW_IMAGES (4) and a partial one; two filter-gradient slices
+    "2d-depthwise-n6": conv_geom((6, 3, 1, 5, 4), (6, 1, 1, 3, 3), (1, 2, 1), (0, 1, 1),
+                                 groups=3),
     # col2im's tap period stride / gcd(dil, stride) > 1 with dilation: q = 2 (s2 d3, s4 d2)
     "2d-s2-dil3-s4-dil2": conv_geom((1, 2, 1, 9, 11), (2, 2, 1, 3, 4), (1, 2, 4), (0, 2, 3),
                                     (1, 3, 2)),
@@ -284,11 +292,13 @@ def test_implicit_paths_match_reference(rng, monkeypatch, name, dtype):
     x, w, dy = (cuda.to_device(np.ones(sh, dtype)) for sh in (g.x_shape, g.w_shape, g.y_shape))
     pointwise = conv_numba.ConvSizes(g, 4).pointwise
     want = "im2col+gemm" if pointwise else "implicit_gemm"
+    # the data gradient: a convolution of dy only at stride 1
+    data = "implicit_gemm" if not pointwise and max(g.stride) == 1 else "gemm+col2im"
+    if conv_depthwise.applies(g):       # depthwise geometries keep their direct kernels
+        want = data = "depthwise"
     assert conv_numba.forward(x, w, None, g, s)[1] == want
     assert conv_numba.backward_filter(x, dy, g, s)[1] == want
-    # the data gradient: a convolution of dy only at stride 1
-    assert conv_numba.backward_data(dy, w, g, s)[1] == \
-        ("implicit_gemm" if not pointwise and max(g.stride) == 1 else "gemm+col2im")
+    assert conv_numba.backward_data(dy, w, g, s)[1] == data
 
 
 @pytest.mark.parametrize("config", ["small", "large"])

@@ -1,0 +1,111 @@
+"""Depthwise convolution for the Numba backend: groups = C, one input channel per filter
+(K = mult x C filters, filter k reading channel k // mult), 2-D and 3-D, any stride, padding,
+dilation and flip, by direct kernels (kernels/conv.py ``conv_depthwise_*``; trace algo
+``depthwise``).
+
+Why not the GEMM path: it runs one GEMM per group, and a depthwise group's product has mult
+rows and T*R*S columns: tiles of 64 x 128 almost empty, plus a column buffer T*R*S times x's
+size. DeepBench's MobileNet layer (16 x 256 x 28 x 28, 3x3, groups 256) ran at 0.03-0.07 of
+cuDNN's throughput that way on an H100 (validation/bench_tensorcore_h100.md); the direct
+kernels run 0.4-1.2 of it (validation/notes/conv-numba.md). The forward and the data
+gradient read their input about once from memory (each tap from cache) and write their
+output once, a thread on DW_IMAGES images at once for independent loads; the filter gradient
+sums dy x x over images and positions in ``parts`` image slices and tap chunks of
+kernels/conv.py DW_TAPS, each slice's sums kept apart and added in a fixed order
+(conv_partsum_fwd_kernel): deterministic, as every pass. Sums in the accumulation type
+(float32 for float16 data).
+"""
+
+from .. import arrays, device
+from ..launch import flat, launch
+from . import conv_launch
+
+
+def _kernels():
+    """dnnkit.kernels, imported on first use (it imports numba)."""
+    from .. import kernels
+    return kernels
+
+
+def applies(geom):
+    """Whether the depthwise kernels compute this convolution: one input channel per group
+    and more than one group (a single-channel ungrouped convolution keeps the GEMM)."""
+    c = geom.x_shape[1]
+    return geom.groups == c > 1 and geom.w_shape[1] == 1
+
+
+def _filter_threads():
+    """The filter gradient's threads per block: 128 (its shared partial sums, DW_TAPS x 128 in
+    the accumulation type: 16 KB in float32, 32 KB in float64); 32 on the simulator."""
+    return 32 if device.simulator() else 128
+
+
+def _grid(positions, planes):
+    """(position blocks, plane blocks): positions across x, planes across y, with as many
+    plane blocks as make about 8 blocks per SM (a thread decodes its position and tap ranges
+    once for every plane it visits), as im2col's launch does (ops/conv_numba.py)."""
+    threads = conv_launch.elem_threads()
+    xb = -(-positions // threads)
+    return (xb, max(1, min(planes, 65535, -(-8 * conv_launch.sm_count() // xb)))), threads
+
+
+def _groups(n):
+    """The image groups of n images: a thread works on kernels/conv.py DW_IMAGES at once."""
+    return -(-n // _kernels().conv.DW_IMAGES)
+
+
+def _sizes(geom):
+    n, c = geom.x_shape[:2]
+    k = geom.w_shape[0]
+    out = geom.out_spatial[0] * geom.out_spatial[1] * geom.out_spatial[2]
+    return n, c, k, k // c, out
+
+
+def forward(x, w, bias, geom, geo, y, stream):
+    """y = the depthwise convolution of x with w (+ bias), into ``y``; ``geo``: kernels/
+    conv.py's geometry tuple of ``geom``."""
+    n, _, k, mult, out = _sizes(geom)
+    grid, threads = _grid(out, _groups(n) * k)
+    yf = flat(y)
+    launch(_kernels().conv_depthwise_fwd_kernel, grid, threads, stream,
+           (flat(x), flat(w), yf, yf if bias is None else flat(bias), geo, n, mult,
+            int(bias is not None), arrays.acc_array(x.dtype)))
+    return y
+
+
+def backward_data(dy, w, geom, geo, dx, stream):
+    """dx, the gradient of sum(y * dy) with respect to x, into ``dx``."""
+    n, c, _, mult, _ = _sizes(geom)
+    d, h, wd = geom.x_shape[2:]
+    grid, threads = _grid(d * h * wd, _groups(n) * c)
+    launch(_kernels().conv_depthwise_bwd_data_kernel, grid, threads, stream,
+           (flat(dy), flat(w), flat(dx), geo, n, mult, arrays.acc_array(dy.dtype)))
+    return dx
+
+
+def filter_parts(n, k, chunks):
+    """Image slices of the filter gradient: enough (k x slices x chunks) blocks for two waves
+    of the GPU's blocks, at most one slice per image group (kernels/conv.py DW_IMAGES)."""
+    return max(1, min(_groups(n),
+                      -(-2 * conv_launch.wave_blocks() // max(1, min(k, 65535) * chunks))))
+
+
+def backward_filter(x, dy, geom, geo, dw, stream):
+    """dw, the gradient of sum(y * dy) with respect to w, into ``dw``."""
+    kern = _kernels()
+    n, _, k, mult, _ = _sizes(geom)
+    taps = dw.size // k
+    chunks = -(-taps // kern.conv.DW_TAPS)
+    groups = _groups(n)         # slices of whole image groups
+    per_part = -(-groups // filter_parts(n, k, chunks)) * kern.conv.DW_IMAGES
+    parts = -(-n // per_part)
+    acc = arrays.acc_array(x.dtype)
+    ws = arrays.cuda_empty((parts * dw.size,), acc.dtype, stream)
+    threads = _filter_threads()
+    launch(kern.conv_depthwise_bwd_filter_kernel, (min(k, 65535), parts, chunks), threads,
+           stream, (flat(x), flat(dy), ws, geo, n, mult, per_part, acc),
+           kern.conv.DW_TAPS * threads * acc.dtype.itemsize)
+    dwf = flat(dw)
+    launch(kern.conv_partsum_fwd_kernel, *arrays.grid_1d(dw.size, conv_launch.elem_threads()),
+           stream, (ws, dwf, parts, dw.size, dwf, 0, k, acc))
+    return dw
