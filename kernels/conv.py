@@ -219,13 +219,13 @@ def _span(o, stride, pad, dil, ksize, size):
 
 @inlined
 def _images(q, groups, n_, per_image):
-    """(group index, first image, the offsets of images 1, 2 and 3 of quad q's group of
-    DW_IMAGES images): an image past the batch repeats the first one's offset (its loads
-    stay in bounds; nothing is stored for it)."""
+    """(group index, first image, how many of the group's DW_IMAGES images exist, the offsets
+    of images 1, 2 and 3) of pair q: an image past the batch repeats the first one's offset
+    (its loads stay in bounds; nothing is stored for it)."""
     g = q // groups
     n0 = g * DW_IMAGES
-    return g, n0, (per_image if n0 + 1 < n_ else 0), (2 * per_image if n0 + 2 < n_ else 0), \
-        (3 * per_image if n0 + 3 < n_ else 0)
+    return g, n0, min(DW_IMAGES, n_ - n0), (per_image if n0 + 1 < n_ else 0), \
+        (2 * per_image if n0 + 2 < n_ else 0), (3 * per_image if n0 + 3 < n_ else 0)
 
 
 def conv_depthwise_fwd_kernel(x, w, y, bias, geo, n_, mult, use_bias, acc):
@@ -249,7 +249,7 @@ def conv_depthwise_fwd_kernel(x, w, y, bias, geo, n_, mult, use_bias, acc):
         y0, rlo, rhi = _span(oy, sh, ph, dh, r_, h_)
         x0, slo, shi = _span(ox, sw, pw, dw, s_, w_)
         for q in range(cuda.blockIdx.y, quads, cuda.gridDim.y):
-            g, n0, i1, i2, i3 = _images(q, k_, n_, img)
+            g, n0, nv, i1, i2, i3 = _images(q, k_, n_, img)
             k = q - g * k_
             xb, wb = (n0 * c_ + k // mult) * d_ * hw + x0, k * taps
             a0 = a1 = a2 = a3 = zero
@@ -267,11 +267,11 @@ def conv_depthwise_fwd_kernel(x, w, y, bias, geo, n_, mult, use_bias, acc):
             add = bias[k] + zero if use_bias else zero
             at = (n0 * k_ + k) * o_ + p
             y[at] = a0 + add
-            if i1:
+            if nv > 1:
                 y[at + k_ * o_] = a1 + add
-            if i2:
+            if nv > 2:
                 y[at + 2 * k_ * o_] = a2 + add
-            if i3:
+            if nv > 3:
                 y[at + 3 * k_ * o_] = a3 + add
 
 
@@ -294,7 +294,7 @@ def conv_depthwise_bwd_data_kernel(dy, w, dx, geo, n_, mult, acc):
         r0, y0, ys, cr = _taps(iy, ph, r_, dh, sh, oh_, flip, qr)
         s0, x0, xs, cs = _taps(ix, pw, s_, dw, sw, ow_, flip, qs)
         for q in range(cuda.blockIdx.y, quads, cuda.gridDim.y):
-            g, n0, i1, i2, i3 = _images(q, c_, n_, k_ * o_)
+            g, n0, nv, i1, i2, i3 = _images(q, c_, n_, k_ * o_)
             c = q - g * c_
             a0 = a1 = a2 = a3 = zero
             for j in range(mult):
@@ -314,11 +314,11 @@ def conv_depthwise_bwd_data_kernel(dy, w, dx, geo, n_, mult, acc):
                             a3 += (dy[e + i3] + zero) * wv
             at = (n0 * c_ + c) * dhw + p
             dx[at] = a0
-            if i1:
+            if nv > 1:
                 dx[at + c_ * dhw] = a1
-            if i2:
+            if nv > 2:
                 dx[at + 2 * c_ * dhw] = a2
-            if i3:
+            if nv > 3:
                 dx[at + 3 * c_ * dhw] = a3
 
 
@@ -363,27 +363,26 @@ def conv_depthwise_bwd_filter_kernel(x, dy, ws, geo, n_, mult, per_part, acc):
             part[j * nt + tid] = zero
         for n0 in range(n_lo, n_hi, DW_IMAGES):
             xb, dyb = (n0 * c_ + k // mult) * d_ * hw, (n0 * k_ + k) * o_
-            i1 = img if n0 + 1 < n_hi else 0        # 0: no such image in the slice
-            i2 = 2 * img if n0 + 2 < n_hi else 0
-            i3 = 3 * img if n0 + 3 < n_hi else 0
+            nv = min(DW_IMAGES, n_hi - n0)          # the images of this group in the slice
+            i1, i2, i3 = img, 2 * img, 3 * img
             ko = k_ * o_
             for p in range(tid, o_, nt):
                 oz, oy, ox = p // (oh_ * ow_), (p // ow_) % oh_, p % ow_
                 z0, y0, x0 = oz * sd - pd, oy * sh - ph, ox * sw - pw
                 g0 = dy[dyb + p] + zero
-                g1 = dy[dyb + p + ko] + zero if i1 else zero
-                g2 = dy[dyb + p + 2 * ko] + zero if i2 else zero
-                g3 = dy[dyb + p + 3 * ko] + zero if i3 else zero
+                g1 = dy[dyb + p + ko] + zero if nv > 1 else zero
+                g2 = dy[dyb + p + 2 * ko] + zero if nv > 2 else zero
+                g3 = dy[dyb + p + 3 * ko] + zero if nv > 3 else zero
                 for j in range(tc):
                     iz, iy, ix = z0 + offs[0, j], y0 + offs[1, j], x0 + offs[2, j]
                     if 0 <= iz < d_ and 0 <= iy < h_ and 0 <= ix < w_:
                         e = xb + iz * hw + iy * w_ + ix
                         v = g0 * (x[e] + zero)
-                        if i1:      # (uniform over the block; no 0 x Inf from a repeat)
+                        if nv > 1:      # (uniform over the block)
                             v += g1 * (x[e + i1] + zero)
-                        if i2:
+                        if nv > 2:
                             v += g2 * (x[e + i2] + zero)
-                        if i3:
+                        if nv > 3:
                             v += g3 * (x[e + i3] + zero)
                         part[j * nt + tid] += v
         cuda.syncthreads()

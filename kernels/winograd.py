@@ -22,7 +22,9 @@ validation/winograd_bench.py).
 Layouts (all flat, C-contiguous): x (N, C, H, W) and y (N, K, OH, OW) from a chunk's first
 image; the transformed arrays, position xi = 4a + b major (each kernel computes in the
 accumulation type and stores in its output's type: U, V and dM are the products' operands,
-float16 for float16 data, M and dU their float32 sums; dnnkit/ops/conv_winograd.py):
+float16 for float16 data, M and dU their float32 sums; dnnkit/ops/conv_winograd.py; the
+operands are stored times ``scale`` and the sums read back times ``unscale`` = 1 / scale^2,
+powers of two, so that float16 operands keep x's, g's and dy's range):
 U[xi, k, c] (or [xi, c, k] transposed: the data gradient's filter), V[xi, c, p] and
 M / dM[xi, k, p] with row stride ``ps`` >= P (columns P..ps-1 written as zeros, so a GEMM may
 split its sum over p into equal parts), dU[part, xi, k, c]. Tile p = (n, ty, tx) covers input
@@ -94,8 +96,8 @@ def _span(first, pad, size, at, scale, out):
 
 
 @cuda.jit(cache=True)
-def winograd_filter_fwd_kernel(w, u, dims, acc):
-    """U[xi] = G g G^T for every filter g = w[k, c] (3 x 3; reversed in both axes when
+def winograd_filter_fwd_kernel(w, u, dims, scale, acc):
+    """U[xi] = scale * G g G^T for every filter g = w[k, c] (3 x 3; reversed in both axes when
     ``flip``): U[xi, k, c], or U[xi, c, k] when ``transpose``. dims = (K, C, flip, transpose).
     Thread mapping: grid-stride loop, one (k, c) per thread; reads 9 words, writes 16 (each
     store coalesced across consecutive c; K apart when transposed: a small array)."""
@@ -113,15 +115,15 @@ def winograd_filter_fwd_kernel(w, u, dims, acc):
         dst = (e % c_) * k_ + e // c_ if transpose else e
         for a in range(4):          # rows: (G g) G^T
             v0, v1, v2, v3 = _g(t[a, 0], t[a, 1], t[a, 2])
-            u[(4 * a) * kc + dst] = v0
-            u[(4 * a + 1) * kc + dst] = v1
-            u[(4 * a + 2) * kc + dst] = v2
-            u[(4 * a + 3) * kc + dst] = v3
+            u[(4 * a) * kc + dst] = v0 * scale
+            u[(4 * a + 1) * kc + dst] = v1 * scale
+            u[(4 * a + 2) * kc + dst] = v2 * scale
+            u[(4 * a + 3) * kc + dst] = v3 * scale
 
 
 @cuda.jit(cache=True)
-def winograd_input_fwd_kernel(x, v, dims, acc):
-    """V[xi, c, p] = (B^T d B)[xi] of input tile p of channel c; 0 for p in [P, ps).
+def winograd_input_fwd_kernel(x, v, dims, scale, acc):
+    """V[xi, c, p] = scale * (B^T d B)[xi] of input tile p of channel c; 0 for p in [P, ps).
     dims = (C, H, W, TH, TW, ph, pw, P, ps): TH x TW tiles per image. Thread mapping: the grid's
     x walks tiles p (consecutive threads on consecutive tiles: the 16 stores coalesced, the
     loads 2 words apart, each input word read by up to 4 tiles from cache), y the channels
@@ -152,16 +154,16 @@ def winograd_input_fwd_kernel(x, v, dims, acc):
                 d[a, 0], d[a, 1], d[a, 2], d[a, 3] = _bt(d[a, 0], d[a, 1], d[a, 2], d[a, 3])
             at = uint32(uint32(c) * uint32(ps) + uint32(p))
             for i in range(16):
-                v[uint32(at + uint32(i) * stride)] = d[i // 4, i % 4]
+                v[uint32(at + uint32(i) * stride)] = d[i // 4, i % 4] * scale
 
 
 @cuda.jit(cache=True)
-def winograd_output_fwd_kernel(m, y, bias, dims, use_bias, acc):
-    """y's 2x2 tile p of channel k = A^T M[., k, p] A (+ bias[k]); the tile's rows and columns
-    past the output (OH, OW odd) are not written. dims = (K, OH, OW, TH, TW, P, ps). Thread
-    mapping: x walks tiles (the 16 loads coalesced), y the channels (grid-stride), the tile
-    decoded once; 32-bit indices (winograd_input_fwd_kernel). Traffic: M read once, y written
-    once."""
+def winograd_output_fwd_kernel(m, y, bias, dims, use_bias, unscale, acc):
+    """y's 2x2 tile p of channel k = A^T (unscale M[., k, p]) A (+ bias[k]); the tile's rows
+    and columns past the output (OH, OW odd) are not written. dims = (K, OH, OW, TH, TW, P,
+    ps). Thread mapping: x walks tiles (the 16 loads coalesced), y the channels (grid-stride),
+    the tile decoded once; 32-bit indices (winograd_input_fwd_kernel). Traffic: M read once,
+    y written once."""
     k_, oh, ow, th, tw, p_, ps = dims
     zero = acc[0]
     t = cuda.local.array((4, 4), dtype=acc.dtype)
@@ -172,7 +174,7 @@ def winograd_output_fwd_kernel(m, y, bias, dims, use_bias, acc):
         for k in range(cuda.blockIdx.y, k_, cuda.gridDim.y):
             at = uint32(uint32(k) * uint32(ps) + uint32(p))
             for i in range(16):
-                t[i // 4, i % 4] = m[uint32(at + uint32(i) * stride)]
+                t[i // 4, i % 4] = m[uint32(at + uint32(i) * stride)] * unscale
             for b in range(4):
                 t[0, b], t[1, b] = _at(t[0, b], t[1, b], t[2, b], t[3, b])
             for a in range(2):
@@ -186,8 +188,8 @@ def winograd_output_fwd_kernel(m, y, bias, dims, use_bias, acc):
 
 
 @cuda.jit(cache=True)
-def winograd_grad_bwd_kernel(dy, dm, dims, acc):
-    """dM[xi, k, p] = (A e A^T)[xi] for the 2x2 tile e of dy at tile p of channel k (0 where
+def winograd_grad_bwd_kernel(dy, dm, dims, scale, acc):
+    """dM[xi, k, p] = scale * (A e A^T)[xi] for the 2x2 tile e of dy at tile p of channel k (0 where
     the tile overhangs the output, and for p in [P, ps)). dims = (K, OH, OW, TH, TW, P, ps).
     Thread mapping, 32-bit indices and traffic as winograd_input_fwd_kernel's (dy read once,
     dM written once)."""
@@ -212,13 +214,14 @@ def winograd_grad_bwd_kernel(dy, dm, dims, acc):
                 t[a, 0], t[a, 1], t[a, 2], t[a, 3] = _a(t[a, 0], t[a, 1])
             at = uint32(uint32(k) * uint32(ps) + uint32(p))
             for i in range(16):
-                dm[uint32(at + uint32(i) * stride)] = t[i // 4, i % 4]
+                dm[uint32(at + uint32(i) * stride)] = t[i // 4, i % 4] * scale
 
 
 @cuda.jit(cache=True)
-def winograd_filter_bwd_kernel(du, dw, dims, acc):
-    """dw[k, c] = G^T dU G, dU[xi] = sum over the ``parts`` partial sums du[part, xi, k, c]
-    (added in a fixed order: deterministic); reversed in both axes when ``flip``.
+def winograd_filter_bwd_kernel(du, dw, dims, unscale, acc):
+    """dw[k, c] = G^T dU G, dU[xi] = unscale x the sum of the ``parts`` partial sums
+    du[part, xi, k, c] (added in a fixed order: deterministic); reversed in both axes when
+    ``flip``.
     dims = (K, C, flip, parts). Thread mapping: grid-stride loop, one (k, c) per thread (the
     loads coalesced across c). Traffic: du read once, dw written once."""
     k_, c_, flip, parts = dims
@@ -230,7 +233,7 @@ def winograd_filter_bwd_kernel(du, dw, dims, acc):
             total = zero
             for q in range(parts):
                 total += du[(q * 16 + i) * kc + e]
-            t[i // 4, i % 4] = total
+            t[i // 4, i % 4] = total * unscale
         for b in range(4):
             t[0, b], t[1, b], t[2, b] = _gt(t[0, b], t[1, b], t[2, b], t[3, b])
         for a in range(3):
@@ -247,11 +250,11 @@ def SIGNATURES(t, acc):
     a, z = t[::1], acc[::1]
     return {
         # U, V and dM in the data type (the products' operands), M and dU in acc's
-        "winograd_filter_fwd_kernel": (a, a, UniTuple(int64, 4), z),
-        "winograd_input_fwd_kernel": (a, a, UniTuple(int64, 9), z),
-        "winograd_output_fwd_kernel": (z, a, a, UniTuple(int64, 7), int64, z),
-        "winograd_grad_bwd_kernel": (a, a, UniTuple(int64, 7), z),
-        "winograd_filter_bwd_kernel": (z, a, UniTuple(int64, 4), z),
+        "winograd_filter_fwd_kernel": (a, a, UniTuple(int64, 4), acc, z),
+        "winograd_input_fwd_kernel": (a, a, UniTuple(int64, 9), acc, z),
+        "winograd_output_fwd_kernel": (z, a, a, UniTuple(int64, 7), int64, acc, z),
+        "winograd_grad_bwd_kernel": (a, a, UniTuple(int64, 7), acc, z),
+        "winograd_filter_bwd_kernel": (z, a, UniTuple(int64, 4), acc, z),
     }
 
 

@@ -125,15 +125,6 @@ def gemm_math(opts):
     return "tf32" if tf32 else "3xtf32"
 
 
-def _winograd(geom, dtype, math):
-    """conv_winograd.pays, whatever the direct GEMM's math: Winograd's products take the same
-    math (float16 operands on the pipelined HMMA kernel, one TF32 product with allow_tf32,
-    else 3xTF32), and on an H100 it took 0.24-0.72x the direct path's time (im2col or
-    col2im + the same GEMM) in float16 and 0.39-0.86x with TF32 on ResNet's 3x3 layers, every
-    pass, batch 32 and 128 (validation/notes/winograd.md), as it did in float32."""
-    return conv_winograd.pays(geom, dtype)
-
-
 def forward(x, w, bias, geom, stream, math="3xtf32"):
     """(y, the algorithm's name): y = conv(x, w) (+ bias), shaped geom.y_shape. ``math``:
     float32's tensor-core products (``gemm_math``)."""
@@ -146,7 +137,7 @@ def forward(x, w, bias, geom, stream, math="3xtf32"):
     if conv_depthwise.applies(geom):
         geo = _kernel_geo(geom)
         return conv_depthwise.forward(x, w, bias, geom, geo, y, stream), "depthwise"
-    if _winograd(geom, x.dtype, math):
+    if conv_winograd.pays(geom, x.dtype):
         return conv_winograd.forward(x, w, bias, geom, y, stream, math), "winograd"
     conv = implicit_forward(geom, sz)
     if conv is not None:
@@ -234,7 +225,7 @@ def backward_data(dy, w, geom, stream, math="3xtf32"):
     if conv_depthwise.applies(geom):
         geo = _kernel_geo(geom)
         return conv_depthwise.backward_data(dy, w, geom, geo, dx, stream), "depthwise"
-    if _winograd(geom, dy.dtype, math):
+    if conv_winograd.pays(geom, dy.dtype):
         return conv_winograd.backward_data(dy, w, geom, dx, stream, math), "winograd"
     conv = implicit_backward_data(geom, sz)
     if conv is not None:
@@ -299,7 +290,7 @@ def backward_filter(x, dy, geom, stream, math="3xtf32"):
     if conv_depthwise.applies(geom):
         geo = _kernel_geo(geom)
         return conv_depthwise.backward_filter(x, dy, geom, geo, dw, stream), "depthwise"
-    if _winograd(geom, x.dtype, math):
+    if conv_winograd.pays(geom, x.dtype):
         return conv_winograd.backward_filter(x, dy, geom, dw, stream, math), "winograd"
     acc = arrays.acc_array(x.dtype)
     # the filter gradient: implicit only when asked for (settings.implicit True; implicit_pays)

@@ -15,15 +15,16 @@ full implementation, as does a first call that takes none of these.
 from math import prod
 
 from .. import arrays
-from . import conv_numba, conv_winograd, gemm
+from . import conv_depthwise, conv_numba, conv_winograd, gemm
 from .conv_implicit import (implicit_backward_data, implicit_backward_data_gemm,
                             implicit_forward, implicit_forward_gemm)
 
 
 def _sizes(geom, dtype, opts, itemsize):
-    """(ConvSizes, math) of a call the runners may serve, or None: no Winograd, work to do."""
+    """(ConvSizes, math) of a call the runners may serve, or None: work to do, and neither
+    the depthwise kernels nor Winograd (ops/conv_numba.py takes them first)."""
     sz, math = conv_numba.ConvSizes(geom, itemsize), conv_numba.gemm_math(opts)
-    if sz.empty() or conv_winograd.pays(geom, dtype):
+    if sz.empty() or conv_depthwise.applies(geom) or conv_winograd.pays(geom, dtype):
         return None
     return sz, math
 

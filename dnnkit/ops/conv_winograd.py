@@ -38,6 +38,7 @@ ALIGN = 8                    # tile columns per 16 bytes of float16 (module docs
 
 
 def _aligned(p):
+    """p rounded up to a multiple of ALIGN."""
     return -(-p // ALIGN) * ALIGN
 
 
@@ -48,6 +49,21 @@ def operand_dtype(dtype):
     exact in float32), else the accumulation type."""
     acc = arrays.acc_array(dtype).dtype
     return np.dtype(np.float16) if arrays.float_name(dtype) == "float16" else acc
+
+
+# float16 operands are stored times F16_SCALE: a transformed value is a sum of up to 4 inputs
+# (B^T d B, A e A^T; G g G^T at most 9/4 of g), so unscaled, data above ~16384 made Inf
+# where the direct path, whose float16 operands are the data themselves, stays finite. A
+# power of two is exact; the sums are read back times 1 / F16_SCALE^2 in float32. The cost:
+# values below 4 x 2^-14 lose bits to float16's subnormals a little earlier.
+F16_SCALE = 0.25
+
+
+def _scales(dtype):
+    """(scale of the operands, unscale of the sums) as the accumulation type's scalars."""
+    acc = arrays.acc_array(dtype).dtype.type
+    f16 = operand_dtype(dtype) == np.float16
+    return acc(F16_SCALE if f16 else 1.0), acc(1.0 / F16_SCALE ** 2 if f16 else 1.0)
 
 
 def _threads():
@@ -86,8 +102,11 @@ def pays(geom, dtype):
     """Whether the Numba backend takes Winograd here: ``settings.winograd`` when set, else the
     measured rule. validation/winograd_bench.py on an H100, ResNet-50's four 3x3 layers, every
     pass: at batch 32 (7.4 GFLOP a call) Winograd took 0.36-0.72x the direct path's GPU time in
-    float32 and 0.36-0.73x in float16 (0.24-0.72x since its float16 products run on the
-    pipelined HMMA kernel), and less time per call; at batch 2 (0.46 GFLOP) its
+    float32 and 0.36-0.73x in float16, and less time per call. Whatever the call's math: its
+    products take the direct GEMM's (float16 on the pipelined HMMA kernel, one TF32 product
+    with allow_tf32), and it took 0.24-0.72x the direct path's time in float16 and 0.39-0.86x
+    with TF32 (every pass, batch 32 and 128: validation/notes/winograd.md). At batch 2 (0.46
+    GFLOP) its
     GPU time was mostly lower too, but a call's time is then its host time (four or five
     launches against one or two), and it lost 4 of 12 passes per call (0.16-0.30 ms against
     0.12-0.29). MIN_FLOPS (4.3 GFLOP) lies between. float64 (not timed) takes it only when
@@ -143,7 +162,7 @@ def _filter(w, k, c, flip, transpose, stream):
     acc = arrays.acc_array(w.dtype)
     u = arrays.cuda_empty((16 * k * c,), operand_dtype(w.dtype), stream)
     launch(_kernels().winograd_filter_fwd_kernel, *arrays.grid_1d(k * c, _threads()), stream,
-           (arrays.flat(w), u, (k, c, int(flip), int(transpose)), acc))
+           (arrays.flat(w), u, (k, c, int(flip), int(transpose)), _scales(w.dtype)[0], acc))
     return u
 
 
@@ -153,7 +172,7 @@ def _input(x, v, t, pad, n0, nc, ps, stream):
     image = t.cin * t.hw_in[0] * t.hw_in[1]
     dims = (t.cin,) + tuple(t.hw_in) + (t.th, t.tw) + tuple(pad) + (nc * t.tiles, ps)
     launch(_kernels().winograd_input_fwd_kernel, _grid(ps, t.cin), _threads(), stream,
-           (At(arrays.flat(x), n0 * image), v, dims, acc))
+           (At(arrays.flat(x), n0 * image), v, dims, _scales(x.dtype)[0], acc))
 
 
 def _run_forward(x, w, bias, out, t, pad, flip, transpose, stream, math):
@@ -177,7 +196,8 @@ def _run_forward(x, w, bias, out, t, pad, flip, transpose, stream, math):
         launch(_kernels().winograd_output_fwd_kernel, _grid(p, k), _threads(), stream,
                (m, At(outf, n0 * oimage),
                 outf if bias is None else arrays.flat(bias),
-                (k,) + tuple(t.hw_out) + (t.th, t.tw, p, ps), int(bias is not None), acc))
+                (k,) + tuple(t.hw_out) + (t.th, t.tw, p, ps), int(bias is not None),
+                _scales(x.dtype)[1], acc))
     return out
 
 
@@ -214,8 +234,8 @@ def filter_parts(k, c, tiles):
     slices 0.188 (17: 0.269); 256 at 14^2: 4 slices 0.174 (8: 0.206, 5: 0.196); 512 at 7^2:
     2 slices 0.226 (4: 0.282), and unsplit 0.513 ms a call against 0.233 with 2 slices. The
     rule gives 17, 9, 3 and 2."""
-    if settings.winograd_parts is not None:
-        return max(1, min(settings.winograd_parts, tiles))
+    if settings.winograd_parts is not None:       # (MAX_PARTS: ``applies``'s 32-bit bound)
+        return max(1, min(settings.winograd_parts, tiles, MAX_PARTS))
     return _filter_parts_of(k, c, tiles, device.simulator(), conv_launch.wave_blocks())
 
 
@@ -252,11 +272,11 @@ def backward_filter(x, dy, geom, dw, stream, math="3xtf32"):
         _input(x, v, t, pad, n0, nc, ps, stream)
         launch(_kernels().winograd_grad_bwd_kernel, _grid(ps, k), _threads(), stream,
                (At(dyf, n0 * oimage), dm,
-                (k,) + tuple(ohw) + (t.th, t.tw, p, ps), acc))
+                (k,) + tuple(ohw) + (t.th, t.tw, p, ps), _scales(x.dtype)[0], acc))
         # du[q, xi] (K x C) (+)= dM[xi] (K x pp) . V[xi]^T (pp x C) over slice q's tiles
         gemm.gemm("01", dm, v, du, (k, c, pp), (ps, ps, c), gemm.PLAIN * 3,
                   (16, parts, k * ps, pp, c * ps, pp, k * c, 16 * k * c),
                   beta=0.0 if i == 0 else 1.0, stream=stream, math=math)
     launch(_kernels().winograd_filter_bwd_kernel, *arrays.grid_1d(k * c, _threads()), stream,
-           (du, arrays.flat(dw), (k, c, int(geom.flip), parts), acc))
+           (du, arrays.flat(dw), (k, c, int(geom.flip), parts), _scales(x.dtype)[1], acc))
     return dw

@@ -94,16 +94,6 @@ def test_gemm_math_follows_allow_tf32_for_float32_computed_in_float32():
     assert gemm_math(_opts("float64", "float64", True)) == "3xtf32"
 
 
-def test_winograd_rule_holds_whatever_the_math(monkeypatch):
-    from dnnkit.ops import conv_numba, conv_winograd, gemm
-    monkeypatch.setattr(gemm, "tensor_cores", lambda dtype: True)
-    for pays in (True, False):
-        monkeypatch.setattr(conv_winograd, "pays", lambda geom, dtype, p=pays: p)
-        for dtype, math in ((np.float16, "3xtf32"), (np.float32, "tf32"),
-                            (np.float32, "3xtf32")):
-            assert conv_numba._winograd(None, dtype, math) is pays
-
-
 @pytest.mark.parametrize("tf32", [False, True])
 @pytest.mark.parametrize("dtype", ["float16", "float32"])
 def test_conv_passes_with_allow_tf32_either_way(rng, dtype, tf32):

@@ -172,6 +172,22 @@ def test_matches_reference(rng, name, dtype):
     check_errors(run_all(rng, CASES[name], dtype), dtype)
 
 
+def test_depthwise_of_an_empty_input_with_padding(monkeypatch):
+    """x with no rows, padded to an output of 2 x 3: y is the bias in every image (no image
+    of a thread's group of four left unwritten: outputs start as NaN here)."""
+    from numba import cuda
+    from dnnkit import config
+    g = conv_geom((6, 3, 1, 0, 3), (3, 1, 1, 1, 3), padding=(0, 1, 1), groups=3)
+    assert conv_depthwise.applies(g)
+    b = np.array([0.0, 1.0, 2.0], np.float32)
+    x = cuda.to_device(np.zeros(g.x_shape, np.float32))
+    w = cuda.to_device(np.ones(g.w_shape, np.float32))
+    with config.change_flags({"dnn.debug.fill_uninitialized": "nan"}):
+        y, algo = conv_numba.forward(x, w, cuda.to_device(b), g, cuda.default_stream())
+    assert algo == "depthwise" and y.shape == g.y_shape == (6, 3, 1, 2, 3)
+    assert np.array_equal(y.copy_to_host(), np.broadcast_to(b.reshape(1, 3, 1, 1, 1), y.shape))
+
+
 @pytest.mark.parametrize("name", list(CASES))
 def test_column_buffer_paths_match_reference(rng, monkeypatch, name):
     """im2col + GEMM and GEMM + col2im everywhere (settings.implicit = False): the default
@@ -439,3 +455,21 @@ def test_repeated_calls_with_an_empty_image_return_empty_and_zero_outputs():
         assert dx.shape == (1, 2, 0, 0)
         y = dnnkit.conv2d(x, w, padding=2, backend="numba").copy_to_host()
         assert y.shape == (1, 3, 2, 2) and not y.any()
+
+
+def test_depthwise_calls_skip_the_implicit_runners(rng, monkeypatch):
+    """Repeated public calls (the memo's runners, ops/conv_prepared.py) keep the depthwise
+    kernels with settings.implicit = True, which sends other stride-1 3x3 calls to the
+    implicit GEMM's runners."""
+    import dnnkit
+    from numba import cuda
+    monkeypatch.setattr(settings, "implicit", True)
+    x = cuda.to_device(rng.standard_normal((2, 4, 5, 5)).astype(np.float32))
+    w = cuda.to_device(rng.standard_normal((4, 1, 3, 3)).astype(np.float32))
+    dy = cuda.to_device(rng.standard_normal((2, 4, 5, 5)).astype(np.float32))
+    with dnnkit.trace() as t:
+        for _ in range(3):
+            dnnkit.conv2d(x, w, padding=1, groups=4, backend="numba")
+            dnnkit.conv2d_backward_data(dy, w, (2, 4, 5, 5), padding=1, groups=4,
+                                        backend="numba")
+    assert [e.algo for e in t] == ["depthwise"] * 6

@@ -135,3 +135,21 @@ def test_products_operands(rng, winograd, monkeypatch, dtype, operand):
     assert calls[0][4][1] == calls[0][5][1] == 24                   # n = ps = 24 >= 18
     assert calls[2][4][2] == 8 and calls[2][6][3] == 8              # slices of 6 -> 8 tiles
     check_errors(run_all(rng, g, dtype), dtype)
+
+
+def test_float16_operands_keep_the_data_range(winograd):
+    """float16 U, V and dM are stored times F16_SCALE: a transformed value sums up to 4 inputs,
+    so data of +-20000 (finite in float16, and for the direct path) made Inf and NaN unscaled.
+    The centre tap alone: y = x and dx = dy, exactly."""
+    from numba import cuda
+    g = conv_geom((1, 1, 1, 8, 8), (1, 1, 1, 3, 3), padding=(0, 1, 1))
+    big = (20000 * np.where((np.arange(64) // 2) % 2, 1.0, -1.0)).reshape(g.x_shape)
+    w = np.zeros(g.w_shape)
+    w[..., 1, 1] = 1.0
+    x, wd = (cuda.to_device(a.astype(np.float16)) for a in (big, w))
+    s = cuda.default_stream()
+    y, algo = conv_numba.forward(x, wd, None, g, s)
+    dx = conv_numba.backward_data(x, wd, g, s)[0]      # dy = the same pattern
+    assert algo == "winograd"
+    for got in (y, dx):
+        assert np.array_equal(got.copy_to_host().astype(np.float64), big)
