@@ -324,15 +324,22 @@ def allocator(shape, dtype, stream):
     return lambda: _fill(alloc(), stream)
 
 
+def _block(key):
+    """(pool, block) for ``key``: this thread's graph pool inside private_pool(), else the
+    shared one (refused on a stream captured by a graph dnnkit does not know of); a cached
+    block, or a new one."""
+    pool = _pool if not _private_users[0] else (_private.__dict__.get("pool") or _pool)
+    if pool is _pool and key[1]:
+        refuse_foreign_capture(key[1])
+    return pool, pool.take(key) or (
+        _raw_alloc(_context(), key[2]) if pool is _pool else _private_alloc(key[2]))
+
+
 def _new(key, attrs, stream):
     """A new array of template ``attrs``: a pool block (or a new one) lent to it. Neither the
     array nor its pointer goes through Numba's constructors (the array's computes its layout
     in Python, the pointer's registers a weakref finalizer: ~5 and ~4 us a call)."""
-    pool = _pool if not _private_users[0] else (_private.__dict__.get("pool") or _pool)
-    if pool is _pool and key[1]:
-        refuse_foreign_capture(key[1])
-    raw = pool.take(key) or (
-        _raw_alloc(_context(), key[2]) if pool is _pool else _private_alloc(key[2]))
+    pool, raw = _block(key)
     lend = raw.__dict__.get("_dnnkit_lend") or _lend_attrs(key, raw)
     mem = object.__new__(_Lent)
     md = mem.__dict__
@@ -405,12 +412,7 @@ class scratch:
             self.raw = numba_cuda().device_array(int(nbytes), dtype=np.uint8)
             return
         self.key = (device_id(), int(stream_ptr), rounded(int(nbytes)))
-        pool = self.pool = \
-            _pool if not _private_users[0] else (_private.__dict__.get("pool") or _pool)
-        if pool is _pool and self.key[1]:
-            refuse_foreign_capture(self.key[1])
-        self.raw = pool.take(self.key) or (
-            _raw_alloc(_context(), self.key[2]) if pool is _pool else _private_alloc(self.key[2]))
+        self.pool, self.raw = _block(self.key)
 
     def __enter__(self):
         if self.raw is None:

@@ -349,14 +349,15 @@ def conv_depthwise_bwd_filter_kernel(x, dy, ws, geo, n_, mult, per_part, acc):
     tid, nt = cuda.threadIdx.x, cuda.blockDim.x
     tap0 = cuda.blockIdx.z * DW_TAPS
     tc = min(DW_TAPS, taps - tap0)
-    for j in range(tid, tc, nt):
+    for j in range(tid, tc, nt):    # each tap's input offset from the output's corner
         tap = tap0 + j
         t, r, s = tap // (r_ * s_), (tap // s_) % r_, tap % s_
-        if flip:
-            t, r, s = t_ - 1 - t, r_ - 1 - r, s_ - 1 - s
-        offs[0, j], offs[1, j], offs[2, j] = t * dd, r * dh, s * dw
+        offs[0, j] = _tap(0, sd, t, t_, dd, 0, flip)
+        offs[1, j] = _tap(0, sh, r, r_, dh, 0, flip)
+        offs[2, j] = _tap(0, sw, s, s_, dw, 0, flip)
     n_lo = cuda.blockIdx.y * per_part
     n_hi = min(n_, n_lo + per_part)
+    ko = k_ * o_                        # dy's image stride
     for k in range(cuda.blockIdx.x, k_, cuda.gridDim.x):
         cuda.syncthreads()          # the offsets tabled; the last k's sums read
         for j in range(tc):         # each thread adds into its own column only
@@ -364,8 +365,6 @@ def conv_depthwise_bwd_filter_kernel(x, dy, ws, geo, n_, mult, per_part, acc):
         for n0 in range(n_lo, n_hi, DW_IMAGES):
             xb, dyb = (n0 * c_ + k // mult) * d_ * hw, (n0 * k_ + k) * o_
             nv = min(DW_IMAGES, n_hi - n0)          # the images of this group in the slice
-            i1, i2, i3 = img, 2 * img, 3 * img
-            ko = k_ * o_
             for p in range(tid, o_, nt):
                 oz, oy, ox = p // (oh_ * ow_), (p // ow_) % oh_, p % ow_
                 z0, y0, x0 = oz * sd - pd, oy * sh - ph, ox * sw - pw
@@ -379,11 +378,11 @@ def conv_depthwise_bwd_filter_kernel(x, dy, ws, geo, n_, mult, per_part, acc):
                         e = xb + iz * hw + iy * w_ + ix
                         v = g0 * (x[e] + zero)
                         if nv > 1:      # (uniform over the block)
-                            v += g1 * (x[e + i1] + zero)
+                            v += g1 * (x[e + img] + zero)
                         if nv > 2:
-                            v += g2 * (x[e + i2] + zero)
+                            v += g2 * (x[e + 2 * img] + zero)
                         if nv > 3:
-                            v += g3 * (x[e + i3] + zero)
+                            v += g3 * (x[e + 3 * img] + zero)
                         part[j * nt + tid] += v
         cuda.syncthreads()
         for j in range(tid, tc, nt):

@@ -40,21 +40,13 @@ def _filter_threads():
     return 32 if device.simulator() else 128
 
 
-def _grid(positions, planes):
-    """(position blocks, plane blocks): positions across x, planes across y, with as many
-    plane blocks as make about 8 blocks per SM (a thread decodes its position and tap ranges
-    once for every plane it visits), as im2col's launch does (ops/conv_numba.py)."""
-    threads = conv_launch.elem_threads()
-    xb = -(-positions // threads)
-    return (xb, max(1, min(planes, 65535, -(-8 * conv_launch.sm_count() // xb)))), threads
-
-
 def _groups(n):
     """The image groups of n images: a thread works on kernels/conv.py DW_IMAGES at once."""
     return -(-n // _kernels().conv.DW_IMAGES)
 
 
 def _sizes(geom):
+    """(N, C, K, mult = K / C, output positions) of a depthwise geometry."""
     n, c = geom.x_shape[:2]
     k = geom.w_shape[0]
     out = geom.out_spatial[0] * geom.out_spatial[1] * geom.out_spatial[2]
@@ -65,7 +57,7 @@ def forward(x, w, bias, geom, geo, y, stream):
     """y = the depthwise convolution of x with w (+ bias), into ``y``; ``geo``: kernels/
     conv.py's geometry tuple of ``geom``."""
     n, _, k, mult, out = _sizes(geom)
-    grid, threads = _grid(out, _groups(n) * k)
+    grid, threads = conv_launch.columns_grid(out, _groups(n) * k)
     yf = flat(y)
     launch(_kernels().conv_depthwise_fwd_kernel, grid, threads, stream,
            (flat(x), flat(w), yf, yf if bias is None else flat(bias), geo, n, mult,
@@ -77,7 +69,7 @@ def backward_data(dy, w, geom, geo, dx, stream):
     """dx, the gradient of sum(y * dy) with respect to x, into ``dx``."""
     n, c, _, mult, _ = _sizes(geom)
     d, h, wd = geom.x_shape[2:]
-    grid, threads = _grid(d * h * wd, _groups(n) * c)
+    grid, threads = conv_launch.columns_grid(d * h * wd, _groups(n) * c)
     launch(_kernels().conv_depthwise_bwd_data_kernel, grid, threads, stream,
            (flat(dy), flat(w), flat(dx), geo, n, mult, arrays.acc_array(dy.dtype)))
     return dx

@@ -24,6 +24,16 @@ def elem_threads():
     return 32 if device.simulator() else 256
 
 
+def columns_grid(cols, rows):
+    """(grid, threads) of a kernel whose threads walk ``cols`` columns (positions, or (image,
+    position) pairs) across x and ``rows`` (channels, planes) across y, grid-stride both: as
+    many row blocks as make about 8 blocks per SM, each thread decoding its column once for
+    every row it visits (im2col, col2im, the depthwise kernels)."""
+    threads = elem_threads()
+    xb = -(-cols // threads)
+    return (xb, max(1, min(rows, -(-8 * sm_count() // xb)))), threads
+
+
 def sm_count():
     """The device's multiprocessor count (SIMULATED_SMS on the simulator)."""
     return SIMULATED_SMS if device.simulator() else device.sm_count()

@@ -99,10 +99,7 @@ def _by_columns(kernel, ncol, channels, stream, args):
     decodes its pair once for the channels it visits). Mapping an image's positions alone
     across x left a block's threads idle past a small image's positions: 16 of 256 busy on
     ResNet-18's 4x4 layers (validation/notes/conv-numba.md)."""
-    threads = conv_launch.elem_threads()
-    xb = -(-ncol // threads)
-    grid = xb, min(channels, max(1, -(-8 * conv_launch.sm_count() // xb)))
-    launch(kernel, grid, threads, stream, args)
+    launch(kernel, *conv_launch.columns_grid(ncol, channels), stream, args)
 
 
 def _elementwise(kernel, n, stream, args):

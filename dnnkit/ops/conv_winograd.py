@@ -59,9 +59,11 @@ def operand_dtype(dtype):
 F16_SCALE = 0.25
 
 
+@functools.lru_cache(maxsize=8)
 def _scales(dtype):
-    """(scale of the operands, unscale of the sums) as the accumulation type's scalars."""
-    acc = arrays.acc_array(dtype).dtype.type
+    """(scale of the operands, unscale of the sums) as the accumulation type's scalars, per
+    data type (each transform's launch asks)."""
+    acc = arrays.acc_dtype(dtype).type
     f16 = operand_dtype(dtype) == np.float16
     return acc(F16_SCALE if f16 else 1.0), acc(1.0 / F16_SCALE ** 2 if f16 else 1.0)
 
