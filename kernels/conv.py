@@ -329,12 +329,14 @@ conv_depthwise_bwd_data_kernel = bounded_jit(conv_depthwise_bwd_data_kernel, 256
 
 
 @cuda.jit(cache=True)
-def conv_depthwise_bwd_filter_kernel(x, dy, ws, geo, n_, mult, per_part, acc):
-    """ws[part, k, tap] = sum over images n of slice ``part`` (per_part images each, a
-    multiple of DW_IMAGES) and outputs o of dy[n, k, o] x[n, k // mult, o*stride - pad +
-    tap'*dil], for the DW_TAPS taps from blockIdx.z * DW_TAPS; the slices are summed
-    afterwards in a fixed order (conv_partsum_fwd_kernel). Thread mapping: blocks over (k,
-    part, tap chunk), grid-stride over k; threads walk the slice's output positions,
+def conv_depthwise_bwd_filter_kernel(x, dy, ws, geo, n_, mult, per_part, per_pos, acc):
+    """ws[part, k, tap] = sum over images n of image slice i (per_part images each, a
+    multiple of DW_IMAGES) and outputs o of position slice j (per_pos positions each) of
+    dy[n, k, o] x[n, k // mult, o*stride - pad + tap'*dil], part = i * (position slices) +
+    j, for the DW_TAPS taps from blockIdx.z * DW_TAPS; the parts are summed afterwards in a
+    fixed order (conv_partsum_fwd_kernel). Position slices give a small batch (or few filters)
+    enough blocks to fill the GPU. Thread mapping: blocks over (k, part, tap chunk),
+    grid-stride over k; threads walk the part's output positions,
     DW_IMAGES images at a time, loading their dy once for all the chunk's taps and adding
     each tap's products into the thread's own column of shared partial sums (dynamic shared
     memory, DW_TAPS x blockDim.x), which one thread per tap then sums in a fixed order:
@@ -355,7 +357,11 @@ def conv_depthwise_bwd_filter_kernel(x, dy, ws, geo, n_, mult, per_part, acc):
         offs[0, j] = _tap(0, sd, t, t_, dd, 0, flip)
         offs[1, j] = _tap(0, sh, r, r_, dh, 0, flip)
         offs[2, j] = _tap(0, sw, s, s_, dw, 0, flip)
-    n_lo = cuda.blockIdx.y * per_part
+    pos_parts = -(-o_ // per_pos)
+    ip = cuda.blockIdx.y // pos_parts
+    p_lo = (cuda.blockIdx.y - ip * pos_parts) * per_pos
+    p_hi = min(o_, p_lo + per_pos)
+    n_lo = ip * per_part
     n_hi = min(n_, n_lo + per_part)
     ko = k_ * o_                        # dy's image stride
     for k in range(cuda.blockIdx.x, k_, cuda.gridDim.x):
@@ -365,7 +371,7 @@ def conv_depthwise_bwd_filter_kernel(x, dy, ws, geo, n_, mult, per_part, acc):
         for n0 in range(n_lo, n_hi, DW_IMAGES):
             xb, dyb = (n0 * c_ + k // mult) * d_ * hw, (n0 * k_ + k) * o_
             nv = min(DW_IMAGES, n_hi - n0)          # the images of this group in the slice
-            for p in range(tid, o_, nt):
+            for p in range(p_lo + tid, p_hi, nt):
                 oz, oy, ox = p // (oh_ * ow_), (p // ow_) % oh_, p % ow_
                 z0, y0, x0 = oz * sd - pd, oy * sh - ph, ox * sw - pw
                 g0 = dy[dyb + p] + zero
@@ -404,5 +410,5 @@ def SIGNATURES(t, acc):
         "conv_partsum_fwd_kernel": (z, a, int64, int64, a, int64, int64, z),
         "conv_depthwise_fwd_kernel": (a, a, a, a, geo, int64, int64, int64, z),
         "conv_depthwise_bwd_data_kernel": (a, a, a, geo, int64, int64, z),
-        "conv_depthwise_bwd_filter_kernel": (a, a, z, geo, int64, int64, int64, z),
+        "conv_depthwise_bwd_filter_kernel": (a, a, z, geo, int64, int64, int64, int64, z),
     }

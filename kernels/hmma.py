@@ -27,9 +27,11 @@ H100, validation/notes/gemm.md). Here (the scheme of CUTLASS's sm_80 GEMMs):
     writing one column, so the accumulators keep constant indices (in registers).
   - An operand whose rows are not 16-byte aligned (its address, leading dimension, batch
     offset, or fast extent not a multiple of 8 elements; a grouped index's group or stride)
-    is staged by each thread element by element into the same layout instead (decided per
-    operand once per block: no divergence), the other still by cp.async. Elements
-    past the matrix are zeros either way (``cp.async`` with 0 source bytes).
+    is copied by 8-byte ``cp.async.ca`` copies (two a chunk) where those are aligned, in the
+    kernels' ``narrow`` variants (a 1x1 convolution's 14 x 14 maps: groups of 196 columns),
+    else staged by each thread element by element into the same layout (decided per operand
+    once per block: no divergence), the other still by 16-byte copies. Elements past the matrix are zeros either way (``cp.async``
+    with 0 source bytes).
 
 Traffic as kernels/gemm.py's: A read ceil(n/128) times, B ceil(m/bm) times, C written once.
 """
@@ -40,8 +42,9 @@ from numba import boolean, cuda, float32, int64, uint32, uint64
 from numba.core.types import float16
 
 from .bounds import bounded_jit, inlined
-from .tensorcore import (address, cp_async16, cp_async_commit, cp_async_wait0, cp_async_wait1,
-                         ldmatrix_x4, ldmatrix_x4_trans, mma_f16, shared_address)
+from .tensorcore import (address, cp_async8, cp_async16, cp_async_commit,
+                         cp_async_wait0, cp_async_wait1, ldmatrix_x4, ldmatrix_x4_trans,
+                         mma_f16, shared_address)
 
 BN = 128
 BK = 32
@@ -162,11 +165,56 @@ def _aligned(gbase, off, ld, fast, grp, gstride):
     return ok and (grp >= fast or grp % 8 == 0 and gstride % 8 == 0)
 
 
+@inlined
+def _half_aligned(gbase, off, ld, fast, grp, gstride):
+    """Whether every half of an 8-element chunk (4 elements, 8 bytes) starts on 8 bytes and
+    lies wholly inside or outside its rows (and, for a grouped fast index, within one group):
+    the narrow variant's copies, where 16-byte ones do not fit."""
+    ok = (gbase + uint64(2 * off)) % uint64(8) == uint64(0) and ld % 4 == 0 and fast % 4 == 0
+    return ok and (grp >= fast or grp % 4 == 0 and gstride % 4 == 0)
+
+
+@inlined
+def _stage_halves(gbase, off, ld, rows, fast, r0, k0, kmajor, tile, count, sat, grp, gstride):
+    """The slab at k0 of an operand whose chunks are not 16-byte aligned but whose halves are
+    (``_half_aligned``): each chunk by two 8-byte ``cp.async.ca`` copies into the same layout
+    (``sat``: the stage's shared address), zeros past k or the rows; a grouped chunk's halves
+    may lie in two groups. Asynchronous as the 16-byte copies, where the element-by-element
+    staging waits for each load (a 1x1 convolution on 14 x 14 maps, groups of 196 columns,
+    ran at 0.16-0.26 of cuDNN so on an H100)."""
+    width = tile >> 3
+    for h in range(count):
+        row, c, r, kc = _place(h, kmajor, width, r0)
+        kk = k0 + kc
+        dst = uint32(sat + uint32(_chunk_at(kmajor, row, c, width)))
+        if kmajor:
+            e, good = off + r * ld + kk, r < rows
+            q, rr = 0, 0
+        else:
+            e, good = off + kk * ld, kk < rows
+            q, rr = r // grp, r % grp
+        for v in range(0, 8, 4):
+            if kmajor:
+                at_v, inside = e + v, good and kk + v < fast
+            else:
+                at_v, inside = e + q * gstride + rr, good and r + v < fast
+                rr += 4
+                if rr == grp:
+                    rr = 0
+                    q += 1
+            src = gbase + uint64(2 * at_v) if inside else gbase
+            cp_async8(uint32(dst + uint32(2 * v)), src, uint32(8 if inside else 0))
+
+
 @functools.lru_cache(maxsize=None)
-def hmma_kernel(ta, tb, bm=128):
+def hmma_kernel(ta, tb, bm=128, narrow=False):
     """The pipelined float16 GEMM for layout (ta, tb) (kernels/gemm.py's; A k-major when
     ta == 0, B k-major when tb == 1) with bm x 128 tiles (bm 128 or 64), two blocks resident
-    per SM (launch bounds: 128 registers)."""
+    per SM (launch bounds: 128 registers). ``narrow``: an operand that is not 16-byte aligned
+    is copied by 8-byte cp.async where it can be (``_stage_halves``), not element by element:
+    a variant of its own, so that the aligned GEMMs keep their registers (ptxas, sm_90: the
+    plain variants' spills are as before it; with 4-byte copies too, layout 10's 128-row
+    tiles spilled 1428 bytes in place of 316, so those were left out)."""
     a_kmaj, b_kmaj = ta == 0, tb == 1
     if bm not in (64, 128):
         raise ValueError(f"hmma_kernel: tile rows must be 64 or 128, not {bm}")
@@ -178,17 +226,24 @@ def hmma_kernel(ta, tb, bm=128):
 
     @inlined
     def fill(a, b, abase, bbase, offa, offb, lda, ldb, i0, j0, k0, at, vec, va, vb, am, afast,
-             bn_, bfast, astep, bstep, kdim, sh, gpa, sda, kca, oka, gpb, sdb, kcb, okb, ga, gsa,
-             gb, gsb):
-        """The slabs of A and B at k0 into the stage at byte ``at``: by cp.async (``vec``
-        both, else each operand as its alignment allows) or element by element."""
+             bn_, bfast, astep, bstep, kdim, sh, sbase, gpa, sda, kca, oka, gpb, sdb, kcb, okb,
+             ga, gsa, gb, gsb, na, nb):
+        """The slabs of A and B at k0 into the stage at byte ``at``: by 16-byte cp.async
+        (``vec`` both, else each operand whose alignment ``va`` / ``vb`` allows), by 8-byte
+        halves where ``na`` / ``nb`` (the narrow variant) or element by element."""
         if vec or va:
             _issue(gpa, sda, kca, oka, ACH, k0, kdim, astep, uint32(at), abase)
+        elif narrow and na:
+            _stage_halves(abase, offa, lda, am, afast, i0, k0, a_kmaj, bm, ACH,
+                          uint32(sbase + uint32(at)), ga, gsa)
         else:
             _stage_scalar(a, offa, lda, am, afast, i0, k0, kdim, a_kmaj, bm, ACH, sh, at, ga,
                           gsa)
         if vec or vb:
             _issue(gpb, sdb, kcb, okb, 2, k0, kdim, bstep, uint32(at), bbase)
+        elif narrow and nb:
+            _stage_halves(bbase, offb, ldb, bn_, bfast, j0, k0, b_kmaj, BN, 2,
+                          uint32(sbase + uint32(at + A_BYTES)), gb, gsb)
         else:
             _stage_scalar(b, offb, ldb, bn_, bfast, j0, k0, kdim, b_kmaj, BN, 2, sh,
                           at + A_BYTES, gb, gsb)
@@ -196,9 +251,9 @@ def hmma_kernel(ta, tb, bm=128):
     @inlined
     def mainloop(a, b, abase, bbase, offa, offb, lda, ldb, m, n, kdim, i0, j0, vec, sh, sbase,
                  c_reg, af, gpa, sda, kca, oka, gpb, sdb, kcb, okb, a_row, a_sub, b_row, b_sub,
-                 grps, va, vb):
-        """One tile's k loop: ``vec`` (a compile-time constant) both operands by cp.async,
-        else each as its alignment ``va`` / ``vb`` allows."""
+                 grps, va, vb, na, nb):
+        """One tile's k loop: ``vec`` (a compile-time constant) both operands by 16-byte
+        cp.async, else each as its alignment allows (``fill``)."""
         ga, gsa, gb, gsb = grps[0], grps[1], grps[2], grps[3]
         am, afast = (m, kdim) if a_kmaj else (kdim, m)       # (rows, contiguous extent)
         bn_, bfast = (n, kdim) if b_kmaj else (kdim, n)
@@ -212,8 +267,8 @@ def hmma_kernel(ta, tb, bm=128):
         for s in range(STAGES - 1):
             if s < nk:
                 fill(a, b, abase, bbase, offa, offb, lda, ldb, i0, j0, s * BK, s * STAGE, vec,
-                     va, vb, am, afast, bn_, bfast, astep, bstep, kdim, sh, gpa, sda, kca, oka,
-                     gpb, sdb, kcb, okb, ga, gsa, gb, gsb)
+                     va, vb, am, afast, bn_, bfast, astep, bstep, kdim, sh, sbase, gpa, sda, kca,
+                     oka, gpb, sdb, kcb, okb, ga, gsa, gb, gsb, na, nb)
             cp_async_commit()
         for kt in range(nk):
             cp_async_wait1()        # slab kt has landed (this thread's copies) ...
@@ -222,7 +277,8 @@ def hmma_kernel(ta, tb, bm=128):
             if nxt < nk:
                 fill(a, b, abase, bbase, offa, offb, lda, ldb, i0, j0, nxt * BK,
                      (nxt % STAGES) * STAGE, vec, va, vb, am, afast, bn_, bfast, astep, bstep,
-                     kdim, sh, gpa, sda, kca, oka, gpb, sdb, kcb, okb, ga, gsa, gb, gsb)
+                     kdim, sh, sbase, gpa, sda, kca, oka, gpb, sdb, kcb, okb, ga, gsa, gb, gsb,
+                     na, nb)
             cp_async_commit()
             sa = uint32(sbase + uint32((kt % STAGES) * STAGE))
             sb = uint32(sa + uint32(A_BYTES))
@@ -293,9 +349,12 @@ def hmma_kernel(ta, tb, bm=128):
         for z in range(cuda.blockIdx.z, nz1 * nz2, cuda.gridDim.z):
             z1, z2 = z // nz2, z % nz2
             offa, offb = z1 * a1 + z2 * a2, z1 * b1 + z2 * b2
-            # 16-byte copies need every chunk 16-byte aligned and wholly in or out of its row
+            # 16-byte copies need every chunk 16-byte aligned and wholly in or out of its row;
+            # 8-byte ones, every half of it
             va = _aligned(abase, offa, lda, afast, grps[0], grps[1])
             vb = _aligned(bbase, offb, ldb, bfast, grps[2], grps[3])
+            na = narrow and _half_aligned(abase, offa, lda, afast, grps[0], grps[1])
+            nb = narrow and _half_aligned(bbase, offb, ldb, bfast, grps[2], grps[3])
             for i0 in range(cuda.blockIdx.y * bm, m, cuda.gridDim.y * bm):
                 for j0 in range(cuda.blockIdx.x * BN, n, cuda.gridDim.x * BN):
                     for i in range(MT):
@@ -305,11 +364,11 @@ def hmma_kernel(ta, tb, bm=128):
                     if va and vb:   # (two calls: the common loop compiled without the other)
                         mainloop(a, b, abase, bbase, offa, offb, lda, ldb, m, n, kdim, i0, j0,
                                  True, sh, sbase, c_reg, af, gpa, sda, kca, oka, gpb, sdb, kcb,
-                                 okb, a_row, a_sub, b_row, b_sub, grps, va, vb)
+                                 okb, a_row, a_sub, b_row, b_sub, grps, va, vb, na, nb)
                     else:
                         mainloop(a, b, abase, bbase, offa, offb, lda, ldb, m, n, kdim, i0, j0,
                                  False, sh, sbase, c_reg, af, gpa, sda, kca, oka, gpb, sdb, kcb,
-                                 okb, a_row, a_sub, b_row, b_sub, grps, va, vb)
+                                 okb, a_row, a_sub, b_row, b_sub, grps, va, vb, na, nb)
                     out = _words()
                     coff = z1 * c1 + z2 * c2 + (j0 + (t & 127)) // gc * gsc \
                         + (j0 + (t & 127)) % gc
@@ -321,7 +380,8 @@ def hmma_kernel(ta, tb, bm=128):
                         drain(c, c_reg, out, coff, ldc, m, n, i0, j0, 1, wy, wx, g, q, beta,
                               bias, z1 * m, use_bias, zero)
 
-    kernel.__name__ = kernel.__qualname__ = f"gemm_{ta}{tb}_{bm}x{BN}_hmma_pipe"
+    kernel.__name__ = kernel.__qualname__ = \
+        f"gemm_{ta}{tb}_{bm}x{BN}_hmma_pipe{'_narrow' if narrow else ''}"
     return bounded_jit(kernel, THREADS, 2)
 
 
@@ -361,8 +421,9 @@ def _write(c, out, coff, ldc, m, n, i0, j0, h, wm, beta, bias, boff, use_bias, z
 
 
 LAYOUTS = ((0, 0), (1, 0), (0, 1))
-VARIANTS = {f"gemm_{ta}{tb}_hmma{bm}_kernel": hmma_kernel(ta, tb, bm) for ta, tb in LAYOUTS
-            for bm in (128, 64)}
+VARIANTS = {f"gemm_{ta}{tb}_hmma{bm}{'n' if narrow else ''}_kernel":
+            hmma_kernel(ta, tb, bm, narrow)
+            for ta, tb in LAYOUTS for bm in (128, 64) for narrow in (False, True)}
 # the same kernels under the names of their other C type, for the PTX checks (C in float16,
 # or in float32: the gradients' and the split forward's workspace, kernels/gemm.py)
 VARIANTS.update({name.replace("_kernel", "_acc_kernel"): k for name, k in VARIANTS.items()})

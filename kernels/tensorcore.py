@@ -151,20 +151,30 @@ def shared_address(typingctx, arr):
     return types.uint32(arr), codegen
 
 
-@intrinsic
-def cp_async16(typingctx, dst, src, nbytes):
-    """Copy 16 bytes from global address ``src`` to shared address ``dst`` asynchronously
-    (``cp.async.cg``: through L2 only), of which the first ``nbytes`` (0 or 16) are read and
-    the rest zero-filled: 0 reads nothing (an element past the matrix)."""
-    u32, u64 = types.uint32, types.uint64
-    if (dst, src, nbytes) != (u32, u64, u32):
-        return None
+def _cp_async(cache, size):
+    @intrinsic
+    def fn(typingctx, dst, src, nbytes):
+        u32, u64 = types.uint32, types.uint64
+        if (dst, src, nbytes) != (u32, u64, u32):
+            return None
 
-    def codegen(context, builder, signature, args):
-        return _void_asm(context, builder, list(args),
-                         "cp.async.cg.shared.global [$0], [$1], 16, $2;", "r,l,r,~{memory}")
+        def codegen(context, builder, signature, args):
+            return _void_asm(context, builder, list(args),
+                             f"cp.async.{cache}.shared.global [$0], [$1], {size}, $2;",
+                             "r,l,r,~{memory}")
 
-    return types.void(u32, u64, u32), codegen
+        return types.void(u32, u64, u32), codegen
+    return fn
+
+
+cp_async16 = _cp_async("cg", 16)
+cp_async16.__doc__ = """Copy 16 bytes from global address ``src`` to shared address ``dst``
+asynchronously (``cp.async.cg``: through L2 only), of which the first ``nbytes`` (0 or 16) are
+read and the rest zero-filled: 0 reads nothing (an element past the matrix)."""
+cp_async8 = _cp_async("ca", 8)
+cp_async8.__doc__ = """Copy 8 bytes from global address ``src`` to shared address ``dst``
+asynchronously (``cp.async.ca``: .cg takes 16 bytes only), of which the first ``nbytes`` (0 or
+8) are read and the rest zero-filled; both addresses 8-byte aligned."""
 
 
 def _cp_async_group(text, doc):
@@ -338,6 +348,7 @@ def _stable_uuid(fn, name):
 
 _stable_uuid(tf32_split, "tf32_split")
 _stable_uuid(mma_tf32, "mma_tf32")
-for _name in ("mma_f16", "address", "shared_address", "cp_async16", "cp_async_commit",
+for _name in ("mma_f16", "address", "shared_address", "cp_async16", "cp_async8",
+              "cp_async_commit",
               "cp_async_wait1", "cp_async_wait0", "ldmatrix_x4", "ldmatrix_x4_trans"):
     _stable_uuid(globals()[_name], _name)

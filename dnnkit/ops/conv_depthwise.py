@@ -10,8 +10,8 @@ cuDNN's throughput that way on an H100 (validation/bench_tensorcore_h100.md); th
 kernels run 0.4-1.2 of it (validation/notes/conv-numba.md). The forward and the data
 gradient read their input about once from memory (each tap from cache) and write their
 output once, a thread on DW_IMAGES images at once for independent loads; the filter gradient
-sums dy x x over images and positions in ``parts`` image slices and tap chunks of
-kernels/conv.py DW_TAPS, each slice's sums kept apart and added in a fixed order
+sums dy x x over images and positions in parts (image slices x position slices) and tap
+chunks of kernels/conv.py DW_TAPS, each part's sums kept apart and added in a fixed order
 (conv_partsum_fwd_kernel): deterministic, as every pass. Sums in the accumulation type
 (float32 for float16 data).
 """
@@ -75,27 +75,33 @@ def backward_data(dy, w, geom, geo, dx, stream):
     return dx
 
 
-def filter_parts(n, k, chunks):
-    """Image slices of the filter gradient: enough (k x slices x chunks) blocks for two waves
-    of the GPU's blocks, at most one slice per image group (kernels/conv.py DW_IMAGES)."""
-    return max(1, min(_groups(n),
-                      -(-2 * conv_launch.wave_blocks() // max(1, min(k, 65535) * chunks))))
+def filter_parts(n, k, chunks, positions, threads):
+    """(image slices, positions per position slice) of the filter gradient: enough (k x
+    slices x chunks) blocks for two waves of the GPU's blocks -- image slices first, at most
+    one per image group (kernels/conv.py DW_IMAGES), then the output positions cut into slices
+    of at least one position per thread (a batch of 8 images of 64 channels had 128 blocks of
+    128 threads for 132 SMs without them: 0.12 of cuDNN on a 5x5 filter gradient)."""
+    want = 2 * conv_launch.wave_blocks()
+    blocks = max(1, min(k, 65535) * chunks)
+    images = max(1, min(_groups(n), -(-want // blocks)))
+    slices = max(1, min(-(-positions // threads), -(-want // (blocks * images))))
+    return images, -(-positions // slices)
 
 
 def backward_filter(x, dy, geom, geo, dw, stream):
     """dw, the gradient of sum(y * dy) with respect to w, into ``dw``."""
     kern = _kernels()
-    n, _, k, mult, _ = _sizes(geom)
+    n, _, k, mult, out = _sizes(geom)
     taps = dw.size // k
     chunks = -(-taps // kern.conv.DW_TAPS)
-    groups = _groups(n)         # slices of whole image groups
-    per_part = -(-groups // filter_parts(n, k, chunks)) * kern.conv.DW_IMAGES
-    parts = -(-n // per_part)
+    threads = _filter_threads()
+    images, per_pos = filter_parts(n, k, chunks, out, threads)
+    per_part = -(-_groups(n) // images) * kern.conv.DW_IMAGES   # slices of whole image groups
+    parts = -(-n // per_part) * -(-out // per_pos)
     acc = arrays.acc_array(x.dtype)
     ws = arrays.cuda_empty((parts * dw.size,), acc.dtype, stream)
-    threads = _filter_threads()
     launch(kern.conv_depthwise_bwd_filter_kernel, (min(k, 65535), parts, chunks), threads,
-           stream, (flat(x), flat(dy), ws, geo, n, mult, per_part, acc),
+           stream, (flat(x), flat(dy), ws, geo, n, mult, per_part, per_pos, acc),
            kern.conv.DW_TAPS * threads * acc.dtype.itemsize)
     dwf = flat(dw)
     launch(kern.conv_partsum_fwd_kernel, *arrays.grid_1d(dw.size, conv_launch.elem_threads()),

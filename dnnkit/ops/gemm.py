@@ -116,15 +116,21 @@ def _launch_of(layout, a, b, c, dims, lds, grps, batch, beta, bias, conv, math):
     # condition: layout 00's A, 01's A and B)
     plain = (layout[0] == "1" or grps[0] >= dims[2]) and (layout[1] == "0" or
                                                           grps[2] >= dims[2])
+    # the pipelined float16 kernel's variant for strides and extents that are multiples of 4
+    # elements, not all of 8 (kernels/hmma.py ``narrow``: 8-byte copies): their low bits,
+    # ORed (addresses are checked by the kernel itself, per block)
+    low = (lds[0] | lds[1] | dims[0] | dims[1] | dims[2] | grps[0] | grps[1] | grps[2]
+           | grps[3] | batch[2] | batch[3] | batch[4] | batch[5]) & 7
     key = (layout, dims, batch[0], batch[1], a.dtype, device.device_id(), conv is not None,
-           TENSOR_CORES, math, plain)
+           TENSOR_CORES, math, plain, low == 4)
     plan = _plans.get(key)
     if plan is None:
         if math not in MATHS:
             raise ValueError(f"gemm: math must be one of {MATHS}, got {math!r}")
         if len(_plans) >= 4096:
             _plans.clear()
-        plan = _plans[key] = _plan(layout, dims, batch, a.dtype, conv is not None, math, plain)
+        plan = _plans[key] = _plan(layout, dims, batch, a.dtype, conv is not None, math, plain,
+                                   key[-1])
     kernel, grid, block, shared, acc, dummy = plan
     table, cg = conv or dummy
     return kernel, grid, block, shared, (
@@ -158,7 +164,7 @@ def tc_prefix(dtype, math="3xtf32"):
     return "tf32" if math == "tf32" else "tc"
 
 
-def _plan(layout, dims, batch, dtype, implicit, math, plain):
+def _plan(layout, dims, batch, dtype, implicit, math, plain, narrow=False):
     from ..kernels.gemm import CG_LEN, CONFIGS, VARIANTS, config_options, shared_bytes
     m, n, _ = dims
     name, grid = launch_grid(m, n, batch[0] * batch[1])
@@ -172,7 +178,8 @@ def _plan(layout, dims, batch, dtype, implicit, math, plain):
         from ..kernels import hmma
         bm = 128 if name == "large" else 64
         grid = (-(-n // hmma.BN), min(-(-m // bm), 65535), grid[2])
-        return (hmma.VARIANTS[f"gemm_{layout}_hmma{bm}_kernel"], grid, (hmma.THREADS, 1),
+        name = f"gemm_{layout}_hmma{bm}{'n' if narrow else ''}_kernel"
+        return (hmma.VARIANTS[name], grid, (hmma.THREADS, 1),
                 hmma.shared_bytes(bm), acc, dummy)
     if prefix is not None:
         name = f"{prefix}_{name}"   # the same tiles (kernels/gemm.py CONFIGS)

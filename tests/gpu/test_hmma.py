@@ -27,17 +27,27 @@ def _stored(a, b, layout):
 
 
 def _plan_kernel(layout, dims):
+    """The name of the pipelined kernel (kernels/hmma.py VARIANTS) of the last float16 plan
+    for (layout, dims); None when that plan took another kernel."""
     from dnnkit.kernels import hmma
     from dnnkit.ops import gemm
     plans = [p for key, p in gemm._plans.items() if key[0] == layout and key[1] == dims
              and key[4] == np.float16]
-    return plans and plans[-1][0] in hmma.VARIANTS.values()
+    names = {k: name for name, k in hmma.VARIANTS.items() if not name.endswith("_acc_kernel")}
+    return names.get(plans[-1][0]) if plans else None
+
+
+def _narrow(*values):
+    """Whether strides and extents ``values`` take the narrow-copy variant (ops/gemm.py):
+    multiples of 4, not all of 8."""
+    return int(np.bitwise_or.reduce(np.array(values, np.int64)) & 7) == 4
 
 
 @pytest.mark.parametrize("layout", ["00", "10", "01"])
 @pytest.mark.parametrize("m, n, k", [(128, 128, 32), (64, 96, 40), (257, 136, 104),
-                                     (1000, 520, 264), (33, 8, 8), (4096, 256, 64)])
-@pytest.mark.parametrize("shift_a, shift_b", [(0, 0), (1, 1), (1, 0), (0, 1)])
+                                     (1000, 520, 264), (33, 8, 8), (4096, 256, 64),
+                                     (100, 196, 68), (66, 130, 34)])
+@pytest.mark.parametrize("shift_a, shift_b", [(0, 0), (1, 1), (1, 0), (0, 1), (4, 2)])
 def test_pipelined_hmma_against_float64(rng, layout, m, n, k, shift_a, shift_b):
     from numba import cuda
 
@@ -47,7 +57,10 @@ def test_pipelined_hmma_against_float64(rng, layout, m, n, k, shift_a, shift_b):
     b = rng.standard_normal((k, n)).astype(np.float16)
     ref = a.astype(np.float64) @ b.astype(np.float64)
     sa, sb = _stored(a, b, layout)
-    # shift 1: the operand one element past a 16-byte boundary (staged element by element)
+    # shift 1: the operand one element past a 16-byte boundary (staged element by element);
+    # 4: 8-byte aligned (8-byte copies where m, n and k are multiples of 4, not all of 8: the
+    # narrow variant; else element by element), 2: element by element; (100, 196, 68): the
+    # narrow variant's 8-byte copies, (66, 130, 34): element by element
     da = cuda.to_device(np.concatenate([np.zeros(shift_a, np.float16), sa.ravel()]))
     db = cuda.to_device(np.concatenate([np.zeros(shift_b, np.float16), sb.ravel()]))
     lda, ldb = (m if layout[0] == "1" else k), (k if layout[1] == "1" else n)
@@ -55,7 +68,8 @@ def test_pipelined_hmma_against_float64(rng, layout, m, n, k, shift_a, shift_b):
     gemm.gemm(layout, da[shift_a:], db[shift_b:], c, (m, n, k), (lda, ldb, n), gemm.PLAIN * 3,
               gemm.NO_BATCH, stream=cuda.default_stream())
     assert _rel(c.copy_to_host().reshape(m, n), ref) < 1e-5
-    assert _plan_kernel(layout, (m, n, k))
+    name = _plan_kernel(layout, (m, n, k))
+    assert name and name.endswith("n_kernel") == _narrow(m, n, k, lda, ldb)
 
 
 @pytest.mark.parametrize("layout", ["00", "01"])
@@ -105,16 +119,19 @@ def test_grouped_k_keeps_the_staged_kernel(rng):
               (k, 128, n), (1 << 62, 0, grp, 64, 1 << 62, 0), gemm.NO_BATCH,
               stream=cuda.default_stream())
     assert _rel(c.copy_to_host().reshape(m, n), ref) < 1e-5
-    plans = [p for key, p in gemm._plans.items() if key[1] == (m, n, k) and not key[-1]]
+    plans = [p for key, p in gemm._plans.items() if key[1] == (m, n, k) and not key[-2]]
     assert plans and plans[-1][0] not in hmma.VARIANTS.values()
 
 
-@pytest.mark.parametrize("grp, short", [(48, 0), (49, 0), (48, 4)])
+@pytest.mark.parametrize("grp, short", [(48, 0), (49, 0), (48, 4), (52, 0), (50, 0), (52, 2),
+                                        (52, 1)])
 def test_grouped_columns_of_b_and_a(rng, grp, short):
     # layout 10 (the convolution's data gradient): A stored k x m with m grouped, B's columns
     # grouped as a convolution's (n, position) in NCHW: 48 a multiple of 8 (16-byte copies),
     # 49 not (element by element); ``short``: B's last group cut short (n not a multiple of
-    # 8: element by element, no chunk read past column n)
+    # 8: element by element, no chunk read past column n); 52: 8-byte copies (a chunk of 8
+    # columns may straddle two groups), short by 2 or 1 (element by element); 50: element by
+    # element
     from numba import cuda
 
     from dnnkit.ops import gemm
@@ -131,4 +148,6 @@ def test_grouped_columns_of_b_and_a(rng, grp, short):
               (2 * (grp + 8), grp, n), (grp, grp + 8, grp, k * grp, 1 << 62, 0),
               gemm.NO_BATCH, stream=cuda.default_stream())
     assert _rel(c.copy_to_host().reshape(m, n), am @ bm) < 1e-5
-    assert _plan_kernel("10", (m, n, k))
+    name = _plan_kernel("10", (m, n, k))
+    assert name and name.endswith("n_kernel") == _narrow(m, n, k, 2 * (grp + 8), grp, grp + 8,
+                                                         k * grp)

@@ -193,6 +193,25 @@ def test_depthwise_of_an_empty_input_with_padding(monkeypatch):
     assert np.array_equal(y.copy_to_host(), np.broadcast_to(b.reshape(1, 3, 1, 1, 1), y.shape))
 
 
+@pytest.mark.parametrize("n,k,chunks,positions,threads", [
+    (8, 64, 1, 112 * 112, 128), (6, 96, 1, 56 * 56, 128), (16, 256, 1, 28 * 28, 128),
+    (16, 32, 4, 79 * 341, 128), (1, 1, 1, 5, 128), (3, 2, 2, 63, 32), (64, 1024, 2, 49, 128)])
+def test_depthwise_filter_slices_fill_the_gpu(n, k, chunks, positions, threads):
+    """The depthwise filter gradient's parts: two waves of blocks where the images and
+    positions allow it, never more image slices than image groups nor a position slice
+    shorter than a block's threads (unless it holds every position), every position in one
+    slice."""
+    images, per_pos = conv_depthwise.filter_parts(n, k, chunks, positions, threads)
+    slices = -(-positions // per_pos)
+    groups = -(-n // 4)
+    assert 1 <= images <= groups and (slices == 1 or per_pos >= threads)
+    assert (slices - 1) * per_pos < positions <= slices * per_pos
+    blocks = k * chunks * images * slices
+    most = k * chunks * groups * -(-positions // threads)
+    assert blocks >= min(2 * conv_launch.wave_blocks(), most)
+    assert (8, 64) != (n, k) or slices > 1          # the 5x5 layer's 128 blocks, now more
+
+
 @pytest.mark.parametrize("name", GEMM_CASES)
 def test_column_buffer_paths_match_reference(rng, monkeypatch, name):
     """im2col + GEMM and GEMM + col2im everywhere (settings.implicit = False): the default
