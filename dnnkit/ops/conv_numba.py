@@ -31,10 +31,14 @@ float16 paths with float32 accumulation do); float32 runs 3xTF32, or one TF32 pr
 
 The filter gradient is a reduction over the chunk's (image, position) columns: they are split
 into ``parts`` equal slices of whole images reduced by separate blocks (enough to fill the GPU
-when K x rows alone does not) into a float32/float64 workspace (parts x w.size, within the
+when K x rows alone does not), and where even a slice per image leaves the GPU short of a
+wave (a first layer's few filters and taps), each image's positions into equal slices too
+(``position_slices``); into a float32/float64 workspace (one w.size per slice, within the
 budget), accumulated over chunks, and summed at the end in a fixed order. Every pass is
 deterministic.
 """
+
+import math
 
 from .. import arrays, device
 from ..launch import at, flat as flat_arg, launch, pow2_at_most
@@ -275,6 +279,40 @@ def filter_parts(sz, dw_bytes, images=None):
     return conv_launch.fill_parts(sz.kg, sz.rows, sz.groups, total, top)
 
 
+def position_slices(sz, dw_bytes):
+    """Slices of each image's output positions for the column path's filter gradient (a
+    divisor of them; 1: none), taken where a slice per image leaves the GPU less than a wave
+    of GEMM blocks: the fewest that make about a wave (15/16 of one), among the counts that
+    keep each slice's sum at least MIN_K_PER_PART long, the partial sums (one dw each) within
+    the workspace budget, and the slices' starts as aligned as the images' (the pipelined
+    float16 GEMM copies 8 elements at once only from aligned rows); else the most of those.
+    Measured on an H100 (ms, float32 / float16, every count side by side): DeepBench's first
+    speech layer (dw of 32 x 100 from one channel, a 5 x 20 kernel on 161 x 700 maps: 16
+    blocks without) 2.43 / 2.20 whole, 0.42 / 0.34 in 31 slices (the rule's; 11: 0.46 /
+    0.36, 79: 0.56 / 0.44); the 7x7/2 stem at batch 16 1.22 / 0.28 whole, 0.33 / 0.17 in 8
+    (the rule's and the fastest; 28: 0.42 / 0.22), at batch 32 1.30 / 0.38 whole, 0.61 / 0.30
+    in 4 (the fastest); the 32-channel speech layer 2.16 / 0.82, 1.46 / 0.82 in 19 (4 slices,
+    whose starts are misaligned, 1.06 in float16). Groups of one only (the batch's first index
+    is the image)."""
+    if sz.groups != 1 or sz.pointwise:
+        return 1
+    if settings.filter_positions is not None:
+        return _largest_divisor(sz.out, settings.filter_positions)
+    if settings.filter_parts is not None:       # image slices asked for: those alone
+        return 1
+    wave = conv_launch.wave_blocks()
+    if conv_launch.gemm_blocks(sz.kg, sz.rows, sz.chunk) * 16 >= wave * 15:
+        return 1
+    top = min(sz.out // MIN_K_PER_PART, settings.col_budget_bytes // (sz.chunk * dw_bytes))
+    align = math.gcd(sz.out, 8)
+    fits = [d for d in range(2, max(1, top) + 1)
+            if sz.out % d == 0 and (sz.out // d) % align == 0]
+    for d in fits:
+        if conv_launch.gemm_blocks(sz.kg, sz.rows, sz.chunk * d) * 16 >= wave * 15:
+            return d
+    return fits[-1] if fits else 1
+
+
 def backward_filter(x, dy, geom, stream, math="3xtf32"):
     """(dw, the algorithm's name): dw = the gradient of sum(conv(x, w) * dy) wrt w, shaped
     geom.w_shape (``math``: as ``forward``'s)."""
@@ -295,8 +333,10 @@ def backward_filter(x, dy, geom, stream, math="3xtf32"):
         else implicit_operand(geom, sz)
     if conv is not None:
         return _implicit_filter(x, dy, dw, conv, sz, acc, stream, math), "implicit_gemm"
-    parts = filter_parts(sz, dw.size * acc.dtype.itemsize)
-    ws = arrays.cuda_empty((parts * dw.size,), acc.dtype, stream)
+    sub = position_slices(sz, dw.size * acc.dtype.itemsize)
+    # a slice per image where its positions are sliced too
+    parts = sz.chunk if sub > 1 else filter_parts(sz, dw.size * acc.dtype.itemsize)
+    ws = arrays.cuda_empty((parts * sub * dw.size,), acc.dtype, stream)
     col = None if sz.pointwise else arrays.cuda_empty(
         (sz.groups * sz.rows * sz.chunk * sz.out,), x.dtype, stream)
     dyf = flat_arg(dy)
@@ -311,6 +351,14 @@ def backward_filter(x, dy, geom, stream, math="3xtf32"):
             _im2col(x, col, geom, sz, n0, nc, stream)
             b, ldb, gb = col, nc * o, gemm.PLAIN
             b1, b2 = sz.rows * nc * o, per * o
+        if sub > 1:
+            # one group: ws[n*sub + j] (+)= sum over the O/sub positions of slice j of image
+            # n, batched over (n, j): A at n*K*O + j*O/sub, B (col^T) at n*O + j*O/sub
+            ln = o // sub
+            gemm.gemm("01", at(dyf, n0 * ko), b, ws, (sz.kg, sz.rows, ln), (o, ldb, sz.rows),
+                      gemm.PLAIN * 3, (nc, sub, ko, ln, o, ln, sub * dw.size, dw.size),
+                      beta=0.0 if i == 0 else 1.0, stream=stream, math=math)
+            continue
         # ws[q, g*Kg + i, j] (+)= sum_k dy_g[i, k] col[g*rows + j, q*per*O + k] over the
         # per*O columns k = (n, o) of slice q: A's k at (k // O)*K*O + k % O, B = col^T.
         # Batched over (g, q).
@@ -319,7 +367,7 @@ def backward_filter(x, dy, geom, stream, math="3xtf32"):
                   (sz.groups, p, sz.kg * o, per * ko, b1, b2, sz.kg * sz.rows, dw.size),
                   beta=0.0 if i == 0 else 1.0, stream=stream, math=math)
     _elementwise(_kernels().conv_partsum_fwd_kernel, dw.size, stream,
-                 (ws, flat_arg(dw), parts, dw.size, flat_arg(dw), 0, 1, acc))
+                 (ws, flat_arg(dw), parts * sub, dw.size, flat_arg(dw), 0, 1, acc))
     return dw, "im2col+gemm"
 
 

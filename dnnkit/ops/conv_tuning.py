@@ -29,6 +29,9 @@ class ConvTuning:
     # The filter gradient's slices of whole images (the largest divisor of the chunk up to
     # it); None: the rule (conv_numba.filter_parts).
     filter_parts: object = None
+    # The filter gradient's slices of each image's output positions (a divisor of them; 1:
+    # whole images only); None: the rule (conv_numba.position_slices).
+    filter_positions: object = None
     # Winograd F(2x2, 3x3) where it applies: True always, False never, None where it measured
     # faster (conv_winograd.pays).
     winograd: object = None

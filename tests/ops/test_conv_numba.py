@@ -270,6 +270,53 @@ def test_filter_gradient_in_image_slices_matches_reference(rng, monkeypatch, nam
     check_errors(run_all(rng, CASES[name], "float32"), "float32")
 
 
+@pytest.mark.parametrize("images", [None, 1, 2])
+@pytest.mark.parametrize("geo", [
+    ((3, 2, 1, 7, 8), (4, 2, 1, 3, 2), (1, 2, 1), (0, 1, 1), (1, 1, 2), False),   # out 4 x 6
+    ((2, 1, 3, 5, 6), (3, 1, 2, 3, 3), (1, 1, 2), (1, 1, 0), (1, 2, 1), True)])   # 4 x 1 x 2
+def test_filter_gradient_in_position_slices_matches_reference(rng, monkeypatch, geo, images):
+    """The column path's filter gradient with each image's output positions in slices
+    (settings.filter_positions = 3: the largest divisor of the positions up to 3), batched
+    over (image, slice) and summed by conv_partsum_fwd_kernel; ``images``: a column budget of
+    that many images (chunks of 2 + 1 or 1 + 1 + 1, a short last chunk adding into the first
+    chunk's slots)."""
+    x, w, stride, pad, dil, flip = geo
+    g = conv_geom(x, w, stride, pad, dil, flip=flip)
+    sz = conv_numba.ConvSizes(g, 4)
+    if images is not None:
+        per_image = sz.rows * sz.out * 4
+        monkeypatch.setattr(settings, "col_budget_bytes", images * per_image + 1)
+    monkeypatch.setattr(settings, "implicit", False)
+    monkeypatch.setattr(settings, "filter_positions", 3)
+    sz = conv_numba.ConvSizes(g, 4)
+    assert conv_numba.position_slices(sz, 4) in (2, 3) and sz.chunk == (images or g.x_shape[0])
+    check_errors(run_all(rng, g, "float32"), "float32")
+
+
+def test_position_slice_rule():
+    """The rule (settings.filter_positions = None) with an H100's tiles: where a slice per
+    image leaves less than a wave of blocks, the fewest position slices that make about a
+    wave, within the sum's length floor and with the slices' starts as aligned as the images'
+    -- the counts measured fastest (or within 5%) on an H100: DeepBench's first speech layer
+    (32 x 100 from one channel, 16 blocks otherwise) 31, the 7x7/2 stem at batch 16 8 and at
+    batch 32 4, the 32-channel speech layer 19 (6,308 positions: 2 and 4 slices would start
+    off 8-byte boundaries); none where the images alone fill a wave (ResNet-50's 128 channels
+    at 28^2), for groups, or for a 1x1 convolution."""
+    def slices(x, w, stride, pad, groups=1):
+        g = conv_geom(x, w, stride, pad, groups=groups)
+        sz = conv_numba.ConvSizes(g, 4)
+        return conv_numba.position_slices(sz, 4 * int(np.prod(g.w_shape)))
+
+    with gpu_rules():
+        assert slices((16, 1, 1, 161, 700), (32, 1, 1, 5, 20), (1, 2, 2), 0) == 31
+        assert slices((16, 3, 1, 224, 224), (64, 3, 1, 7, 7), (1, 2, 2), (0, 3, 3)) == 8
+        assert slices((32, 3, 1, 224, 224), (64, 3, 1, 7, 7), (1, 2, 2), (0, 3, 3)) == 4
+        assert slices((16, 32, 1, 79, 341), (32, 32, 1, 5, 10), (1, 2, 2), 0) == 19
+        assert slices((32, 128, 1, 28, 28), (128, 128, 1, 3, 3), 1, (0, 1, 1)) == 1
+        assert slices((4, 8, 1, 64, 64), (8, 4, 1, 3, 3), 1, (0, 1, 1), groups=2) == 1
+        assert slices((4, 8, 1, 64, 64), (8, 8, 1, 1, 1), 1, 0) == 1
+
+
 def test_filter_split_rule():
     """The filter gradient's image slices (settings.filter_parts = None) on the ResNet-50 3x3
     layers at batch 32 with an H100's tiles: the last-wave rule with each slice's sum at least
