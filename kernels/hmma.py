@@ -124,7 +124,8 @@ def _chunks(gbase, off, ld, rows, fast, r0, kmajor, tile, count, sbase, gp, sd, 
 def _issue(gp, sd, kc, ok, count, k0, kdim, step, at, gbase):
     """cp.async this thread's chunks of the slab at k0 into the stage at byte ``at``
     (``step``: bytes per k of the operand's chunks); 0 source bytes (zeros) past k or the
-    rows."""
+    rows, from ``gbase`` (the batch entry's first element: 16-byte aligned, as every copy's
+    source must be, where the array's own start need not be)."""
     for h in range(count):
         inside = ok[h] and k0 + kc[h] < kdim
         src = gp[h] + uint64(k0) * step if inside else gbase
@@ -232,7 +233,8 @@ def hmma_kernel(ta, tb, bm=128, narrow=False):
         (``vec`` both, else each operand whose alignment ``va`` / ``vb`` allows), by 8-byte
         halves where ``na`` / ``nb`` (the narrow variant) or element by element."""
         if vec or va:
-            _issue(gpa, sda, kca, oka, ACH, k0, kdim, astep, uint32(at), abase)
+            _issue(gpa, sda, kca, oka, ACH, k0, kdim, astep, uint32(at),
+                   abase + uint64(2 * offa))
         elif narrow and na:
             _stage_halves(abase, offa, lda, am, afast, i0, k0, a_kmaj, bm, ACH,
                           uint32(sbase + uint32(at)), ga, gsa)
@@ -240,7 +242,8 @@ def hmma_kernel(ta, tb, bm=128, narrow=False):
             _stage_scalar(a, offa, lda, am, afast, i0, k0, kdim, a_kmaj, bm, ACH, sh, at, ga,
                           gsa)
         if vec or vb:
-            _issue(gpb, sdb, kcb, okb, 2, k0, kdim, bstep, uint32(at), bbase)
+            _issue(gpb, sdb, kcb, okb, 2, k0, kdim, bstep, uint32(at),
+                   bbase + uint64(2 * offb))
         elif narrow and nb:
             _stage_halves(bbase, offb, ldb, bn_, bfast, j0, k0, b_kmaj, BN, 2,
                           uint32(sbase + uint32(at + A_BYTES)), gb, gsb)

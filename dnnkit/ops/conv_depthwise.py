@@ -84,7 +84,7 @@ def filter_parts(n, k, chunks, positions, threads):
     want = 2 * conv_launch.wave_blocks()
     blocks = max(1, min(k, 65535) * chunks)
     images = max(1, min(_groups(n), -(-want // blocks)))
-    slices = max(1, min(-(-positions // threads), -(-want // (blocks * images))))
+    slices = max(1, min(positions // threads, -(-want // (blocks * images))))
     return images, -(-positions // slices)
 
 

@@ -94,12 +94,15 @@ def test_losing_the_store_names_rank_0():
 
 
 def test_two_processes_with_one_rank():
+    # three interpreters start at once here: on a loaded two-core machine rank 0's store took
+    # more than T = 20 s to listen once (the ranks 1 timed out, "connection refused"), so
+    # this scenario, which ends as soon as the store is up, waits longer
     port = free_port()
-    envs = [rank_env(0, 2, port, DNNKIT_TEST_TIMEOUT=T, SERVE=1),
-            rank_env(1, 2, port, DNNKIT_TEST_TIMEOUT=T),
-            rank_env(1, 2, port, DNNKIT_TEST_TIMEOUT=T)]
+    envs = [rank_env(0, 2, port, DNNKIT_TEST_TIMEOUT=3 * T, SERVE=1),
+            rank_env(1, 2, port, DNNKIT_TEST_TIMEOUT=3 * T),
+            rank_env(1, 2, port, DNNKIT_TEST_TIMEOUT=3 * T)]
     with Ranks(python(WORKER, "duplicate"), envs) as procs:
-        results = procs.wait(60)
+        results = procs.wait(6 * T)
     errors = [last_json(out) for _, out, _ in results[1:]]
     bad = [e for e in errors if "error" in e]
     assert len(bad) == 1, errors

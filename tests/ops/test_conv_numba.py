@@ -50,6 +50,9 @@ CASES = {
     # 6 images: a full group of DW_IMAGES (4) and a partial one; two filter-gradient slices
     "2d-depthwise-n6": conv_geom((6, 3, 1, 5, 4), (6, 1, 1, 3, 3), (1, 2, 1), (0, 1, 1),
                                  groups=3),
+    # 8 x 9 = 72 output positions: two of the filter gradient's position slices (of 36; at
+    # least the simulator's 32 threads each)
+    "2d-depthwise-72": conv_geom((2, 2, 1, 8, 9), (4, 1, 1, 3, 3), 1, (0, 1, 1), groups=2),
     # col2im's tap period stride / gcd(dil, stride) > 1 with dilation: q = 2 (s2 d3, s4 d2)
     "2d-s2-dil3-s4-dil2": conv_geom((1, 2, 1, 9, 11), (2, 2, 1, 3, 4), (1, 2, 4), (0, 2, 3),
                                     (1, 3, 2)),
@@ -195,7 +198,8 @@ def test_depthwise_of_an_empty_input_with_padding(monkeypatch):
 
 @pytest.mark.parametrize("n,k,chunks,positions,threads", [
     (8, 64, 1, 112 * 112, 128), (6, 96, 1, 56 * 56, 128), (16, 256, 1, 28 * 28, 128),
-    (16, 32, 4, 79 * 341, 128), (1, 1, 1, 5, 128), (3, 2, 2, 63, 32), (64, 1024, 2, 49, 128)])
+    (16, 32, 4, 79 * 341, 128), (1, 1, 1, 5, 128), (3, 2, 2, 63, 32), (64, 1024, 2, 49, 128),
+    (1, 2, 1, 129, 128), (1, 2, 1, 257, 128), (1, 2, 1, 1000, 128)])
 def test_depthwise_filter_slices_fill_the_gpu(n, k, chunks, positions, threads):
     """The depthwise filter gradient's parts: two waves of blocks where the images and
     positions allow it, never more image slices than image groups nor a position slice
@@ -207,9 +211,17 @@ def test_depthwise_filter_slices_fill_the_gpu(n, k, chunks, positions, threads):
     assert 1 <= images <= groups and (slices == 1 or per_pos >= threads)
     assert (slices - 1) * per_pos < positions <= slices * per_pos
     blocks = k * chunks * images * slices
-    most = k * chunks * groups * -(-positions // threads)
+    most = k * chunks * groups * max(1, positions // threads)
     assert blocks >= min(2 * conv_launch.wave_blocks(), most)
     assert (8, 64) != (n, k) or slices > 1          # the 5x5 layer's 128 blocks, now more
+
+
+def test_depthwise_case_takes_position_slices():
+    """CASES' 2d-depthwise-72 runs the filter gradient in two position slices here (blocks of
+    32 threads on the simulator)."""
+    g = CASES["2d-depthwise-72"]
+    assert conv_depthwise.applies(g)
+    assert conv_depthwise.filter_parts(2, 4, 1, 72, 32) == (1, 36)
 
 
 @pytest.mark.parametrize("name", GEMM_CASES)
