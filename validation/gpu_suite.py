@@ -107,8 +107,10 @@ def start(name, ids, logs):
     log = open(os.path.join(logs, f"{name}.log"), "w")
     # a few hundred node ids (~100 bytes each) are far under the argument-size limit
     # the ids were selected at collection (marks, DEVICE_FOLDERS): no -m here
-    cmd = [a for a in PYTEST if a != "-q"] + ["-rfE", "-v", "-o",
-                                               f"faulthandler_timeout={HANG_S}"] + ids
+    # each failure's report as it happens (validation/instant_failures.py), not only in the
+    # summary a process stopped at the deadline never writes
+    cmd = [a for a in PYTEST if a != "-q"] + ["-rfE", "-v", "-p", "validation.instant_failures",
+                                               "-o", f"faulthandler_timeout={HANG_S}"] + ids
     # a session of its own: at the deadline the whole group goes, the processes a test
     # started too, so nothing runs on beside the next measurement
     return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
