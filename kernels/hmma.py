@@ -30,8 +30,8 @@ H100, validation/notes/gemm.md). Here (the scheme of CUTLASS's sm_80 GEMMs):
     is copied by 8-byte ``cp.async.ca`` copies (two a chunk) where those are aligned, in the
     kernels' ``narrow`` variants (a 1x1 convolution's 14 x 14 maps: groups of 196 columns),
     else staged by each thread element by element into the same layout (decided per operand
-    once per block: no divergence), the other still by 16-byte copies. Elements past the matrix are zeros either way (``cp.async``
-    with 0 source bytes).
+    once per block: no divergence), the other still by 16-byte copies. Elements past the
+    matrix are zeros either way (``cp.async`` with 0 source bytes).
 
 Traffic as kernels/gemm.py's: A read ceil(n/128) times, B ceil(m/bm) times, C written once.
 """
@@ -159,28 +159,21 @@ def _stage_scalar(src, off, ld, rows, fast, r0, k0, kdim, kmajor, tile, count, s
 
 
 @inlined
-def _aligned(gbase, off, ld, fast, grp, gstride):
-    """Whether every 8-element chunk of an operand starts on 16 bytes and lies wholly inside
-    or outside its rows (and, for a grouped fast index, within one group)."""
-    ok = (gbase + uint64(2 * off)) % uint64(16) == uint64(0) and ld % 8 == 0 and fast % 8 == 0
-    return ok and (grp >= fast or grp % 8 == 0 and gstride % 8 == 0)
-
-
-@inlined
-def _half_aligned(gbase, off, ld, fast, grp, gstride):
-    """Whether every half of an 8-element chunk (4 elements, 8 bytes) starts on 8 bytes and
-    lies wholly inside or outside its rows (and, for a grouped fast index, within one group):
-    the narrow variant's copies, where 16-byte ones do not fit."""
-    ok = (gbase + uint64(2 * off)) % uint64(8) == uint64(0) and ld % 4 == 0 and fast % 4 == 0
-    return ok and (grp >= fast or grp % 4 == 0 and gstride % 4 == 0)
+def _aligned(gbase, off, ld, fast, grp, gstride, span):
+    """Whether every ``span`` elements of an operand's 8-element chunks (8: the chunk, 4: its
+    halves) start on 2 * span bytes and lie wholly inside or outside its rows (and, for a
+    grouped fast index, within one group): its copies of that many bytes."""
+    ok = (gbase + uint64(2 * off)) % uint64(2 * span) == uint64(0) and ld % span == 0 \
+        and fast % span == 0
+    return ok and (grp >= fast or grp % span == 0 and gstride % span == 0)
 
 
 @inlined
 def _stage_halves(gbase, off, ld, rows, fast, r0, k0, kmajor, tile, count, sat, grp, gstride):
     """The slab at k0 of an operand whose chunks are not 16-byte aligned but whose halves are
-    (``_half_aligned``): each chunk by two 8-byte ``cp.async.ca`` copies into the same layout
-    (``sat``: the stage's shared address), zeros past k or the rows; a grouped chunk's halves
-    may lie in two groups. Asynchronous as the 16-byte copies, where the element-by-element
+    (``_aligned`` with span 4): each chunk by two 8-byte ``cp.async.ca`` copies into the same layout
+    (``sat``: the stage's shared address), zeros past k or the rows (read from ``gbase + 2 *
+    off``, as ``_issue``'s); a grouped chunk's halves may lie in two groups. Asynchronous as the 16-byte copies, where the element-by-element
     staging waits for each load (a 1x1 convolution on 14 x 14 maps, groups of 196 columns,
     ran at 0.16-0.26 of cuDNN so on an H100)."""
     width = tile >> 3
@@ -203,7 +196,7 @@ def _stage_halves(gbase, off, ld, rows, fast, r0, k0, kmajor, tile, count, sat, 
                 if rr == grp:
                     rr = 0
                     q += 1
-            src = gbase + uint64(2 * at_v) if inside else gbase
+            src = gbase + uint64(2 * (at_v if inside else off))
             cp_async8(uint32(dst + uint32(2 * v)), src, uint32(8 if inside else 0))
 
 
@@ -354,10 +347,10 @@ def hmma_kernel(ta, tb, bm=128, narrow=False):
             offa, offb = z1 * a1 + z2 * a2, z1 * b1 + z2 * b2
             # 16-byte copies need every chunk 16-byte aligned and wholly in or out of its row;
             # 8-byte ones, every half of it
-            va = _aligned(abase, offa, lda, afast, grps[0], grps[1])
-            vb = _aligned(bbase, offb, ldb, bfast, grps[2], grps[3])
-            na = narrow and _half_aligned(abase, offa, lda, afast, grps[0], grps[1])
-            nb = narrow and _half_aligned(bbase, offb, ldb, bfast, grps[2], grps[3])
+            va = _aligned(abase, offa, lda, afast, grps[0], grps[1], 8)
+            vb = _aligned(bbase, offb, ldb, bfast, grps[2], grps[3], 8)
+            na = narrow and _aligned(abase, offa, lda, afast, grps[0], grps[1], 4)
+            nb = narrow and _aligned(bbase, offb, ldb, bfast, grps[2], grps[3], 4)
             for i0 in range(cuda.blockIdx.y * bm, m, cuda.gridDim.y * bm):
                 for j0 in range(cuda.blockIdx.x * BN, n, cuda.gridDim.x * BN):
                     for i in range(MT):

@@ -108,8 +108,7 @@ def pays(geom, dtype):
     products take the direct GEMM's (float16 on the pipelined HMMA kernel, one TF32 product
     with allow_tf32), and it took 0.24-0.72x the direct path's time in float16 and 0.39-0.86x
     with TF32 (every pass, batch 32 and 128: validation/notes/winograd.md). At batch 2 (0.46
-    GFLOP) its
-    GPU time was mostly lower too, but a call's time is then its host time (four or five
+    GFLOP) its GPU time was mostly lower too, but a call's time is then its host time (four or five
     launches against one or two), and it lost 4 of 12 passes per call (0.16-0.30 ms against
     0.12-0.29). MIN_FLOPS (4.3 GFLOP) lies between. float64 (not timed) takes it only when
     asked."""
