@@ -33,8 +33,8 @@ import importlib
 
 # One module per op family; adding a family = adding its module here. (Helpers shared between
 # families live in common.py, bounds.py and tensorcore.py: no kernels of their own.)
-MODULES = ("activation", "softmax", "conv", "gemm", "hmma", "pool", "batchnorm", "dropout", "rnn",
-           "spatial", "optim", "loss", "winograd", "arith", "reduce", "shape",
+MODULES = ("activation", "softmax", "conv", "conv_direct", "gemm", "hmma", "pool", "batchnorm",
+           "dropout", "rnn", "spatial", "optim", "loss", "winograd", "arith", "reduce", "shape",
            "embedding", "lrn")
 
 FAMILY_MODULES = tuple(importlib.import_module(f".{m}", __name__) for m in MODULES)

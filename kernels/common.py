@@ -4,6 +4,9 @@
     sigmoid       the logistic function without overflow (activations, RNN gates)
     nanmax        a maximum that lets NaN win
     block_reduce  max or sum over threadIdx.y for each threadIdx.x (REDUCE_MAX, REDUCE_SUM)
+    axis_tap      the input coordinate an output coordinate reads through one kernel tap
+    axis_taps     the kernel taps of one axis that read an input coordinate (col2im, the
+                  direct convolution kernels' data gradients); tap_period their step
 
 ``MAX_THREADS`` is the block size, at most, of the kernels that reduce across a block with
 these helpers (softmax's launch bound; the convolution's bias gradient).
@@ -76,3 +79,49 @@ def block_reduce(red, val, op):
     out = red[tx]
     cuda.syncthreads()  # red is reused by the next reduction
     return out
+
+
+@inlined
+def axis_tap(o, stride, k, ksize, dil, pad, flip):
+    """Input coordinate read by output coordinate o through kernel tap k."""
+    return o * stride + ((ksize - 1 - k) if flip else k) * dil - pad
+
+
+@inlined
+def axis_taps(i, pad, ksize, dil, stride, osize, flip, q):
+    """The taps of one axis that read input coordinate i, in increasing tap order: (first
+    tap, its output coordinate, output step, count; the tap step is q = ``tap_period``). Before
+    the flip, tap k' reads i where i + pad - k'*dil = o*stride with 0 <= o < osize: one residue
+    class of k' modulo q = stride / gcd(dil, stride), o falling by dil*q/stride per step. So a
+    thread divides per axis, not per tap and channel (col2im was bound by a 64-bit remainder
+    and quotient per tap); an undilated stride-1 axis divides nothing."""
+    base = i + pad
+    k0 = -1
+    for k in range(min(ksize, q)):          # the residue class's first tap, if any
+        rem = base - k * dil
+        if rem >= 0 and (stride == 1 or rem % stride == 0):
+            k0 = k
+            break
+    if k0 < 0:
+        return 0, 0, 0, 0
+    if stride == 1 and dil == 1:
+        o0, do, hi = base, 1, min(ksize, base + 1)
+    else:
+        o0 = (base - k0 * dil) // stride
+        do = q * dil // stride
+        hi = min((ksize - k0 + q - 1) // q, o0 // do + 1)
+    lo = 0 if o0 < osize else (o0 - osize + do) // do      # steps until o < osize
+    if hi <= lo:
+        return 0, 0, 0, 0
+    if flip:        # tap ksize-1-k': increasing taps are decreasing steps, o rising
+        return ksize - 1 - (k0 + (hi - 1) * q), o0 - (hi - 1) * do, do, hi - lo
+    return k0 + lo * q, o0 - lo * do, -do, hi - lo
+
+
+@inlined
+def tap_period(dil, stride):
+    """stride / gcd(dil, stride): the tap period of col2im's valid taps on an axis."""
+    a, b = dil, stride
+    while b != 0:
+        a, b = b, a % b
+    return stride // a

@@ -46,12 +46,15 @@ def shared_bytes(wm, wn, tx, ty, itemsize, bk=BK, tc=False):
 # simulator), in the mode of their prefix (TC_PREFIXES): float32 data as 3xTF32 (tc_) or one
 # TF32 product (tf32_), slabs TC_BK deep; float16 data on HMMA (hmma_), slabs HMMA_BK deep.
 # Their large tiles take up to 255 registers (64 accumulators and the fragments), so 1 block
-# per SM.
-CONFIGS = {"large": (8, 8, 16, 16, 2), "small": (4, 8, 16, 16, 2), "sim": (2, 2, 4, 4, 1)}
+# per SM. "tiny" (32 x 128) serves products of at most 32 rows (a layer's 32 filters), which
+# the 64-row tiles ran half empty.
+CONFIGS = {"large": (8, 8, 16, 16, 2), "small": (4, 8, 16, 16, 2), "tiny": (2, 8, 16, 16, 2),
+           "sim": (2, 2, 4, 4, 1)}
 TC_PREFIXES = {"tc": ("3xtf32", "float32"), "tf32": ("tf32", "float32"),
                "hmma": ("f16", "float16")}     # prefix -> (mode, the one data type)
 for _p in TC_PREFIXES:
-    CONFIGS.update({f"{_p}_large": (8, 8, 16, 16, 1), f"{_p}_small": (4, 8, 16, 16, 2)})
+    CONFIGS.update({f"{_p}_large": (8, 8, 16, 16, 1), f"{_p}_small": (4, 8, 16, 16, 2),
+                    f"{_p}_tiny": (2, 8, 16, 16, 2)})
 
 
 def config_options(name):

@@ -1,6 +1,6 @@
 """Depthwise convolution for the Numba backend: groups = C, one input channel per filter
 (K = mult x C filters, filter k reading channel k // mult), 2-D and 3-D, any stride, padding,
-dilation and flip, by direct kernels (kernels/conv.py ``conv_depthwise_*``; trace algo
+dilation and flip, by direct kernels (kernels/conv_direct.py ``conv_depthwise_*``; trace algo
 ``depthwise``).
 
 Why not the GEMM path: it runs one GEMM per group, and a depthwise group's product has mult
@@ -11,7 +11,7 @@ kernels run 0.4-1.2 of it (validation/notes/conv-numba.md). The forward and the 
 gradient read their input about once from memory (each tap from cache) and write their
 output once, a thread on DW_IMAGES images at once for independent loads; the filter gradient
 sums dy x x over images and positions in parts (image slices x position slices) and tap
-chunks of kernels/conv.py DW_TAPS, each part's sums kept apart and added in a fixed order
+chunks of kernels/conv_direct.py DW_TAPS, each part's sums kept apart and added in a fixed order
 (conv_partsum_fwd_kernel): deterministic, as every pass. Sums in the accumulation type
 (float32 for float16 data).
 """
@@ -41,8 +41,8 @@ def _filter_threads():
 
 
 def _groups(n):
-    """The image groups of n images: a thread works on kernels/conv.py DW_IMAGES at once."""
-    return -(-n // _kernels().conv.DW_IMAGES)
+    """The image groups of n images: a thread works on kernels/conv_direct.py DW_IMAGES at once."""
+    return -(-n // _kernels().conv_direct.DW_IMAGES)
 
 
 def _sizes(geom):
@@ -78,9 +78,10 @@ def backward_data(dy, w, geom, geo, dx, stream):
 def filter_parts(n, k, chunks, positions, threads):
     """(image slices, positions per position slice) of the filter gradient: enough (k x
     slices x chunks) blocks for two waves of the GPU's blocks -- image slices first, at most
-    one per image group (kernels/conv.py DW_IMAGES), then the output positions cut into slices
-    of at least one position per thread (a batch of 8 images of 64 channels had 128 blocks of
-    128 threads for 132 SMs without them: 0.12 of cuDNN on a 5x5 filter gradient)."""
+    one per image group (kernels/conv_direct.py DW_IMAGES), then the output positions cut into
+    slices of at least one position per thread (a batch of 8 images of 64 channels had 128
+    blocks of 128 threads for 132 SMs without them: 0.12 of cuDNN on a 5x5 filter
+    gradient)."""
     want = 2 * conv_launch.wave_blocks()
     blocks = max(1, min(k, 65535) * chunks)
     images = max(1, min(_groups(n), -(-want // blocks)))
@@ -93,16 +94,17 @@ def backward_filter(x, dy, geom, geo, dw, stream):
     kern = _kernels()
     n, _, k, mult, out = _sizes(geom)
     taps = dw.size // k
-    chunks = -(-taps // kern.conv.DW_TAPS)
+    chunks = -(-taps // kern.conv_direct.DW_TAPS)
     threads = _filter_threads()
     images, per_pos = filter_parts(n, k, chunks, out, threads)
-    per_part = -(-_groups(n) // images) * kern.conv.DW_IMAGES   # slices of whole image groups
+    # slices of whole image groups
+    per_part = -(-_groups(n) // images) * kern.conv_direct.DW_IMAGES
     parts = -(-n // per_part) * -(-out // per_pos)
     acc = arrays.acc_array(x.dtype)
     ws = arrays.cuda_empty((parts * dw.size,), acc.dtype, stream)
     launch(kern.conv_depthwise_bwd_filter_kernel, (min(k, 65535), parts, chunks), threads,
            stream, (flat(x), flat(dy), ws, geo, n, mult, per_part, per_pos, acc),
-           kern.conv.DW_TAPS * threads * acc.dtype.itemsize)
+           kern.conv_direct.DW_TAPS * threads * acc.dtype.itemsize)
     dwf = flat(dw)
     launch(kern.conv_partsum_fwd_kernel, *arrays.grid_1d(dw.size, conv_launch.elem_threads()),
            stream, (ws, dwf, parts, dw.size, dwf, 0, k, acc))

@@ -9,7 +9,9 @@ never, None (default) where it measured faster (``implicit_pays``: stride-1 undi
 ungrouped 2-D 3x3 forward and data gradients with at most 128 channels out).
 
 Depthwise convolutions (groups = C, one input channel per filter) take direct kernels instead
-(ops/conv_depthwise.py): a group's GEMM would have a single row.
+(ops/conv_depthwise.py): a group's GEMM would have a single row; so do the data gradients of
+convolutions with 2-16 channels per group (ops/conv_direct.py: ResNeXt's groups, a first
+layer's 3 channels), where a group's GEMM would have few rows and short sums.
 
 Every array is 5-D here (dnnkit/geometry.py): x (N, C, D, H, W), w (K, C/G, T, R, S), y (N, K,
 OD, OH, OW), one float dtype throughout; kernels/conv.py has the math and kernels/gemm.py the
@@ -42,7 +44,7 @@ import math
 
 from .. import arrays, device
 from ..launch import at, flat as flat_arg, launch, pow2_at_most
-from . import conv_depthwise, conv_launch, conv_winograd, gemm
+from . import conv_depthwise, conv_direct, conv_launch, conv_winograd, gemm
 from .conv_implicit import (implicit_backward_data, implicit_backward_data_gemm,
                             implicit_forward, implicit_forward_gemm, implicit_operand)
 from .conv_tuning import settings
@@ -140,6 +142,8 @@ def forward(x, w, bias, geom, stream, math="3xtf32"):
         return conv_depthwise.forward(x, w, bias, geom, geo, y, stream), "depthwise"
     if conv_winograd.pays(geom, x.dtype):
         return conv_winograd.forward(x, w, bias, geom, y, stream, math), "winograd"
+    if conv_direct.pays(geom, "fwd"):
+        return conv_direct.forward(x, w, bias, geom, _kernel_geo(geom), y, stream), "direct"
     conv = implicit_forward(geom, sz)
     if conv is not None:
         args, kw = implicit_forward_gemm(sz, conv, x, w, y, bias, math)
@@ -228,6 +232,8 @@ def backward_data(dy, w, geom, stream, math="3xtf32"):
         return conv_depthwise.backward_data(dy, w, geom, geo, dx, stream), "depthwise"
     if conv_winograd.pays(geom, dy.dtype):
         return conv_winograd.backward_data(dy, w, geom, dx, stream, math), "winograd"
+    if conv_direct.pays(geom, "bwd_data"):
+        return conv_direct.backward_data(dy, w, geom, _kernel_geo(geom), dx, stream), "direct"
     conv = implicit_backward_data(geom, sz)
     if conv is not None:
         args, kw = implicit_backward_data_gemm(sz, conv, dy, w, dx, math)

@@ -38,6 +38,9 @@ class ConvTuning:
     # The Winograd filter gradient's slices of the sum over tiles; None: the rule
     # (conv_winograd.filter_parts).
     winograd_parts: object = None
+    # The direct kernels for few channels per group (ops/conv_direct.py): True wherever they
+    # apply, False never, None where they measured faster (conv_direct.pays).
+    direct: object = None
     # Bytes of one chunk's column buffer (or Winograd transforms, or filter-gradient partial
     # sums): the batch goes through in chunks of images that fit.
     col_budget_bytes: int = 256 << 20

@@ -60,15 +60,20 @@ class _Switches(types.ModuleType):
 
 sys.modules[__name__].__class__ = _Switches
 NO_BATCH = (1, 1, 0, 0, 0, 0, 0, 0)
+# Products of at most this many rows take the 32-row tiles (gemm_config).
+TINY_ROWS = 32
 
 
 def gemm_config(m, n=1 << 30, batch=1):
     """Tile configuration (kernels/gemm.py CONFIGS) for a GEMM of m x n, ``batch`` times:
     128 x 128 tiles where they make at least two blocks per SM of the GPU (measured best on
-    large products on an H100/H200), else 64 x 128 (measured best for m <= 64 and for
-    products too small to fill the GPU with the large tiles; validation/gemm_bench.py)."""
+    large products on an H100/H200), 32 x 128 for m <= 32 (TINY_ROWS), else 64 x 128
+    (measured best for m <= 64 and for products too small to fill the GPU with the large
+    tiles; validation/gemm_bench.py)."""
     if device.simulator():
         return "sim"
+    if m <= TINY_ROWS:
+        return "tiny"
     large_blocks = -(-m // 128) * -(-n // 128) * batch
     return "large" if m > 64 and large_blocks >= 2 * device.sm_count() else "small"
 

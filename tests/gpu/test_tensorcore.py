@@ -106,22 +106,31 @@ def test_float16_convs_on_hmma_against_float64(rng, x_shape, w_shape, stride, pa
     from dnnkit.ops import gemm
     _need_tensor_cores()
     (x, w, dy), (X, W, DY) = _inputs(rng, np.float16, x_shape, w_shape, stride, padding)
+    gemm._plans.clear()
     got = _passes(X, W, DY, x_shape, w_shape, stride, padding, groups)
     ref = _references(x, w, dy, stride, padding, groups)
     for name, g, r in zip(("forward", "data gradient", "filter gradient"), got, ref):
         assert np.isfinite(g).all(), name
         # float16 outputs: their rounding (2^-11 of an element) and float32 sums
         assert _rel(g, r) < 2e-3, (name, _rel(g, r))
-    # the float16 GEMMs ran on HMMA
+    # the float16 GEMMs ran on HMMA; a depthwise convolution runs none (its direct kernels)
     hmma = _kernels("hmma")
-    assert any(any(p[0] is k for k in hmma) for key, p in gemm._plans.items()
-               if key[4] == np.float16)
+    plans = [p for key, p in gemm._plans.items() if key[4] == np.float16]
+    if groups == x_shape[1] == w_shape[0]:
+        assert not plans
+    else:
+        assert plans and all(any(p[0] is k for k in hmma) for p in plans)
 
 
 @pytest.mark.parametrize("x_shape, w_shape, stride, padding, groups",
                          [CONVS[0], CONVS[1], CONVS[2]])
-def test_allow_tf32_switches_the_float32_gemm(rng, x_shape, w_shape, stride, padding, groups):
+def test_allow_tf32_switches_the_float32_gemm(rng, monkeypatch, x_shape, w_shape, stride,
+                                             padding, groups):
     _need_tensor_cores()
+    # the GEMM paths: the direct kernels (a 16-channel layer's data gradient) multiply in
+    # FP32 whatever the flag says (docs/conv.md)
+    from dnnkit.ops.conv_tuning import settings
+    monkeypatch.setattr(settings, "direct", False)
     (x, w, dy), (X, W, DY) = _inputs(rng, np.float32, x_shape, w_shape, stride, padding)
     ref = _references(x, w, dy, stride, padding, groups)
     err = {}

@@ -18,9 +18,9 @@ def test_configs_name_their_mode_and_data_type():
     assert t.config_options("tc_small") == dict(bk=t.TC_BK, tc="3xtf32")
     assert t.config_options("tf32_large") == dict(bk=t.TC_BK, tc="tf32")
     assert t.config_options("hmma_small") == dict(bk=t.HMMA_BK, tc="f16")
-    for p in t.TC_PREFIXES:     # every mode has both tiles, of the FP32 kernel's shapes
-        assert t.CONFIGS[f"{p}_large"][:4] == t.CONFIGS["large"][:4]
-        assert t.CONFIGS[f"{p}_small"][:4] == t.CONFIGS["small"][:4]
+    for p in t.TC_PREFIXES:     # every mode has the three tiles, of the FP32 kernel's shapes
+        for tile in ("large", "small", "tiny"):
+            assert t.CONFIGS[f"{p}_{tile}"][:4] == t.CONFIGS[tile][:4]
 
 
 def test_tc_mode_accepts_bools_and_modes_only():
@@ -50,8 +50,9 @@ def test_each_tensor_core_variant_is_declared_for_its_one_data_type():
     sigs = {dt: signatures(dt) for dt in ("float16", "float32", "float64")}
     for prefix, (_, dtype) in gemm.TC_PREFIXES.items():
         names = [n for n in gemm.VARIANTS if f"_{prefix}_" in n]
-        # three layouts and two implicit ones per tile (and the float16 split-k names)
-        assert len(names) == 2 * 5 + (2 if dtype == "float16" else 0), (prefix, names)
+        # three layouts and two implicit ones per tile of three (and the float16 split-k
+        # names)
+        assert len(names) == 3 * 5 + (3 if dtype == "float16" else 0), (prefix, names)
         for n in names:
             assert gemm.ONLY_DTYPES[n] == (dtype,)
             assert [dt for dt in sigs if n in sigs[dt]] == [dtype]

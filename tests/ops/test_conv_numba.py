@@ -65,6 +65,13 @@ CASES = {
 }
 
 
+@pytest.fixture(autouse=True)
+def _gemm_paths(monkeypatch):
+    """The GEMM paths' data gradients here: most of CASES has 2-16 channels per group, whose
+    data gradients take the direct kernels by default (tests/ops/test_conv_direct.py)."""
+    monkeypatch.setattr(settings, "direct", False)
+
+
 # The geometries the GEMM paths compute (depthwise ones take ops/conv_depthwise.py's kernels
 # whatever the GEMM's settings say)
 GEMM_CASES = [name for name, g in CASES.items() if not conv_depthwise.applies(g)]
@@ -400,7 +407,7 @@ def test_implicit_paths_match_reference(rng, monkeypatch, name, dtype):
     assert conv_numba.backward_data(dy, w, g, s)[1] == data
 
 
-@pytest.mark.parametrize("config", ["small", "large"])
+@pytest.mark.parametrize("config", ["tiny", "small", "large"])
 def test_implicit_paths_on_gpu_gemm_tiles(rng, monkeypatch, config):
     """The implicit forward and filter gradient with the GPU's tile configurations (256
     threads; forward columns decoded by the first 128 threads, edge tiles past the last
@@ -427,9 +434,9 @@ def test_batch_in_chunks(rng, monkeypatch, images):
     check_errors(run_all(rng, g, "float32"), "float32")
 
 
-@pytest.mark.parametrize("config", ["small", "large"])
+@pytest.mark.parametrize("config", ["tiny", "small", "large"])
 def test_gpu_gemm_tiles(rng, monkeypatch, config):
-    """The GPU's GEMM tile configurations (256 threads, 64 or 128 rows x 128 columns) on the
+    """The GPU's GEMM tile configurations (256 threads, 32, 64 or 128 rows x 128 columns) on the
     simulator: multi-round staging of both operands, the register double buffering, edge
     tiles in every dimension and the grouped (image, position) columns."""
     monkeypatch.setattr(gemm, "gemm_config", lambda *a: config)
@@ -459,6 +466,9 @@ def test_waves_follow_the_device():
             # 128 x 128 tiles from two blocks per SM on: m = 128, n = 128 * blocks
             assert gemm.gemm_config(128, 128 * 2 * sms) == "large"
             assert gemm.gemm_config(128, 128 * (2 * sms - 1)) == "small"
+            # 32 rows or fewer: 32 x 128 tiles, whatever n
+            assert gemm.gemm_config(32, 1 << 20) == gemm.gemm_config(1, 128) == "tiny"
+            assert gemm.gemm_config(33, 1 << 20) == "small"
 
 
 @pytest.mark.parametrize("bias", [False, True])

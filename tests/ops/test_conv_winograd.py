@@ -57,7 +57,7 @@ def test_batch_in_chunks_and_filter_slices(rng, winograd, monkeypatch, images):
     check_errors(run_all(rng, g, "float32"), "float32")
 
 
-@pytest.mark.parametrize("config", ["small", "large"])
+@pytest.mark.parametrize("config", ["tiny", "small", "large"])
 def test_gpu_gemm_tiles(rng, winograd, monkeypatch, config):
     """The GPU's GEMM tile configurations (256 threads) on the 16 batched products."""
     monkeypatch.setattr(gemm, "gemm_config", lambda *a: config)
