@@ -49,12 +49,13 @@ def pays(geom, direction):
     GEMM path, 1.85x its time):
 
     - the data gradient with MIN_PER_GROUP to MAX_PER_GROUP channels per group, grouped or
-      not: ResNeXt's groups of 4-16 channels 0.15-0.28x the GEMM path's time (which runs a
+      not: ResNeXt's groups of 4-16 channels 0.09-0.31x the GEMM path's time (which runs a
       GEMM of kg-long sums per group), ungrouped layers of 3-16 channels 0.15-0.88x (their
       implicit GEMM has C rows; the 7x7/2 stem's column-buffer GEMM 147);
     - the forward of grouped convolutions with at most MAX_PER_GROUP channels and filters per
-      group: 0.10-0.45x (a GEMM per group of kg rows). Ungrouped forwards keep the GEMM,
-      which has K rows (the stem's: 1.5x the time on the direct kernel).
+      group: 0.10-0.45x in float32, 0.12-0.65x in float16 (a GEMM per group of kg rows).
+      Ungrouped forwards keep the GEMM, which has K rows (the stem's: 1.5x the time on the
+      direct kernel).
     """
     g, cg, kg = _per_group(geom)
     if g == geom.x_shape[1] > 1 and geom.w_shape[1] == 1:
