@@ -392,8 +392,8 @@ def conv_direct_bwd_data_kernel(dy, w, dx, geo, n_, cg, kg, acc):
                zero, zero, zero, zero)
 
 
-# At most 128 registers (two blocks of 256 per SM; ptxas then spills 64 and 240 bytes in
-# float32): unbounded the data gradient took ~190 registers, one block of 256 per SM, and on
+# At most 128 registers (two blocks of 256 per SM; ptxas then spills 64 bytes (forward) and
+# 240 (data gradient) in float32): unbounded the data gradient took ~190 registers, one block of 256 per SM, and on
 # an H100 took 1.35-1.4x the bounded kernel's time on the large layers (the stem, ResNeXt's
 # 128 x 56^2), 0.9x on the smallest (a CIFAR first layer) (validation/notes/conv-numba.md).
 conv_direct_fwd_kernel = bounded_jit(conv_direct_fwd_kernel, 256, 2)

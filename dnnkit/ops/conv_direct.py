@@ -43,9 +43,10 @@ def _per_group(geom):
 
 def pays(geom, direction):
     """Whether the Numba backend takes the direct kernels for ``direction`` ("fwd" or
-    "bwd_data") of this convolution: ``settings.direct`` when set (True: wherever they apply,
-    that is any convolution but a depthwise one, which has kernels of its own), else the
-    measured rule, 2-D convolutions only (a 3-D data gradient with 3 channels lost to the
+    "bwd_data") of this convolution, where Winograd does not (ops/conv_numba.py asks
+    ``conv_winograd.pays`` first): ``settings.direct`` when set (True: any convolution but a
+    depthwise one, which has kernels of its own), else the measured rule, 2-D convolutions
+    only (a 3-D data gradient with 3 channels lost to the
     GEMM path, 1.85x its time):
 
     - the data gradient with MIN_PER_GROUP to MAX_PER_GROUP channels per group, grouped or

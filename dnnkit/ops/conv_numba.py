@@ -9,9 +9,10 @@ never, None (default) where it measured faster (``implicit_pays``: stride-1 undi
 ungrouped 2-D 3x3 forward and data gradients with at most 128 channels out).
 
 Depthwise convolutions (groups = C, one input channel per filter) take direct kernels instead
-(ops/conv_depthwise.py): a group's GEMM would have a single row; so do the data gradients of
-convolutions with 2-16 channels per group (ops/conv_direct.py: ResNeXt's groups, a first
-layer's 3 channels), where a group's GEMM would have few rows and short sums.
+(ops/conv_depthwise.py): a group's GEMM would have a single row; so do the 2-D data gradients
+of convolutions with 2-16 channels per group and the forwards of grouped ones with at most 16
+channels and filters per group (ops/conv_direct.py: ResNeXt's groups, a first layer's 3
+channels), where a group's GEMM would have few rows or short sums; Winograd is asked first.
 
 Every array is 5-D here (dnnkit/geometry.py): x (N, C, D, H, W), w (K, C/G, T, R, S), y (N, K,
 OD, OH, OW), one float dtype throughout; kernels/conv.py has the math and kernels/gemm.py the

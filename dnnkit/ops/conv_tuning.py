@@ -1,4 +1,5 @@
-"""The switches of the Numba convolution backend (ops/conv_numba.py, ops/conv_winograd.py):
+"""The switches of the Numba convolution backend (ops/conv_numba.py, ops/conv_winograd.py,
+ops/conv_direct.py):
 for side-by-side timing (validation/implicit_bench.py, validation/winograd_bench.py) and tests,
 not user flags. Every rule reads them at call time; the defaults take the measured rules.
 Setting one drops the memo's runners (``fastpath.invalidate``): a runner of repeated calls
@@ -38,8 +39,9 @@ class ConvTuning:
     # The Winograd filter gradient's slices of the sum over tiles; None: the rule
     # (conv_winograd.filter_parts).
     winograd_parts: object = None
-    # The direct kernels for few channels per group (ops/conv_direct.py): True wherever they
-    # apply, False never, None where they measured faster (conv_direct.pays).
+    # The direct kernels for few channels per group (ops/conv_direct.py): True for every
+    # forward and data gradient that neither the depthwise kernels nor Winograd take (they
+    # are asked first), False never, None where they measured faster (conv_direct.pays).
     direct: object = None
     # Bytes of one chunk's column buffer (or Winograd transforms, or filter-gradient partial
     # sums): the batch goes through in chunks of images that fit.
