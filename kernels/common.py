@@ -6,7 +6,8 @@
     block_reduce  max or sum over threadIdx.y for each threadIdx.x (REDUCE_MAX, REDUCE_SUM)
     axis_tap      the input coordinate an output coordinate reads through one kernel tap
     axis_taps     the kernel taps of one axis that read an input coordinate (col2im, the
-                  direct convolution kernels' data gradients); tap_period their step
+                  direct convolution kernels' data gradients); tap_period their step;
+                  tap_rows the row offsets of one (z, y) pair of them
 
 ``MAX_THREADS`` is the block size, at most, of the kernels that reduce across a block with
 these helpers (softmax's launch bound; the convolution's bias gradient).
@@ -125,3 +126,17 @@ def tap_period(dil, stride):
     while b != 0:
         a, b = b, a % b
     return stride // a
+
+
+@inlined
+def tap_rows(a, b, taps_z, taps_y, oh_, ow_, r_, s_):
+    """(the output plane's row offset (zo*OH + yo)*OW, the kernel's row offset (t*R + r)*S)
+    of the a-th valid tap on axis z and the b-th on axis y; ``taps_z``, ``taps_y``: each
+    axis's (first tap, its output coordinate, output step, tap period) from ``axis_taps``
+    and ``tap_period``. The gathers that walk the valid taps (col2im, the direct data
+    gradients) take their rows from here."""
+    t0, z0, zs, qt = taps_z
+    r0, y0, ys, qr = taps_y
+    t, zo = t0 + a * qt, z0 + a * zs
+    r, yo = r0 + b * qr, y0 + b * ys
+    return (zo * oh_ + yo) * ow_, (t * r_ + r) * s_

@@ -21,7 +21,7 @@ col (C*T*R*S rows, nc*O columns; O = OD*OH*OW), row (c, t, r, s), column (n, od,
 from numba import cuda
 
 from .bounds import bounded_jit
-from .common import REDUCE_SUM, axis_tap, axis_taps, block_reduce, tap_period
+from .common import REDUCE_SUM, axis_tap, axis_taps, block_reduce, tap_period, tap_rows
 
 
 @cuda.jit(cache=True)
@@ -95,11 +95,10 @@ def conv_col2im_bwd_kernel(dcol, dx, geo, nc, acc):
             base = c * taps * ncol + n * o_          # row (c, 0, 0, 0), column (n, 0)
             total = zero
             for a in range(ct):
-                t, zo = t0 + a * qt, z0 + a * zs
                 for b in range(cr):
-                    r, yo = r0 + b * qr, y0 + b * ys
-                    row = (t * r_ + r) * s_ + s0
-                    col = (zo * oh_ + yo) * ow_ + x0
+                    orow, krow = tap_rows(a, b, (t0, z0, zs, qt), (r0, y0, ys, qr), oh_, ow_,
+                                          r_, s_)
+                    row, col = krow + s0, orow + x0
                     for e in range(cs):
                         total += dcol[base + (row + e * qs) * ncol + col + e * xs] + zero
             dx[(n * c_ + c) * dhw + p] = total

@@ -13,7 +13,7 @@ t'*dil for output coordinate o, t' = ksize - 1 - t for a true convolution (flip)
 from numba import cuda, int64, uint64
 
 from .bounds import bounded_jit, inlined
-from .common import axis_tap, axis_taps, tap_period
+from .common import axis_tap, axis_taps, tap_period, tap_rows
 
 
 # ---------------------------------------------------------------- depthwise (groups = C)
@@ -123,6 +123,8 @@ def conv_depthwise_bwd_data_kernel(dy, w, dx, geo, n_, mult, acc):
             for j in range(mult):
                 k = c * mult + j
                 dyb, wb = (n0 * k_ + k) * o_ + x0, k * taps + s0
+                # the tap rows inline: through common.tap_rows (as col2im and the direct data
+                # gradient take them) the float16 kernel ran 1.03-1.04x the time (H100)
                 for a in range(ct):
                     t, zo = t0 + a * qt, z0 + a * zs
                     for b in range(cr):
@@ -376,10 +378,10 @@ def conv_direct_bwd_data_kernel(dy, w, dx, geo, n_, cg, kg, acc):
         s = (zero, zero, zero, zero, zero, zero, zero, zero,
              zero, zero, zero, zero, zero, zero, zero, zero)
         for a in range(ct):
-            t, zo = t0 + a * qt, z0 + a * zs
             for b in range(cr):
-                r, yo = r0 + b * qr, y0 + b * ys
-                row, wrow = dyb + (zo * oh_ + yo) * ow_, wb + (t * r_ + r) * s_
+                orow, krow = tap_rows(a, b, (t0, z0, zs, qt), (r0, y0, ys, qr), oh_, ow_,
+                                      r_, s_)
+                row, wrow = dyb + orow, wb + krow
                 for f in range(cs):
                     e, u = uint64(row + f * xs), uint64(wrow + f * qs)
                     for j in range(kg):
@@ -393,9 +395,10 @@ def conv_direct_bwd_data_kernel(dy, w, dx, geo, n_, cg, kg, acc):
 
 
 # At most 128 registers (two blocks of 256 per SM; ptxas then spills 64 bytes (forward) and
-# 240 (data gradient) in float32): unbounded the data gradient took ~190 registers, one block of 256 per SM, and on
-# an H100 took 1.35-1.4x the bounded kernel's time on the large layers (the stem, ResNeXt's
-# 128 x 56^2), 0.9x on the smallest (a CIFAR first layer) (validation/notes/conv-numba.md).
+# 240 (data gradient) in float32): unbounded the data gradient took ~190 registers, one block
+# of 256 per SM, and on an H100 took 1.35-1.4x the bounded kernel's time on the large layers
+# (the stem, ResNeXt's 128 x 56^2), 0.9x on the smallest (a CIFAR first layer)
+# (validation/notes/conv-numba.md).
 conv_direct_fwd_kernel = bounded_jit(conv_direct_fwd_kernel, 256, 2)
 conv_direct_bwd_data_kernel = bounded_jit(conv_direct_bwd_data_kernel, 256, 2)
 

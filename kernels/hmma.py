@@ -171,11 +171,12 @@ def _aligned(gbase, off, ld, fast, grp, gstride, span):
 @inlined
 def _stage_halves(gbase, off, ld, rows, fast, r0, k0, kmajor, tile, count, sat, grp, gstride):
     """The slab at k0 of an operand whose chunks are not 16-byte aligned but whose halves are
-    (``_aligned`` with span 4): each chunk by two 8-byte ``cp.async.ca`` copies into the same layout
-    (``sat``: the stage's shared address), zeros past k or the rows (read from ``gbase + 2 *
-    off``, as ``_issue``'s); a grouped chunk's halves may lie in two groups. Asynchronous as the 16-byte copies, where the element-by-element
-    staging waits for each load (a 1x1 convolution on 14 x 14 maps, groups of 196 columns,
-    ran at 0.16-0.26 of cuDNN so on an H100)."""
+    (``_aligned`` with span 4): each chunk by two 8-byte ``cp.async.ca`` copies into the same
+    layout (``sat``: the stage's shared address), zeros past k or the rows (read from
+    ``gbase + 2 * off``, as ``_issue``'s); a grouped chunk's halves may lie in two groups.
+    Asynchronous as the 16-byte copies, where the element-by-element staging waits for each
+    load (a 1x1 convolution on 14 x 14 maps, groups of 196 columns, ran at 0.16-0.26 of cuDNN
+    so on an H100)."""
     width = tile >> 3
     for h in range(count):
         row, c, r, kc = _place(h, kmajor, width, r0)

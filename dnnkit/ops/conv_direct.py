@@ -19,7 +19,7 @@ forwards of grouped ones. The filter gradient keeps the GEMM path.
 
 from .. import arrays
 from ..launch import flat, launch
-from . import conv_launch
+from . import conv_depthwise, conv_launch
 from .conv_tuning import settings
 
 # The rule's bounds on the channels (and, forward, filters) per group, from the H100 sweep in
@@ -58,9 +58,9 @@ def pays(geom, direction):
       Ungrouped forwards keep the GEMM, which has K rows (the stem's: 1.5x the time on the
       direct kernel).
     """
+    if conv_depthwise.applies(geom):
+        return False
     g, cg, kg = _per_group(geom)
-    if g == geom.x_shape[1] > 1 and geom.w_shape[1] == 1:
-        return False                                      # depthwise
     if settings.direct is not None:
         return bool(settings.direct)
     if geom.x_shape[2] != 1 or geom.w_shape[2] != 1:      # 3-D
