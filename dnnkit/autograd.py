@@ -23,13 +23,17 @@ copy to the host.
 
 import contextlib
 import itertools
+import operator
 import threading
 from collections.abc import Iterator
+
+from .autograd_hooks import HookedLeaves, settle_roots
 
 GRADIENTS = {}     # op -> Rule
 PUBLIC = {}        # op -> its public function (filled by dispatch.public_op)
 
 _seq = itertools.count()
+_SEQ = operator.attrgetter("seq")
 _mode = threading.local()     # per thread: gradients off (depth of no_grad), module scope
 
 
@@ -104,6 +108,13 @@ def recording(callback):
 
 def recorder():
     return _mode.__dict__.get("recorder")
+
+
+def thread_mode():
+    """This thread's mode as a dict (read-only for callers): ``"off"`` (no_grad depth),
+    ``"recorder"``, ``"scope"``; one call for what is_grad_enabled() and recorder() each read
+    (dnnkit/tensor_calls.py reads both on every op call)."""
+    return _mode.__dict__
 
 
 def set_location(phase, op, module):
@@ -231,7 +242,8 @@ class Node:
         self.saved_out = ()                      # set by the recorder once outputs exist
         self.n_out = n_out
         self.seq = next(_seq)
-        self.module = current_module()
+        stack = _mode.__dict__.get("scope")      # current_module(), inlined: one per op call
+        self.module = stack[-1] if stack else None
         self.released = False
 
     @property
@@ -346,22 +358,31 @@ def run_backward(roots, retain_graph, accumulate):
         k = t.output_nr
         slot[k] = g if slot[k] is None else _sum(slot[k], g)
         stack.append(t.grad_fn)
-    nodes = set()
+    nodes = {}                          # node -> its inputs(), as recorded (edges read once)
     hooked = HookedLeaves()             # leaves with post-accumulate hooks, and who feeds them
     while stack:                        # every node a gradient can reach
         n = stack.pop()
         if n in nodes:
             continue
-        nodes.add(n)
+        allowed = n.rule.inputs
+        inputs = nodes[n] = {}
         for name, t in n.tensors.items():
-            fn, _, rg = n.edge(name, t)
-            if fn is not None and rg and fn not in nodes:
-                stack.append(fn)
-            elif fn is None and rg and t.post_accumulate_grad_hooks:
+            if t.history is None:       # (Node.edge's common case, inlined)
+                fn, nr, rg = t.grad_fn, t.output_nr, t.requires_grad
+            else:
+                fn, nr, rg = n.edge(name, t)
+            if not rg:
+                continue
+            if allowed is None or name in allowed:
+                inputs[name] = (t, fn, nr)
+            if fn is not None:
+                if fn not in nodes:
+                    stack.append(fn)
+            elif t.post_accumulate_grad_hooks:
                 hooked.expect(n, t)
     settle_roots(hooked, roots)
     with no_grad():
-        for n in sorted(nodes, key=lambda n: -n.seq):
+        for n in sorted(nodes, key=_SEQ, reverse=True):
             grads = pending.pop(n, None)
             if grads is None:
                 if hooked:
@@ -373,7 +394,7 @@ def run_backward(roots, retain_graph, accumulate):
             got = n.apply(grads)
             if rec is not None:
                 rec("backward", n.op, n.backend, n.module, n.args, got)
-            inputs = n.inputs()
+            inputs = nodes[n]
             if not retain_graph:
                 n.release()
             for name, g in got.items():
@@ -393,68 +414,3 @@ def run_backward(roots, retain_graph, accumulate):
                     slot[k] = g if slot[k] is None else _sum(slot[k], g, n)
             if hooked:
                 hooked.settle(n)
-
-
-# ---------------------------------------------------------------- post-accumulate hooks
-
-class HookHandle:
-    """``handle.remove()`` unregisters the hook it was returned for."""
-
-    _ids = itertools.count()
-
-    def __init__(self, hooks):
-        self.hooks, self.id = hooks, next(self._ids)
-
-    def remove(self):
-        self.hooks.pop(self.id, None)
-
-
-class HookedLeaves:
-    """One backward's leaves that have post-accumulate hooks: how many reachable nodes can
-    still send each a gradient, and which got one. When a leaf's count reaches 0 and it got a
-    gradient in this backward, its hooks run (once). Empty, and never consulted per node, when
-    no leaf of the graph has a hook."""
-
-    __slots__ = ("feeds", "left", "gotten")
-
-    def __init__(self):
-        self.feeds = {}       # node -> [hooked leaf, once per argument it is passed as]
-        self.left = {}        # id(leaf) -> edges from nodes not yet run
-        self.gotten = {}      # id(leaf) -> leaf, for leaves that got a gradient
-
-    def __bool__(self):
-        return bool(self.left)
-
-    def expect(self, node, leaf):
-        self.feeds.setdefault(node, []).append(leaf)
-        self.left[id(leaf)] = self.left.get(id(leaf), 0) + 1
-
-    def got(self, leaf):
-        if leaf.post_accumulate_grad_hooks:
-            self.gotten[id(leaf)] = leaf
-
-    def settle(self, node):
-        for leaf in self.feeds.pop(node, ()):
-            k = id(leaf)
-            self.left[k] -= 1
-            if not self.left[k] and self.gotten.pop(k, None) is not None:
-                run_post_accumulate_hooks(leaf)
-
-
-def settle_roots(hooked, roots):
-    """Roots that are hooked leaves got their gradient before any node ran: their hooks run
-    now, or after the last node that feeds them too."""
-    done = set()
-    for t, _ in roots:
-        if t.grad_fn is None and t.requires_grad and t.post_accumulate_grad_hooks and \
-                id(t) not in done:
-            done.add(id(t))
-            if hooked.left.get(id(t)):
-                hooked.gotten[id(t)] = t
-            else:
-                run_post_accumulate_hooks(t)
-
-
-def run_post_accumulate_hooks(leaf):
-    for hook in list((leaf.post_accumulate_grad_hooks or {}).values()):
-        hook(leaf)

@@ -12,7 +12,7 @@ import functools
 from typing import Any, Callable
 
 from .log import debug_enabled
-from . import arrays, config, fastpath, foreign, placement, tensors
+from . import arrays, config, fastpath, foreign, placement, tensor_calls
 from .autograd import PUBLIC
 from .crosscheck import crosscheck
 from .device import device_id
@@ -34,8 +34,9 @@ def public_op(name: str, memo: bool | Callable[[tuple, dict], bool] = True
     ``select_backend`` reuses the body. ``memo=False`` for an op whose body is not a function
     of the call's signature (dropout draws a fresh seed): its calls always take the full path
     (dnnkit/fastpath.py); a function ``memo(args, kw) -> bool`` decides per call (a cuDNN
-    support check that depends on earlier calls, such as an RNN's explicit dropout seed). A call with a ``dnnkit.Tensor`` among its arguments runs the same
-    way on the Tensors' arrays and is recorded for autograd (dnnkit/tensors.py)."""
+    support check that depends on earlier calls, such as an RNN's explicit dropout seed). A
+    call with a ``dnnkit.Tensor`` among its arguments runs the same way on the Tensors' arrays
+    and is recorded for autograd (dnnkit/tensor_calls.py)."""
     def deco(prepare):
         when = memo if callable(memo) else None
 
@@ -43,8 +44,15 @@ def public_op(name: str, memo: bool | Callable[[tuple, dict], bool] = True
             """(output, the backend that ran it)."""
             if backend is not None and type(backend) is not str:
                 policy(name, backend)      # raises the clear error before anything hashes it
-            sig, entry = _fast_find(name, args, backend, kw) \
-                if memo is True or (when is not None and when(args, kw)) else (None, None)
+            # (_fast_find's common case inlined: one GPU, no trace, profiler or DEBUG log)
+            if memo is not True and (when is None or not when(args, kw)):
+                sig = entry = None
+            elif placement.one_device and not (
+                    trace_state.__dict__.get("traces") or profile_state.__dict__.get("stack")
+                    or debug_enabled()):
+                sig, entry = fastpath.find(name, args, backend, kw)
+            else:
+                sig, entry = _fast_find(name, args, backend, kw)
             if entry is not None and (entry[4] is None or fastpath.usable(entry, args, kw)):
                 # a memoised call: its runner on these arrays
                 runner, prepared, subs, ran_on, _ = entry
@@ -77,9 +85,11 @@ def public_op(name: str, memo: bool | Callable[[tuple, dict], bool] = True
         def wrapper(*args, backend=None, **kw):
             for a in args:
                 if isinstance(a, Tensor):
-                    return tensors.call(name, call, args, kw, backend)
-            if kw and any(isinstance(a, Tensor) for a in kw.values()):
-                return tensors.call(name, call, args, kw, backend)
+                    return tensor_calls.call(name, call, args, kw, backend)
+            if kw:              # (a loop, not any() over a generator: every call runs this)
+                for a in kw.values():
+                    if isinstance(a, Tensor):
+                        return tensor_calls.call(name, call, args, kw, backend)
             return call(args, kw, backend)[0]
         PREPARE[name] = prepare
         PUBLIC[name] = wrapper

@@ -18,7 +18,7 @@ allocation retried once. ``dnn.allocator = caching | numba`` (default caching) c
 
 Debugging: ``dnn.debug.fill_uninitialized = nan`` (default off) fills every new array with
 0xFF bytes (a NaN in every float dtype) by a memset on its stream: an element no kernel wrote
-reads as NaN (PyTorch's ``fill_uninitialized_memory``). cuDNN workspaces are not filled.
+reads as NaN (dnnkit/memory_fill.py). cuDNN workspaces are not filled.
 """
 
 import contextlib
@@ -29,9 +29,9 @@ import threading
 import numpy as np
 
 from . import config
-from .device import capture_relaxed, device_id, driver, numba_cuda, refuse_foreign_capture, \
-    simulator, stream_pointer
-from .errors import DnnkitError
+from .device import capture_relaxed, device_id, numba_cuda, refuse_foreign_capture, simulator, \
+    stream_pointer
+from .memory_fill import fill
 
 _SMALL, _SMALL_ROUND, _LARGE_ROUND = 1 << 20, 512, 2 << 20
 
@@ -39,34 +39,6 @@ _SMALL, _SMALL_ROUND, _LARGE_ROUND = 1 << 20, 512, 2 << 20
 config.register_flag("dnn.allocator", "caching", config.enum("caching", "numba"),
                      "device allocations of dnnkit's ops: caching (reuse freed blocks per "
                      "stream) or numba (cuMemAlloc/cuMemFree every time)")
-
-
-config.register_flag("dnn.debug.fill_uninitialized", "off", config.enum("off", "nan"),
-                     "off, or nan: every new array of dnnkit's allocator starts as all-0xFF "
-                     "bytes (NaN in every float dtype), so an output element no kernel wrote "
-                     "shows as NaN")
-
-# The fill byte: 0xFF in every byte is a NaN in float16, float32 and float64 alike (exponent
-# all ones, mantissa not zero) and -1 / the largest value in the integer types.
-FILL_BYTE = 0xFF
-
-
-def _fill(a, stream):
-    """Every byte of the new C-contiguous array ``a`` set to FILL_BYTE: one cuMemsetD8Async
-    on ``stream`` (a Numba stream or raw handle), no host synchronisation."""
-    nbytes = int(a.size) * a.dtype.itemsize
-    if not nbytes:
-        return a
-    if simulator():
-        host = np.full(nbytes, FILL_BYTE, np.uint8).view(a.dtype).reshape(a.shape)
-        a.copy_to_device(host, stream=0 if isinstance(stream, int) else stream)
-        return a
-    ptr = stream if isinstance(stream, int) else stream_pointer(stream)
-    (err,) = driver().cuMemsetD8Async(a.device_ctypes_pointer.value, FILL_BYTE, nbytes, ptr)
-    if int(err):
-        raise DnnkitError(f"cuMemsetD8Async failed with {err} filling {nbytes} bytes "
-                           "(dnn.debug.fill_uninitialized)")
-    return a
 
 
 def address(raw):
@@ -118,11 +90,13 @@ class _Pool:
             self.cached_bytes += key[2]
 
     def give_back(self, key, addr):
-        """The block lent at ``addr`` comes back (once: a second call finds nothing)."""
+        """The block lent at ``addr`` comes back (once: a second call finds nothing). Runs
+        for every array that dies: ``give`` inlined (one lock, one frame fewer)."""
         with self.lock:
             raw = self.lent.pop(addr, None)
             if raw is not None:
-                self.give(key, raw, addr)
+                heapq.heappush(self.free.setdefault(key, []), (addr, id(raw), raw))
+                self.cached_bytes += key[2]
 
     def clear(self):
         """Drop every cached block; True when there were any."""
@@ -298,7 +272,7 @@ def device_array(shape, dtype, stream):
     p = _pooled(shape, dtype, stream)
     a = _numba_array(shape, dtype, stream) if p is None else _new(*p)
     if config.get("dnn.debug.fill_uninitialized") != "off":
-        return _fill(a, stream)
+        return fill(a, stream)
     if p is not None and merged is not None and merged is st.merged:
         m = f["map"]
         if len(m) >= _FAST_MAX:
@@ -321,7 +295,7 @@ def allocator(shape, dtype, stream):
         alloc = lambda: _new(key, attrs, recorded)           # noqa: E731
     if config.get("dnn.debug.fill_uninitialized") == "off":
         return alloc
-    return lambda: _fill(alloc(), stream)
+    return lambda: fill(alloc(), stream)
 
 
 def _block(key):
@@ -338,8 +312,20 @@ def _block(key):
 def _new(key, attrs, stream):
     """A new array of template ``attrs``: a pool block (or a new one) lent to it. Neither the
     array nor its pointer goes through Numba's constructors (the array's computes its layout
-    in Python, the pointer's registers a weakref finalizer: ~5 and ~4 us a call)."""
-    pool, raw = _block(key)
+    in Python, the pointer's registers a weakref finalizer: ~5 and ~4 us a call). The common
+    case, a cached block of the shared pool for the legacy default stream, takes it inline
+    (_block and _Pool.take in one frame: every op output comes through here)."""
+    raw = None
+    if not _private_users[0] and not key[1]:
+        pool = _pool
+        with pool.lock:
+            blocks = pool.free.get(key)
+            if blocks:
+                pool.hits += 1
+                pool.cached_bytes -= key[2]
+                raw = heapq.heappop(blocks)[2]
+    if raw is None:
+        pool, raw = _block(key)
     lend = raw.__dict__.get("_dnnkit_lend") or _lend_attrs(key, raw)
     mem = object.__new__(_Lent)
     md = mem.__dict__
@@ -386,13 +372,18 @@ def _lent_class():
         when the array and every view of it are gone."""
 
         def free(self):
-            addr = self.__dict__.pop("_addr", None)
+            d = self.__dict__
+            addr = d.pop("_addr", None)
             if addr is not None:
-                (self.__dict__.get("home") or _pool).give_back(self._key, addr)
+                (d.get("home") or _pool).give_back(d["_key"], addr)
 
         def __del__(self):
+            # free()'s body: this runs for every array that dies
             try:
-                self.free()
+                d = self.__dict__
+                addr = d.pop("_addr", None)
+                if addr is not None:
+                    (d.get("home") or _pool).give_back(d["_key"], addr)
             except Exception:  # noqa: BLE001 - interpreter shutdown: no pool to give to
                 pass
     return Lent
@@ -427,6 +418,7 @@ class scratch:
 
 
 _on_empty = []     # functions called by empty_cache() (caches keyed by device addresses)
+_before_empty = []  # functions called first (holders of blocks give them back)
 
 
 def on_empty_cache(fn):
@@ -435,10 +427,18 @@ def on_empty_cache(fn):
     _on_empty.append(fn)
 
 
+def before_empty_cache(fn):
+    """Call ``fn()`` at the start of every empty_cache(), before the cached blocks are freed
+    (cudnn/workspace.py gives its kept workspaces back then, so they are freed too)."""
+    _before_empty.append(fn)
+
+
 def empty_cache():
     """Give every cached block back to the device now (arrays in use are unaffected). Numba's
     pointers sit in reference cycles and Numba defers their cuMemFree (an H100 still held a
     652 MiB workspace after the cache was emptied): a collection and the flush are forced."""
+    for fn in _before_empty:
+        fn()
     if _pool.clear() and not simulator():
         gc.collect()
         _context().deallocations.clear()

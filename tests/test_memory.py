@@ -4,7 +4,7 @@ and on a GPU that blocks come back per stream, are reused, and hold correct data
 import numpy as np
 import pytest
 
-from dnnkit import config, memory
+from dnnkit import config, memory, memory_fill
 
 
 def test_size_classes():
@@ -273,7 +273,7 @@ def test_fill_nan_fills_every_new_array_of_both_allocation_paths(dtype):
     for a in arrays:
         got = a.copy_to_host()
         assert got.shape == shape and got.dtype == np.dtype(dtype)
-        assert (got.view(np.uint8) == memory.FILL_BYTE).all()
+        assert (got.view(np.uint8) == memory_fill.FILL_BYTE).all()
         if got.dtype.kind == "f":
             assert np.isnan(got).all()
     empty = memory.device_array((0, 4), dtype, stream)
@@ -282,7 +282,7 @@ def test_fill_nan_fills_every_new_array_of_both_allocation_paths(dtype):
 
 def test_fill_off_is_the_default_and_writes_nothing(monkeypatch):
     calls = []
-    monkeypatch.setattr(memory, "_fill", lambda a, s: calls.append(a) or a)
+    monkeypatch.setattr(memory, "fill", lambda a, s: calls.append(a) or a)
     memory.device_array((4,), np.float32, 0)
     memory.allocator((4,), np.float32, 0)()
     assert calls == []

@@ -6,7 +6,7 @@ It is either one of the op's inputs (the very same memory: the op runs in place,
 read before its result is written) or memory disjoint from all of them; a partial overlap is
 refused, since elements would be read after another element's result overwrote them. The op
 returns ``out`` itself. A ``dnnkit.Tensor`` passed as ``out`` comes back as that Tensor, its
-version bumped and its history replaced (dnnkit/tensors.py ``rebase``).
+version bumped and its history replaced (dnnkit/autograd.py ``rebase``).
 
 Each backend runs in place where its library allows it: every Numba kernel of these ops is
 elementwise (a thread reads element i, then writes element i), and cuDNN documents in-place

@@ -30,7 +30,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .. import arrays, device, tensors
+from .. import arrays, device, tensor_calls
 from ..autograd import PUBLIC, gradient
 from ..cudnn import optensor as cudnn_optensor
 from ..dispatch import public_op, run
@@ -162,12 +162,12 @@ def concatenate(arrays: Arrays, axis: int = 0, *, backend: Backend | None = None
     of range; TypeError for ``arrays`` that is not a list or tuple, mixed dtypes or a non-int axis.
     The dispatcher looks for Tensors among an op's own arguments; here they sit inside the
     list, so this function looks there: a list holding Tensors is recorded for autograd
-    (dnnkit/tensors.py names them ``arrays[i]``) and gives a Tensor.
+    (dnnkit/tensor_calls.py names them ``arrays[i]``) and gives a Tensor.
 
     {OP_FOOTER}"""
     kw = {} if stream is None else {"stream": stream}
     if type(arrays) in (list, tuple) and any(isinstance(a, Tensor) for a in arrays):
-        return tensors.call("concatenate", _run_concatenate, (arrays, axis), kw, backend)
+        return tensor_calls.call("concatenate", _run_concatenate, (arrays, axis), kw, backend)
     return _concatenate(arrays, axis, backend=backend, **kw)
 
 
@@ -178,7 +178,7 @@ def _run_concatenate(args, kw, backend):
     return out, ran_on
 
 
-# callers that find an op by name (and tensors.py, which reads its parameters) get the
+# callers that find an op by name (and tensor_calls.py, which reads its parameters) get the
 # function that looks inside the list
 PUBLIC["concatenate"] = concatenate
 
