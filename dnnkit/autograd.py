@@ -383,6 +383,9 @@ def run_backward(roots, retain_graph, accumulate):
     settle_roots(hooked, roots)
     with no_grad():
         for n in sorted(nodes, key=_SEQ, reverse=True):
+            # popped at once: the edges hold the input Tensors, whose arrays go back to the
+            # pool when the node releases them (not at the end of backward)
+            inputs = nodes.pop(n)
             grads = pending.pop(n, None)
             if grads is None:
                 if hooked:
@@ -394,7 +397,6 @@ def run_backward(roots, retain_graph, accumulate):
             got = n.apply(grads)
             if rec is not None:
                 rec("backward", n.op, n.backend, n.module, n.args, got)
-            inputs = nodes[n]
             if not retain_graph:
                 n.release()
             for name, g in got.items():

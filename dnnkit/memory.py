@@ -154,7 +154,7 @@ def _raw_alloc(ctx, size):
     try:
         return ctx.memalloc(size)
     except Exception:  # noqa: BLE001 - out of memory or otherwise: retry with the cache freed
-        if not _pool.cached_bytes:
+        if not _pool.cached_bytes and not _held_bytes():
             raise
         empty_cache()
         return ctx.memalloc(size)
@@ -418,7 +418,7 @@ class scratch:
 
 
 _on_empty = []     # functions called by empty_cache() (caches keyed by device addresses)
-_before_empty = []  # functions called first (holders of blocks give them back)
+_holders = []      # (release, held_bytes) of blocks kept outside the cache
 
 
 def on_empty_cache(fn):
@@ -427,18 +427,23 @@ def on_empty_cache(fn):
     _on_empty.append(fn)
 
 
-def before_empty_cache(fn):
-    """Call ``fn()`` at the start of every empty_cache(), before the cached blocks are freed
-    (cudnn/workspace.py gives its kept workspaces back then, so they are freed too)."""
-    _before_empty.append(fn)
+def register_holder(release, held_bytes):
+    """A keeper of pool blocks outside the cache (cudnn/workspace.py's kept workspaces):
+    ``release()`` gives them back at the start of every empty_cache(), so they are freed too;
+    ``held_bytes()`` is their size (stats(); an out-of-memory retry runs while any are held)."""
+    _holders.append((release, held_bytes))
+
+
+def _held_bytes():
+    return sum(held() for _, held in _holders)
 
 
 def empty_cache():
     """Give every cached block back to the device now (arrays in use are unaffected). Numba's
     pointers sit in reference cycles and Numba defers their cuMemFree (an H100 still held a
     652 MiB workspace after the cache was emptied): a collection and the flush are forced."""
-    for fn in _before_empty:
-        fn()
+    for release, _ in _holders:
+        release()
     if _pool.clear() and not simulator():
         gc.collect()
         _context().deallocations.clear()
@@ -447,7 +452,9 @@ def empty_cache():
 
 
 def stats():
-    """{'hits', 'misses', 'cached_bytes', 'cached_blocks'} of the caching allocator."""
+    """{'hits', 'misses', 'cached_bytes', 'cached_blocks', 'held_bytes'} of the caching
+    allocator (``held_bytes``: blocks kept outside the cache, cuDNN's workspaces)."""
+    held = _held_bytes()
     with _pool.lock:
         return dict(hits=_pool.hits, misses=_pool.misses, cached_bytes=_pool.cached_bytes,
-                    cached_blocks=sum(len(v) for v in _pool.free.values()))
+                    cached_blocks=sum(len(v) for v in _pool.free.values()), held_bytes=held)

@@ -229,6 +229,24 @@ def test_saved_arrays_are_released_after_backward(rng):
     assert node.released and inner() is None
 
 
+def test_saved_arrays_are_released_during_backward(rng):
+    """Each node's saved arrays go back as soon as its rule has run, not when backward ends:
+    a chain's activations die one by one while backward walks it (counted from a recorder,
+    which runs after each rule)."""
+    import weakref
+    h = t(rng, (64,))
+    acts = []
+    for _ in range(6):
+        h = dnnkit.tanh(h * h)
+        acts.append(weakref.ref(h.data))
+    alive = []
+    with autograd.recording(lambda phase, *a: alive.append(sum(r() is not None for r in acts))
+                            if phase == "backward" else None):
+        h.backward(rng.standard_normal(h.shape))
+    del h
+    assert alive[0] == 6 and alive[-1] < alive[0] - 3, alive
+
+
 def _perturb_when_auto(monkeypatch, op):
     """Make ``op``'s Numba implementation add 1e-3 to its output when dnn.enabled is auto."""
     from dnnkit import config, registry

@@ -1,22 +1,25 @@
 """cuDNN workspaces: scratch blocks from dnnkit's per-stream cache, and out-of-memory as an
 answer (the caller then picks an algorithm or plan that needs less) rather than an error.
 
-Each thread keeps, per (device, stream), the largest workspace it was asked for so far (a
-block of the caching allocator it does not give back) and hands it to every later call on that
-stream that fits in it: a training step's ~60 cuDNN calls with a workspace cost no allocator
-traffic (a pool round trip per call cost ~10 us of host time on an H100 machine's host). Calls
-on one stream are ordered, so they can share it; a larger request gives the kept block back
-and keeps the new one. PyTorch likewise keeps its cuDNN workspace. Not inside a CUDA-graph
-capture (memory.private_pool: the graph's own pool serves it), not under
-``dnn.allocator = numba``, not on the simulator; ``memory.empty_cache()`` gives this thread's
-kept blocks back (other threads' when they next ask, once a flag changes or the cache is
-emptied)."""
+The largest workspace asked for on each (device, stream) so far is kept (a block of the caching
+allocator not given back) and handed to every later call on that stream that fits in it: a
+training step's ~60 cuDNN calls with a workspace cost no allocator traffic (a pool round trip
+per call cost ~10 us of host time on an H100 machine's host). Calls on one stream are
+ordered, whichever thread queues them, so they can share it; a larger request retires the
+kept block (given back once the calls that hold it have queued their work) and keeps the new
+one. PyTorch likewise keeps its cuDNN workspace.
+
+Not kept: inside a CUDA-graph capture (memory.private_pool: the graph's own pool serves it),
+under ``dnn.allocator = numba``, on the simulator. On a stream that a capture dnnkit does not
+know of is recording, refused as the allocator refuses its blocks. ``memory.empty_cache()``
+(and so an out-of-memory retry) gives every kept block back first; ``memory.stats()`` counts
+them as ``held_bytes``."""
 
 import contextlib
 import threading
 
 from .. import config, memory
-from ..device import device_id, simulator
+from ..device import device_id, refuse_foreign_capture, simulator
 from ..errors import DnnkitError
 
 
@@ -44,90 +47,103 @@ def is_oom(e):
 
 
 class _Kept:
-    """A workspace this thread keeps for one (device, stream): a context whose value is its
-    pointer; leaving it keeps the block."""
+    """The workspace kept for one (device, stream): a context whose value is its pointer.
+    ``users``: calls between alloc() and the end of their ``with`` (their work is not queued
+    yet); ``retired``: no longer handed out, given back when its last user is done."""
 
-    __slots__ = ("nbytes", "ptr", "scratch")
+    __slots__ = ("nbytes", "ptr", "scratch", "users", "retired")
 
     def __init__(self, scratch, nbytes):
         self.scratch, self.nbytes = scratch, nbytes
         self.ptr = scratch.__enter__()
+        self.users, self.retired = 0, False
 
     def __enter__(self):
         return self.ptr
 
     def __exit__(self, *exc):
+        with _lock:
+            self.users -= 1
+            if self.retired and not self.users:
+                self.scratch.__exit__(None, None, None)
         return False
 
-    def release(self):
-        self.scratch.__exit__(None, None, None)
+    def retire(self):
+        """Give the block back now, or (in use) when its last user is done. Under _lock."""
+        self.retired = True
+        if not self.users:
+            self.scratch.__exit__(None, None, None)
 
 
-_local = threading.local()     # .kept {(device, stream): _Kept}; what it is for:
-                               # .merged, .epoch (the flags), .gen
-_generation = [0]              # bumped by empty_cache: other threads give theirs back
+# (device, stream) -> _Kept, shared by the threads: calls on one stream are ordered whichever
+# thread queues them. Reentrant: an allocation under it may empty the cache (release_kept).
+_kept = {}
+_lock = threading.RLock()
+_local = threading.local()     # .on: whether this thread's flags keep workspaces; .merged,
+                               # .epoch: the flags it was decided for
 
 
-def _kept_here():
-    """This thread's kept workspaces, or None where none are kept (inside a graph capture's
-    pool, ``dnn.allocator = numba``, the simulator); emptied when a flag changes."""
+def _keeping():
+    """Whether this call may use a kept workspace: not inside a graph capture's pool, not
+    under ``dnn.allocator = numba``, not on the simulator (decided once per thread and flags)."""
     if memory.in_private_pool():
-        return None
+        return False
     d, st = _local.__dict__, config.state
     merged = st.merged
     if merged is None or d.get("merged") is not merged or \
-            d.get("epoch") != st.local.__dict__.get("epoch") or d["gen"] != _generation[0]:
-        _release(d.get("kept"))
-        on = not simulator() and config.get("dnn.allocator") == "caching"
-        d["kept"] = {} if on else None
+            d.get("epoch") != st.local.__dict__.get("epoch"):
+        d["on"] = not simulator() and config.get("dnn.allocator") == "caching"
         # (config.get merged the flags)
-        d["merged"], d["epoch"], d["gen"] = (st.merged, st.local.__dict__.get("epoch"),
-                                             _generation[0])
-    return d["kept"]
-
-
-def _release(kept):
-    if kept:
-        for k in kept.values():
-            k.release()
-        kept.clear()
+        d["merged"], d["epoch"] = st.merged, st.local.__dict__.get("epoch")
+    return d["on"]
 
 
 def release_kept():
-    """Give the calling thread's kept workspaces back to the caching allocator, and have
-    every other thread give its own back at its next request (memory.empty_cache calls it
-    before emptying the cache)."""
-    _generation[0] += 1
-    d = _local.__dict__
-    _release(d.get("kept"))
-    d.pop("merged", None)
+    """Give every kept workspace back to the caching allocator (one in use: when its call is
+    queued); memory.empty_cache() calls it first, so they are freed with the cache."""
+    with _lock:
+        for k in _kept.values():
+            k.retire()
+        _kept.clear()
 
 
-memory.before_empty_cache(release_kept)
+def kept_bytes():
+    """Bytes of the kept workspaces (memory.stats()'s ``held_bytes``; an out-of-memory
+    retry empties the cache when there are any)."""
+    with _lock:
+        return sum(k.nbytes for k in _kept.values())
+
+
+memory.register_holder(release_kept, kept_bytes)
 
 
 def alloc(nbytes, stream):
     """A workspace context of ``nbytes`` (None for 0; ``with held(ws) as ptr``) for work on
-    stream pointer ``stream``, or None when the device is out of memory: the thread's kept
-    workspace for that stream when it is large enough (module docstring), else a
-    ``dnnkit.memory.scratch`` from the per-stream cache."""
+    stream pointer ``stream``, or None when the device is out of memory: the workspace kept
+    for that stream when it is large enough (module docstring), else a
+    ``dnnkit.memory.scratch`` from the per-stream cache. A caller enters ``held(ws)`` at
+    once."""
     if not nbytes:
         return None
-    kept = _kept_here()
-    if kept is not None:
-        key = (device_id(), stream)
-        k = kept.get(key)
+    if not _keeping():
+        return _scratch(nbytes, stream)
+    if stream:    # as memory refuses a block of its shared pool to a foreign capture
+        refuse_foreign_capture(stream)
+    key = (device_id(), stream)
+    with _lock:
+        k = _kept.get(key)
         if k is not None and k.nbytes >= nbytes:
+            k.users += 1
             return k
-        if k is not None:             # too small: give it back before taking a larger one
-            del kept[key]
-            k.release()
+        if k is not None:     # too small: it goes back first (or when its users are done)
+            del _kept[key]
+            k.retire()
         ws = _scratch(nbytes, stream)
         if ws is None:
             return None
-        k = kept[key] = _Kept(ws, memory.rounded(int(nbytes)))
+        k = _kept[key] = _Kept(ws, memory.rounded(int(nbytes)))
+        k.users += 1
         return k
-    return _scratch(nbytes, stream)
 
 
 def _scratch(nbytes, stream):
