@@ -31,6 +31,8 @@ def kept(monkeypatch):
     monkeypatch.setattr(workspace.memory, "scratch", FakeScratch)
     monkeypatch.setattr(workspace, "simulator", lambda: False)
     monkeypatch.setattr(workspace, "device_id", lambda: 0)
+    # the streams here are made-up handles: never handed to the driver's capture query
+    monkeypatch.setattr(workspace, "refuse_foreign_capture", lambda stream: None)
     workspace._local.__dict__.clear()       # this thread's decision, made for the simulator
     workspace.release_kept()
     yield FakeScratch
