@@ -223,12 +223,12 @@ def timings(c, limit):
                              "it runs every candidate and waits for the timings; the warm-up "
                              "calls time the shapes they see", c.stream)
     nbytes = _timing_bytes(c, limit)
+    perfs, got = _perf_array(c)        # (before the workspace: a kept one is entered at once)
     ws = alloc(nbytes, c.stream)
     if nbytes and ws is None:
         log.debug("cuDNN %s: no memory for a %d-byte timing workspace; guessing instead (%s)",
                   c.d.name, nbytes, c.ctx)
         return None
-    perfs, got = _perf_array(c)
     a, b, o = c.ptrs
     with held(ws) as wp:
         api.call(c.fn("cudnnFindConvolution{}AlgorithmEx"), c.h, c.descs[0], a, c.descs[1], b,

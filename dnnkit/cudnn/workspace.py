@@ -89,12 +89,12 @@ def _keeping():
     if memory.in_private_pool():
         return False
     d, st = _local.__dict__, config.state
-    merged = st.merged
-    if merged is None or d.get("merged") is not merged or \
-            d.get("epoch") != st.local.__dict__.get("epoch"):
-        d["on"] = not simulator() and config.get("dnn.allocator") == "caching"
-        # (config.get merged the flags)
-        d["merged"], d["epoch"] = st.merged, st.local.__dict__.get("epoch")
+    merged, epoch = st.merged, st.local.__dict__.get("epoch")
+    if merged is None or d.get("merged") is not merged or d.get("epoch") != epoch:
+        on = not simulator() and config.get("dnn.allocator") == "caching"
+        if merged is not None and merged is st.merged:    # no flag changed meanwhile
+            d["merged"], d["epoch"], d["on"] = merged, epoch, on
+        return on
     return d["on"]
 
 
@@ -139,9 +139,9 @@ def alloc(nbytes, stream):
             del _kept[key]
             k.retire()
         ws = _scratch(nbytes, stream)
-        if ws is None:
-            return None
-        k = _kept[key] = _Kept(ws, memory.rounded(int(nbytes)))
+        if ws is None or ws.key is None:    # none, or not the pool's (the flag changed since)
+            return ws
+        k = _kept[key] = _Kept(ws, ws.key[2])        # the block's own (rounded) size
         k.users += 1
         return k
 

@@ -13,8 +13,11 @@ class FakeScratch:
     """memory.scratch's interface: a pointer when entered, given back when left."""
     made, back = [], []
 
+    pooled = True       # False: as under dnn.allocator = numba (an exact-size array, no key)
+
     def __init__(self, nbytes, stream):
         self.nbytes, self.stream = nbytes, stream
+        self.key = (0, stream, memory.rounded(nbytes)) if FakeScratch.pooled else None
         self.ptr = 0x1000 * (len(FakeScratch.made) + 1)
         FakeScratch.made.append(self)
 
@@ -27,7 +30,7 @@ class FakeScratch:
 
 @pytest.fixture
 def kept(monkeypatch):
-    FakeScratch.made, FakeScratch.back = [], []
+    FakeScratch.made, FakeScratch.back, FakeScratch.pooled = [], [], True
     monkeypatch.setattr(workspace.memory, "scratch", FakeScratch)
     monkeypatch.setattr(workspace, "simulator", lambda: False)
     monkeypatch.setattr(workspace, "device_id", lambda: 0)
@@ -140,3 +143,15 @@ def test_an_allocation_retries_when_only_kept_blocks_could_be_freed(monkeypatch)
     calls.clear()
     with pytest.raises(MemoryError):
         memory._raw_alloc(Ctx(), 512)
+
+
+def test_a_block_not_from_the_pool_is_never_kept(kept):
+    """A scratch that is not a pool block (the allocator flag changed between the decision and
+    the allocation, in another thread) has exactly the bytes asked: keeping it under a rounded
+    size would hand a later, larger request a short buffer."""
+    kept.pooled = False
+    _use(1000)
+    assert memory.stats()["held_bytes"] == 0 and len(kept.back) == 1
+    kept.pooled = True
+    _use(1000)
+    assert memory.stats()["held_bytes"] == memory.rounded(1000)
