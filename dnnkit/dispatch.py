@@ -44,15 +44,8 @@ def public_op(name: str, memo: bool | Callable[[tuple, dict], bool] = True
             """(output, the backend that ran it)."""
             if backend is not None and type(backend) is not str:
                 policy(name, backend)      # raises the clear error before anything hashes it
-            # (_fast_find's common case inlined: one GPU, no trace, profiler or DEBUG log)
-            if memo is not True and (when is None or not when(args, kw)):
-                sig = entry = None
-            elif placement.one_device and not (
-                    trace_state.__dict__.get("traces") or profile_state.__dict__.get("stack")
-                    or debug_enabled()):
-                sig, entry = fastpath.find(name, args, backend, kw)
-            else:
-                sig, entry = _fast_find(name, args, backend, kw)
+            sig, entry = _fast_find(name, args, backend, kw) \
+                if memo is True or (when is not None and when(args, kw)) else (None, None)
             if entry is not None and (entry[4] is None or fastpath.usable(entry, args, kw)):
                 # a memoised call: its runner on these arrays
                 runner, prepared, subs, ran_on, _ = entry

@@ -90,13 +90,11 @@ class _Pool:
             self.cached_bytes += key[2]
 
     def give_back(self, key, addr):
-        """The block lent at ``addr`` comes back (once: a second call finds nothing). Runs
-        for every array that dies: ``give`` inlined (one lock, one frame fewer)."""
+        """The block lent at ``addr`` comes back (once: a second call finds nothing)."""
         with self.lock:
             raw = self.lent.pop(addr, None)
             if raw is not None:
-                heapq.heappush(self.free.setdefault(key, []), (addr, id(raw), raw))
-                self.cached_bytes += key[2]
+                self.give(key, raw, addr)
 
     def clear(self):
         """Drop every cached block; True when there were any."""
@@ -312,20 +310,8 @@ def _block(key):
 def _new(key, attrs, stream):
     """A new array of template ``attrs``: a pool block (or a new one) lent to it. Neither the
     array nor its pointer goes through Numba's constructors (the array's computes its layout
-    in Python, the pointer's registers a weakref finalizer: ~5 and ~4 us a call). The common
-    case, a cached block of the shared pool for the legacy default stream, takes it inline
-    (_block and _Pool.take in one frame: every op output comes through here)."""
-    raw = None
-    if not _private_users[0] and not key[1]:
-        pool = _pool
-        with pool.lock:
-            blocks = pool.free.get(key)
-            if blocks:
-                pool.hits += 1
-                pool.cached_bytes -= key[2]
-                raw = heapq.heappop(blocks)[2]
-    if raw is None:
-        pool, raw = _block(key)
+    in Python, the pointer's registers a weakref finalizer: ~5 and ~4 us a call)."""
+    pool, raw = _block(key)
     lend = raw.__dict__.get("_dnnkit_lend") or _lend_attrs(key, raw)
     mem = object.__new__(_Lent)
     md = mem.__dict__
@@ -378,12 +364,8 @@ def _lent_class():
                 (d.get("home") or _pool).give_back(d["_key"], addr)
 
         def __del__(self):
-            # free()'s body: this runs for every array that dies
             try:
-                d = self.__dict__
-                addr = d.pop("_addr", None)
-                if addr is not None:
-                    (d.get("home") or _pool).give_back(d["_key"], addr)
+                self.free()
             except Exception:  # noqa: BLE001 - interpreter shutdown: no pool to give to
                 pass
     return Lent

@@ -239,6 +239,15 @@ def _four(a, i, o1, o2, o3, zero):
 
 
 @inlined
+def _step(s, d, e, i1, i2, i3, w, u, u1, u2, u3, zero):
+    """One step of the direct sum: s + the outer product of d's four images at e (offsets i1..
+    i3) and w's four filters or channels at u (offsets u1..u3)."""
+    w0, w1, w2, w3 = _four(w, u, u1, u2, u3, zero)
+    d0, d1, d2, d3 = _four(d, e, i1, i2, i3, zero)
+    return _outer(s, d0, d1, d2, d3, w0, w1, w2, w3)
+
+
+@inlined
 def _outer(s, d0, d1, d2, d3, w0, w1, w2, w3):
     """s (16 sums, image-major) + the outer product of (d0..d3) and (w0..w3)."""
     return (s[0] + d0 * w0, s[1] + d0 * w1, s[2] + d0 * w2, s[3] + d0 * w3,
@@ -332,9 +341,7 @@ def conv_direct_fwd_kernel(x, w, y, bias, geo, n_, cg, kg, use_bias, acc):
                     e = uint64(row + f * dw)
                     u = uint64(wb + (taps - 1 - tap - f if flip else tap + f))
                     for c in range(cg):
-                        w0, w1, w2, w3 = _four(w, u, u1, u2, u3, zero)
-                        d0, d1, d2, d3 = _four(x, e, i1, i2, i3, zero)
-                        s = _outer(s, d0, d1, d2, d3, w0, w1, w2, w3)
+                        s = _step(s, x, e, i1, i2, i3, w, u, u1, u2, u3, zero)
                         e += xstep
                         u += wstep
         b1, b2, b3 = _offsets(kv, 1)
@@ -385,9 +392,7 @@ def conv_direct_bwd_data_kernel(dy, w, dx, geo, n_, cg, kg, acc):
                 for f in range(cs):
                     e, u = uint64(row + f * xs), uint64(wrow + f * qs)
                     for j in range(kg):
-                        w0, w1, w2, w3 = _four(w, u, u1, u2, u3, zero)
-                        d0, d1, d2, d3 = _four(dy, e, i1, i2, i3, zero)
-                        s = _outer(s, d0, d1, d2, d3, w0, w1, w2, w3)
+                        s = _step(s, dy, e, i1, i2, i3, w, u, u1, u2, u3, zero)
                         e += ostep
                         u += wstep
         _store(dx, (n0 * c_ + g * cg + c0) * dhw + p, c_ * dhw, dhw, nv, cv, s,
