@@ -13,6 +13,11 @@ Per model, with its own empty Numba cache folder (NUMBA_CACHE_DIR) per scenario:
   signatures compiled by N worker processes): its own wall time;
 - ``after warm-up``: a fresh process's first step on the folder the warm-up filled.
 
+Every process reads Python's bytecode from one folder of the run (PYTHONPYCACHEPREFIX), compiled
+there first for the packages a step imports, as an installed package has its .pyc files (the
+lent GPU machines set PYTHONDONTWRITEBYTECODE: each process would compile ~320 modules from
+source).
+
 Prints a table (and writes DIR/cold_start.md): seconds to the first step, kernel signatures
 compiled and loaded in that process, the warm-up's time; the warm-up's output (its 10 slowest
 signatures with their compile seconds); and whether the record-only pass saw every signature
@@ -32,8 +37,41 @@ from dnnkit import warmup
 DTYPE, BATCH, BACKEND = "float32", 32, "numba"
 
 
+# the packages a first step imports (numba's lowering registries pull in scipy.linalg where
+# SciPy is installed)
+PACKAGES = ("dnnkit", "dnnkit.kernels", "numba", "numba_cuda", "llvmlite", "numpy", "scipy",
+            "cuda")
+
+
 def _env(cache):
-    return dict(os.environ, NUMBA_CACHE_DIR=cache)
+    """The scenario's environment: its Numba cache, and Python's bytecode read from (and
+    written to) the run's own folder, as an installed package has its .pyc files. The lent
+    GPU machines set PYTHONDONTWRITEBYTECODE, so without this every fresh process compiled
+    ~320 modules from source (~0.5-0.9 s, half of a cached first step's time)."""
+    env = dict(os.environ, NUMBA_CACHE_DIR=cache, PYTHONPYCACHEPREFIX=_PYC[0])
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    return env
+
+
+_PYC = [None]
+
+
+def compile_bytecode(folder, workers):
+    """Every module of PACKAGES compiled to bytecode under ``folder`` (PYTHONPYCACHEPREFIX),
+    in a child process that sets the prefix before it compiles."""
+    import importlib.util
+    dirs = []
+    for name in PACKAGES:
+        spec = importlib.util.find_spec(name)
+        if spec is not None and spec.submodule_search_locations:
+            dirs += list(spec.submodule_search_locations)
+    _PYC[0] = folder
+    code = ("import compileall, sys\nfor d in sys.argv[1:]:\n"
+            f"    compileall.compile_dir(d, quiet=2, workers={workers})\n")
+    env = dict(os.environ, PYTHONPYCACHEPREFIX=folder)
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    subprocess.run([sys.executable, "-c", code, *dirs], env=env, check=False,
+                   capture_output=True, timeout=600)
 
 
 def run_model(model, workers, tmp):
@@ -92,6 +130,10 @@ def main(argv=None):
         ap.error(f"unknown models {bad}" if bad else f"--workers must be >= 1; got {a.workers}")
     rows, notes = [], []
     with tempfile.TemporaryDirectory() as tmp:
+        t0 = time.perf_counter()
+        compile_bytecode(os.path.join(tmp, "pyc"), a.workers)
+        print(f"bytecode of {', '.join(PACKAGES)} compiled in {time.perf_counter() - t0:.1f} s",
+              flush=True)
         for model in models:
             r, n = run_model(model, a.workers, tmp)
             rows += r
