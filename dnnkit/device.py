@@ -118,6 +118,22 @@ LEGACY_CODE, PER_THREAD_CODE, PER_THREAD = 1, 2, 2
 CAPTURE_IMPLICIT = 906         # CUDA_ERROR_STREAM_CAPTURE_IMPLICIT
 
 
+def stream_key(stream_ptr):
+    """What names raw stream ``stream_ptr`` in a cache kept per stream (the allocator's free
+    blocks, kept workspaces, dropout generator states): the pointer itself, except for
+    CU_STREAM_PER_THREAD, whose one handle value stands for each thread's own per-thread
+    default stream -- work two threads queue there is not ordered, so what one thread's stream
+    gave back must not serve the other's: (PER_THREAD, the thread's id) there."""
+    if stream_ptr != PER_THREAD:
+        return stream_ptr
+    return (PER_THREAD, threading.get_ident())
+
+
+def key_stream(key):
+    """The raw stream pointer of a :func:`stream_key`."""
+    return PER_THREAD if type(key) is tuple else key
+
+
 def _check(err, what):
     if int(err):
         raise DnnkitError(f"{what} failed with {err}")

@@ -29,8 +29,8 @@ import threading
 import numpy as np
 
 from . import config
-from .device import capture_relaxed, device_id, numba_cuda, refuse_foreign_capture, simulator, \
-    stream_pointer
+from .device import capture_relaxed, device_id, key_stream, numba_cuda, refuse_foreign_capture, \
+    simulator, stream_key, stream_pointer
 from .memory_fill import fill
 
 _SMALL, _SMALL_ROUND, _LARGE_ROUND = 1 << 20, 512, 2 << 20
@@ -224,8 +224,8 @@ def _pooled(shape, dtype, stream):
     if attrs is None or config.get("dnn.allocator") != "caching":
         return None
     if isinstance(stream, int):
-        return (device_id(), stream, rounded(nbytes)), attrs, 0
-    return (device_id(), stream_pointer(stream), rounded(nbytes)), attrs, stream
+        return (device_id(), stream_key(stream), rounded(nbytes)), attrs, 0
+    return (device_id(), stream_key(stream_pointer(stream)), rounded(nbytes)), attrs, stream
 
 
 def _numba_array(shape, dtype, stream):
@@ -302,7 +302,7 @@ def _block(key):
     block, or a new one."""
     pool = _pool if not _private_users[0] else (_private.__dict__.get("pool") or _pool)
     if pool is _pool and key[1]:
-        refuse_foreign_capture(key[1])
+        refuse_foreign_capture(key_stream(key[1]))
     return pool, pool.take(key) or (
         _raw_alloc(_context(), key[2]) if pool is _pool else _private_alloc(key[2]))
 
@@ -326,7 +326,7 @@ def _new(key, attrs, stream):
     d["gpu_data"], d["stream"], d["_dnnkit_ptr"] = mem, stream, lend[1]
     d["_dnnkit_device"] = key[0]       # device.device_of: the memo's check on several GPUs
     if watch is not None:
-        watch.alloc(arr, key[1] if isinstance(stream, int) else stream)
+        watch.alloc(arr, key_stream(key[1]) if isinstance(stream, int) else stream)
     return arr
 
 
@@ -384,7 +384,7 @@ class scratch:
         if simulator() or config.get("dnn.allocator") != "caching":
             self.raw = numba_cuda().device_array(int(nbytes), dtype=np.uint8)
             return
-        self.key = (device_id(), int(stream_ptr), rounded(int(nbytes)))
+        self.key = (device_id(), stream_key(int(stream_ptr)), rounded(int(nbytes)))
         self.pool, self.raw = _block(self.key)
 
     def __enter__(self):

@@ -312,3 +312,34 @@ def test_repeated_allocations_work_out_their_pool_key_once_per_flags(monkeypatch
     with config.change_flags({"dnn.debug.fill_uninitialized": "off"}):
         memory.device_array((4, 2), np.float32, 7)
     assert len(asked) == 3
+
+
+def test_each_threads_per_thread_default_stream_has_its_own_blocks(monkeypatch):
+    """CU_STREAM_PER_THREAD's handle (2) names each thread's own per-thread default stream: the
+    pool keys its blocks by thread there (a block one thread's stream gave back, reused by
+    another thread's unordered stream, would be written while still read), and by the handle
+    alone for every other stream."""
+    import threading
+
+    from dnnkit import device
+    monkeypatch.setattr(memory, "simulator", lambda: False)
+    monkeypatch.setattr(memory, "device_id", lambda: 0)
+    monkeypatch.setitem(memory._templates, ((4,), np.dtype(np.float32)), (16, {"shape": (4,)}))
+    taken = []
+    monkeypatch.setattr(memory, "_block", lambda key: taken.append(key) or (memory._pool, None))
+
+    def keys():
+        return (memory._pooled((4,), np.dtype(np.float32), device.PER_THREAD)[0],
+                memory._pooled((4,), np.dtype(np.float32), 0x5000)[0],
+                memory.scratch(100, device.PER_THREAD).key)
+
+    mine, theirs = keys(), []
+    t = threading.Thread(target=lambda: theirs.append(keys()))
+    t.start()
+    t.join()
+    theirs = theirs[0]
+    assert mine[0] != theirs[0] and mine[2] != theirs[2]      # per-thread: per thread
+    assert mine[1] == theirs[1] == (0, 0x5000, memory.rounded(16))   # a stream: shared
+    assert mine == keys()                                     # and stable in a thread
+    assert device.key_stream(mine[0][1]) == device.PER_THREAD
+    assert device.key_stream(mine[1][1]) == 0x5000

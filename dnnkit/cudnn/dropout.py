@@ -35,7 +35,7 @@ from ctypes import POINTER, c_float, c_size_t, c_ulonglong, c_void_p
 
 import numpy as np
 
-from ..device import stream_pointer
+from ..device import stream_key, stream_pointer
 from ..memory import device_array
 from ..seeds import fresh_seed
 from . import api, handle
@@ -114,7 +114,7 @@ _cache_lock = threading.Lock()
 
 
 def _key(p, seed, stream_value):
-    return (_device_id(), stream_value, seed, p)
+    return (_device_id(), stream_key(stream_value), seed, p)
 
 
 def standing(cache, key, offset, seed):

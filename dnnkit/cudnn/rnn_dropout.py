@@ -23,7 +23,7 @@ from ctypes import c_float, c_size_t, c_ulonglong
 
 import numpy as np
 
-from ..device import device_id, stream_pointer
+from ..device import device_id, stream_key, stream_pointer
 from ..memory import device_array
 from ..seeds import fresh_seed
 from . import api
@@ -57,7 +57,7 @@ _lock = threading.Lock()
 
 
 def _key(p, seed, stream_value):
-    return (device_id(), stream_value, seed, float(p))
+    return (device_id(), stream_key(stream_value), seed, float(p))
 
 
 def reachable(p, seed, offset, stream):

@@ -19,7 +19,7 @@ import contextlib
 import threading
 
 from .. import config, memory
-from ..device import device_id, refuse_foreign_capture, simulator
+from ..device import device_id, refuse_foreign_capture, simulator, stream_key
 from ..errors import DnnkitError
 
 
@@ -75,8 +75,9 @@ class _Kept:
             self.scratch.__exit__(None, None, None)
 
 
-# (device, stream) -> _Kept, shared by the threads: calls on one stream are ordered whichever
-# thread queues them. Reentrant: an allocation under it may empty the cache (release_kept).
+# (device, stream key) -> _Kept, shared by the threads: calls on one stream are ordered
+# whichever thread queues them (device.stream_key: each thread's per-thread default stream
+# its own). Reentrant: an allocation under it may empty the cache (release_kept).
 _kept = {}
 _lock = threading.RLock()
 _local = threading.local()     # .on: whether this thread's flags keep workspaces; .merged,
@@ -129,7 +130,7 @@ def alloc(nbytes, stream):
         return _scratch(nbytes, stream)
     if stream:    # as memory refuses a block of its shared pool to a foreign capture
         refuse_foreign_capture(stream)
-    key = (device_id(), stream)
+    key = (device_id(), stream_key(stream))
     with _lock:
         k = _kept.get(key)
         if k is not None and k.nbytes >= nbytes:

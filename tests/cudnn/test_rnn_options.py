@@ -192,3 +192,25 @@ def test_dropout_supports_reasons(fake):
     assert "float32" in why and "0.3" in why
     half = RNNConfig("gru", 3, 4, 2, dtype="float64", dropout=0.5)   # exact in float32
     assert fwd_reason(half, Shaped((5, 3, 3), "float64"), training=True, seed=1) is None
+
+
+def test_dropout_states_are_kept_per_thread_on_the_per_thread_default_stream(monkeypatch):
+    # CU_STREAM_PER_THREAD (2) is each thread's own stream: generator states advanced on one
+    # thread's must not be taken up by another's, unordered (the other handles: per handle)
+    import threading
+
+    from dnnkit.cudnn import dropout as cd
+    from dnnkit.device import PER_THREAD
+    monkeypatch.setattr(rnn_dropout, "device_id", lambda: 0)
+    monkeypatch.setattr(cd, "_device_id", lambda: 0)
+
+    def keys():
+        return (rnn_dropout._key(0.5, 7, PER_THREAD), cd._key(0.5, 7, PER_THREAD),
+                rnn_dropout._key(0.5, 7, 0x5000), cd._key(0.5, 7, 0x5000))
+
+    mine, theirs = keys(), []
+    t = threading.Thread(target=lambda: theirs.append(keys()))
+    t.start()
+    t.join()
+    assert mine[0] != theirs[0][0] and mine[1] != theirs[0][1]
+    assert mine[2:] == theirs[0][2:] and mine == keys()

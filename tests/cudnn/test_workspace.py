@@ -155,3 +155,16 @@ def test_a_block_not_from_the_pool_is_never_kept(kept):
     kept.pooled = True
     _use(1000)
     assert memory.stats()["held_bytes"] == memory.rounded(1000)
+
+
+def test_each_threads_per_thread_default_stream_keeps_its_own_workspace(kept):
+    # CU_STREAM_PER_THREAD (handle 2) is a different stream in each thread: their calls are
+    # not ordered with each other, so one thread's kept workspace must not serve another's
+    from dnnkit.device import PER_THREAD
+    mine = _use(1000, stream=PER_THREAD)
+    assert _use(1000, stream=PER_THREAD) == mine
+    theirs = []
+    t = threading.Thread(target=lambda: theirs.append(_use(1000, stream=PER_THREAD)))
+    t.start()
+    t.join()
+    assert theirs[0] != mine and len(kept.made) == 2
