@@ -12,6 +12,7 @@ does not load them, and the tests choose Numba's simulator before numba is first
 """
 
 import contextlib
+import itertools
 import threading
 
 from .errors import CaptureError, DnnkitError, NumbaUnavailableError
@@ -118,15 +119,25 @@ LEGACY_CODE, PER_THREAD_CODE, PER_THREAD = 1, 2, 2
 CAPTURE_IMPLICIT = 906         # CUDA_ERROR_STREAM_CAPTURE_IMPLICIT
 
 
+_thread_serial = threading.local()      # .n: this thread's number (stream_key)
+_serials = itertools.count(1)
+
+
 def stream_key(stream_ptr):
     """What names raw stream ``stream_ptr`` in a cache kept per stream (the allocator's free
     blocks, kept workspaces, dropout generator states): the pointer itself, except for
     CU_STREAM_PER_THREAD, whose one handle value stands for each thread's own per-thread
     default stream -- work two threads queue there is not ordered, so what one thread's stream
-    gave back must not serve the other's: (PER_THREAD, the thread's id) there."""
+    gave back must not serve the other's: (PER_THREAD, a number of the thread's own) there.
+    Not the thread's ident: Python gives an ended thread's ident to the next thread, whose
+    per-thread stream is another one."""
     if stream_ptr != PER_THREAD:
         return stream_ptr
-    return (PER_THREAD, threading.get_ident())
+    d = _thread_serial.__dict__
+    n = d.get("n")
+    if n is None:
+        n = d["n"] = next(_serials)
+    return (PER_THREAD, n)
 
 
 def key_stream(key):

@@ -333,12 +333,18 @@ def test_each_threads_per_thread_default_stream_has_its_own_blocks(monkeypatch):
                 memory._pooled((4,), np.dtype(np.float32), 0x5000)[0],
                 memory.scratch(100, device.PER_THREAD).key)
 
-    mine, theirs = keys(), []
+    mine, theirs, later = keys(), [], []
     t = threading.Thread(target=lambda: theirs.append(keys()))
     t.start()
     t.join()
-    theirs = theirs[0]
+    # a thread started after that one ended (Python often hands it the same ident) has
+    # another per-thread stream, so other blocks
+    t = threading.Thread(target=lambda: later.append(keys()))
+    t.start()
+    t.join()
+    theirs, later = theirs[0], later[0]
     assert mine[0] != theirs[0] and mine[2] != theirs[2]      # per-thread: per thread
+    assert later[0] not in (mine[0], theirs[0])
     assert mine[1] == theirs[1] == (0, 0x5000, memory.rounded(16))   # a stream: shared
     assert mine == keys()                                     # and stable in a thread
     assert device.key_stream(mine[0][1]) == device.PER_THREAD
