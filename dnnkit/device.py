@@ -119,8 +119,31 @@ LEGACY_CODE, PER_THREAD_CODE, PER_THREAD = 1, 2, 2
 CAPTURE_IMPLICIT = 906         # CUDA_ERROR_STREAM_CAPTURE_IMPLICIT
 
 
-_thread_serial = threading.local()      # .n: this thread's number (stream_key)
+_thread_serial = threading.local()      # .key: its stream_key, .end: its _ThreadEnd
 _serials = itertools.count(1)
+_ended_hooks = []      # fn(stream key): a thread whose per-thread stream had a key has ended
+
+
+def on_thread_end(fn):
+    """Call ``fn(key)`` when a thread that was given :func:`stream_key` ``key`` for its
+    per-thread default stream ends: no work can be queued on that stream any more, so what is
+    kept for it alone (cached blocks, a workspace, generator states) can go."""
+    _ended_hooks.append(fn)
+
+
+class _ThreadEnd:
+    """Kept in a thread's ``threading.local``, which is dropped when the thread ends."""
+    __slots__ = ("key",)
+
+    def __init__(self, key):
+        self.key = key
+
+    def __del__(self):
+        for fn in _ended_hooks:
+            try:
+                fn(self.key)
+            except Exception:  # noqa: BLE001 - interpreter shutdown: nothing left to free
+                pass
 
 
 def stream_key(stream_ptr):
@@ -134,10 +157,11 @@ def stream_key(stream_ptr):
     if stream_ptr != PER_THREAD:
         return stream_ptr
     d = _thread_serial.__dict__
-    n = d.get("n")
-    if n is None:
-        n = d["n"] = next(_serials)
-    return (PER_THREAD, n)
+    key = d.get("key")
+    if key is None:
+        key = d["key"] = (PER_THREAD, next(_serials))
+        d["end"] = _ThreadEnd(key)
+    return key
 
 
 def key_stream(key):

@@ -1,6 +1,8 @@
 """dnnkit.memory: the caching allocator's size classes and pool (pure parts on any machine),
 and on a GPU that blocks come back per stream, are reused, and hold correct data."""
 
+import threading
+
 import numpy as np
 import pytest
 
@@ -314,38 +316,108 @@ def test_repeated_allocations_work_out_their_pool_key_once_per_flags(monkeypatch
     assert len(asked) == 3
 
 
+def _in_thread(fn):
+    out = []
+    t = threading.Thread(target=lambda: out.append(fn()))
+    t.start()
+    t.join()
+    return out[0]
+
+
 def test_each_threads_per_thread_default_stream_has_its_own_blocks(monkeypatch):
     """CU_STREAM_PER_THREAD's handle (2) names each thread's own per-thread default stream: the
     pool keys its blocks by thread there (a block one thread's stream gave back, reused by
     another thread's unordered stream, would be written while still read), and by the handle
     alone for every other stream."""
-    import threading
-
     from dnnkit import device
     monkeypatch.setattr(memory, "simulator", lambda: False)
     monkeypatch.setattr(memory, "device_id", lambda: 0)
     monkeypatch.setitem(memory._templates, ((4,), np.dtype(np.float32)), (16, {"shape": (4,)}))
-    taken = []
-    monkeypatch.setattr(memory, "_block", lambda key: taken.append(key) or (memory._pool, None))
+    monkeypatch.setattr(memory, "_block", lambda key: (memory._pool, None))
 
     def keys():
         return (memory._pooled((4,), np.dtype(np.float32), device.PER_THREAD)[0],
                 memory._pooled((4,), np.dtype(np.float32), 0x5000)[0],
                 memory.scratch(100, device.PER_THREAD).key)
 
-    mine, theirs, later = keys(), [], []
-    t = threading.Thread(target=lambda: theirs.append(keys()))
-    t.start()
-    t.join()
-    # a thread started after that one ended (Python often hands it the same ident) has
-    # another per-thread stream, so other blocks
-    t = threading.Thread(target=lambda: later.append(keys()))
-    t.start()
-    t.join()
-    theirs, later = theirs[0], later[0]
-    assert mine[0] != theirs[0] and mine[2] != theirs[2]      # per-thread: per thread
-    assert later[0] not in (mine[0], theirs[0])
-    assert mine[1] == theirs[1] == (0, 0x5000, memory.rounded(16))   # a stream: shared
-    assert mine == keys()                                     # and stable in a thread
+    mine = keys()
+    # threads one after another: Python hands an ended thread's ident to the next one, whose
+    # per-thread stream is another all the same
+    others = [_in_thread(keys) for _ in range(8)]
+    assert len({k[0] for k in [mine] + others}) == 9
+    assert len({k[2] for k in [mine] + others}) == 9
+    assert all(k[1] == mine[1] == (0, 0x5000, memory.rounded(16)) for k in others)
+    assert mine == keys()                                     # stable within a thread
     assert device.key_stream(mine[0][1]) == device.PER_THREAD
     assert device.key_stream(mine[1][1]) == 0x5000
+
+
+def test_an_ended_threads_per_thread_stream_keeps_no_blocks(monkeypatch):
+    """Blocks of a thread's per-thread default stream serve only that thread, and go back to
+    the device when it ends, also those it lent that come back later (stand-in classes for
+    Numba's, as above)."""
+    import gc
+
+    from dnnkit import device
+
+    class Pointer:
+        pass
+
+    class Array:
+        pass
+
+    class Block:
+        context = "ctx"
+
+        def __init__(self):
+            self.device_pointer = 4096 * (len(made) + 1)
+
+    pool, made = memory._Pool(), []
+    monkeypatch.setattr(memory, "_pool", pool)
+    monkeypatch.setattr(memory, "simulator", lambda: False)
+    monkeypatch.setattr(memory, "device_id", lambda: 0)
+    monkeypatch.setitem(memory._templates, ((256,), np.dtype(np.float32)),
+                        (1024, {"shape": (256,)}))
+    monkeypatch.setattr(memory, "_MemoryPointer", Pointer)
+    monkeypatch.setattr(memory, "_DeviceNDArray", Array)
+    monkeypatch.setattr(memory, "_Lent", None)
+    monkeypatch.setattr(memory, "_context", lambda: None)
+    monkeypatch.setattr(memory, "_raw_alloc", lambda ctx, size: made.append(Block()) or made[-1])
+    monkeypatch.setattr(memory, "refuse_foreign_capture", lambda stream: None)
+
+    def new():
+        return memory._new(*memory._pooled((256,), np.dtype(np.float32), device.PER_THREAD))
+
+    kept = []
+
+    def first():
+        a = new()
+        kept.append(new())          # lent while the thread ends, back after it
+        del a
+        gc.collect()
+        assert pool.cached_bytes == 1024          # cached for this thread's stream
+        return new()._dnnkit_ptr                  # and taken again by this thread
+
+    assert _in_thread(first) == 4096 and len(made) == 2
+    assert pool.cached_bytes == 0 and not pool.free   # the thread ended: its cache went
+    b = new()                                     # this thread: a block of its own
+    assert len(made) == 3 and b._dnnkit_ptr == 4096 * 3
+    kept.clear()
+    gc.collect()
+    assert pool.cached_bytes == 0                 # the ended stream's block was not cached
+    del b
+    gc.collect()
+    assert pool.cached_bytes == 1024              # this thread's own is
+
+
+def test_a_thread_end_is_told_with_its_per_thread_stream_key():
+    from dnnkit import device
+    told = []
+    device.on_thread_end(told.append)
+    try:
+        key = _in_thread(lambda: device.stream_key(device.PER_THREAD))
+        assert told == [key]
+        assert _in_thread(lambda: device.stream_key(0x5000)) == 0x5000
+        assert told == [key]                      # a thread that asked for no such key
+    finally:
+        device._ended_hooks.remove(told.append)

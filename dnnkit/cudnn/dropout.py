@@ -35,7 +35,7 @@ from ctypes import POINTER, c_float, c_size_t, c_ulonglong, c_void_p
 
 import numpy as np
 
-from ..device import stream_key, stream_pointer
+from ..device import on_thread_end, stream_key, stream_pointer
 from ..memory import device_array
 from ..seeds import fresh_seed
 from . import api, handle
@@ -111,6 +111,16 @@ class _Entry:
 
 _cache = collections.OrderedDict()
 _cache_lock = threading.Lock()
+
+
+def _thread_ended(skey):
+    """An ended thread's per-thread default stream draws no more masks: its states go."""
+    with _cache_lock:
+        for key in [k for k in _cache if k[1] == skey]:
+            del _cache[key]
+
+
+on_thread_end(_thread_ended)
 
 
 def _key(p, seed, stream_value):

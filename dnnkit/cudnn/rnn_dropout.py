@@ -23,7 +23,7 @@ from ctypes import c_float, c_size_t, c_ulonglong
 
 import numpy as np
 
-from ..device import device_id, stream_key, stream_pointer
+from ..device import device_id, on_thread_end, stream_key, stream_pointer
 from ..memory import device_array
 from ..seeds import fresh_seed
 from . import api
@@ -54,6 +54,16 @@ class Entry:
 
 _cache = collections.OrderedDict()
 _lock = threading.Lock()
+
+
+def _thread_ended(skey):
+    """An ended thread's per-thread default stream draws no more masks: its states go."""
+    with _lock:
+        for key in [k for k in _cache if k[1] == skey]:
+            del _cache[key]
+
+
+on_thread_end(_thread_ended)
 
 
 def _key(p, seed, stream_value):

@@ -19,7 +19,7 @@ import contextlib
 import threading
 
 from .. import config, memory
-from ..device import device_id, refuse_foreign_capture, simulator, stream_key
+from ..device import device_id, on_thread_end, refuse_foreign_capture, simulator, stream_key
 from ..errors import DnnkitError
 
 
@@ -116,6 +116,16 @@ def kept_bytes():
 
 
 memory.register_holder(release_kept, kept_bytes)
+
+
+def _thread_ended(skey):
+    """An ended thread's per-thread default stream gets no more calls: its workspace goes."""
+    with _lock:
+        for key in [k for k in _kept if k[1] == skey]:
+            _kept.pop(key).retire()
+
+
+on_thread_end(_thread_ended)
 
 
 def alloc(nbytes, stream):

@@ -214,3 +214,24 @@ def test_dropout_states_are_kept_per_thread_on_the_per_thread_default_stream(mon
     t.join()
     assert mine[0] != theirs[0][0] and mine[1] != theirs[0][1]
     assert mine[2:] == theirs[0][2:] and mine == keys()
+
+
+def test_an_ended_threads_per_thread_dropout_states_go(monkeypatch):
+    import threading
+
+    from dnnkit.cudnn import dropout as cd
+    from dnnkit.device import PER_THREAD
+    monkeypatch.setattr(rnn_dropout, "device_id", lambda: 0)
+    monkeypatch.setattr(cd, "_device_id", lambda: 0)
+    monkeypatch.setattr(rnn_dropout, "_cache", rnn_dropout.collections.OrderedDict())
+    monkeypatch.setattr(cd, "_cache", cd.collections.OrderedDict())
+
+    def fill():
+        for m in (rnn_dropout, cd):
+            m._cache[m._key(0.5, 7, PER_THREAD)] = "states"
+            m._cache[m._key(0.5, 7, 0x5000)] = "shared"
+
+    t = threading.Thread(target=fill)
+    t.start()
+    t.join()
+    assert list(rnn_dropout._cache.values()) == list(cd._cache.values()) == ["shared"]

@@ -168,3 +168,14 @@ def test_each_threads_per_thread_default_stream_keeps_its_own_workspace(kept):
     t.start()
     t.join()
     assert theirs[0] != mine and len(kept.made) == 2
+
+
+def test_an_ended_threads_per_thread_workspace_goes_back(kept):
+    from dnnkit.device import PER_THREAD
+    t = threading.Thread(target=lambda: _use(1000, stream=PER_THREAD))
+    t.start()
+    t.join()
+    assert kept.back == kept.made and len(kept.made) == 1      # retired at the thread's end
+    assert memory.stats()["held_bytes"] == 0
+    _use(1000)                                  # a stream's own is kept as before
+    assert memory.stats()["held_bytes"] == memory.rounded(1000)
