@@ -13,6 +13,7 @@ does not load them, and the tests choose Numba's simulator before numba is first
 
 import contextlib
 import itertools
+import sys
 import threading
 
 from .errors import CaptureError, DnnkitError, NumbaUnavailableError
@@ -122,28 +123,45 @@ CAPTURE_IMPLICIT = 906         # CUDA_ERROR_STREAM_CAPTURE_IMPLICIT
 _thread_serial = threading.local()      # .key: its stream_key, .end: its _ThreadEnd
 _serials = itertools.count(1)
 _ended_hooks = []      # fn(stream key): a thread whose per-thread stream had a key has ended
+_live_keys = set()     # the stream keys of threads that have not ended
 
 
 def on_thread_end(fn):
-    """Call ``fn(key)`` when a thread that was given :func:`stream_key` ``key`` for its
-    per-thread default stream ends: no work can be queued on that stream any more, so what is
-    kept for it alone (cached blocks, a workspace, generator states) can go."""
+    """Call ``fn(key)`` in a thread that was given :func:`stream_key` ``key`` for its
+    per-thread default stream, as it ends: no work can be queued on that stream any more, so
+    what is kept for it alone (cached blocks, a workspace, generator states) can go. Not
+    called where another thread clears the ended one's state (daemon threads at exit, the
+    other threads in a forked child): that thread may have died holding the locks the hooks
+    take; what they would free stays until ``memory.empty_cache()``."""
     _ended_hooks.append(fn)
 
 
+def thread_alive(key):
+    """Whether the thread of per-thread stream key ``key`` has not ended."""
+    return key in _live_keys
+
+
 class _ThreadEnd:
-    """Kept in a thread's ``threading.local``, which is dropped when the thread ends."""
-    __slots__ = ("key",)
+    """Kept in a thread's ``threading.local``, which the thread drops as it ends. (Threads
+    that C code gives a thread state per call, ctypes callbacks from a foreign thread, end at
+    each call's return: their blocks are freed then.)"""
+    __slots__ = ("key", "ident")
 
     def __init__(self, key):
-        self.key = key
+        self.key, self.ident = key, threading.get_ident()
 
     def __del__(self):
+        _live_keys.discard(self.key)
+        if threading.get_ident() != self.ident or sys.is_finalizing():
+            return
+        error = None
         for fn in _ended_hooks:
             try:
                 fn(self.key)
-            except Exception:  # noqa: BLE001 - interpreter shutdown: nothing left to free
-                pass
+            except Exception as e:  # noqa: BLE001 - every hook runs; the first error is shown
+                error = error or e
+        if error is not None:
+            raise error     # Python reports it ("Exception ignored in ... __del__")
 
 
 def stream_key(stream_ptr):
@@ -160,6 +178,7 @@ def stream_key(stream_ptr):
     key = d.get("key")
     if key is None:
         key = d["key"] = (PER_THREAD, next(_serials))
+        _live_keys.add(key)
         d["end"] = _ThreadEnd(key)
     return key
 

@@ -30,7 +30,7 @@ import numpy as np
 
 from . import config
 from .device import capture_relaxed, device_id, key_stream, numba_cuda, on_thread_end, \
-    refuse_foreign_capture, simulator, stream_key, stream_pointer
+    refuse_foreign_capture, simulator, stream_key, stream_pointer, thread_alive
 from .memory_fill import fill
 
 _SMALL, _SMALL_ROUND, _LARGE_ROUND = 1 << 20, 512, 2 << 20
@@ -84,7 +84,7 @@ class _Pool:
 
     def give(self, key, raw, addr=None):
         with self.lock:
-            if type(key[1]) is tuple and key[1] in _ended:
+            if type(key[1]) is tuple and self is _pool and not thread_alive(key[1]):
                 return      # an ended thread's per-thread stream: no one can take it (freed)
             if addr is None:
                 addr = address(raw)
@@ -106,15 +106,14 @@ class _Pool:
 
 
 _pool = _Pool()
-_ended = set()      # stream keys of the per-thread default streams of ended threads
 
 
 def _thread_ended(skey):
     """A thread that used its per-thread default stream ended: the blocks cached for that
     stream go back to the device, and its blocks still lent are not cached when they return
-    (device.on_thread_end; a program that starts many threads would otherwise keep them)."""
+    (``give``; a program that starts many threads would otherwise keep them). A graph's
+    private pool keeps its blocks as long as the graph."""
     with _pool.lock:
-        _ended.add(skey)
         for key in [k for k in _pool.free if k[1] == skey]:
             _pool.cached_bytes -= key[2] * len(_pool.free.pop(key))
 

@@ -421,3 +421,39 @@ def test_a_thread_end_is_told_with_its_per_thread_stream_key():
         assert told == [key]                      # a thread that asked for no such key
     finally:
         device._ended_hooks.remove(told.append)
+
+
+def test_a_thread_end_seen_from_another_thread_frees_nothing():
+    """Where another thread drops an ended thread's state (daemon threads at exit, the other
+    threads in a forked child) that thread may have died holding the pool's lock: the hooks
+    are not run there (they would wait for it forever), but the key is no longer alive, and
+    a block coming back under it is not cached."""
+    from dnnkit import device
+    told = []
+    device.on_thread_end(told.append)
+    try:
+        def grab():
+            key = device.stream_key(device.PER_THREAD)
+            return key, device._thread_serial.__dict__["end"]     # outlives its thread
+
+        key, end = _in_thread(grab)
+        assert told == [] and device.thread_alive(key)
+        del end                                  # dropped here, in another thread
+        assert told == [] and not device.thread_alive(key)
+    finally:
+        device._ended_hooks.remove(told.append)
+    private = memory.new_pool()
+    private.give((0, key, 512), object(), addr=4096)
+    assert private.cached_bytes == 512           # a graph's pool keeps its blocks
+
+
+def test_a_block_back_under_an_ended_key_is_not_cached(monkeypatch):
+    from dnnkit import device
+    pool = memory._Pool()
+    monkeypatch.setattr(memory, "_pool", pool)
+    key = _in_thread(lambda: device.stream_key(device.PER_THREAD))
+    pool.give((0, key, 512), object(), addr=4096)
+    assert pool.cached_bytes == 0 and not pool.free
+    mine = device.stream_key(device.PER_THREAD)
+    pool.give((0, mine, 512), object(), addr=4096)
+    assert pool.cached_bytes == 512
