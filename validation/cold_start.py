@@ -43,17 +43,23 @@ PACKAGES = ("dnnkit", "dnnkit.kernels", "numba", "numba_cuda", "llvmlite", "nump
             "cuda")
 
 
-def _env(cache):
-    """The scenario's environment: its Numba cache, and Python's bytecode read from (and
-    written to) the run's own folder, as an installed package has its .pyc files. The lent
-    GPU machines set PYTHONDONTWRITEBYTECODE, so without this every fresh process compiled
-    ~320 modules from source (~0.5-0.9 s, half of a cached first step's time)."""
-    env = dict(os.environ, NUMBA_CACHE_DIR=cache, PYTHONPYCACHEPREFIX=_PYC[0])
-    env.pop("PYTHONDONTWRITEBYTECODE", None)
+def _bytecode(env, folder):
+    """``env`` with Python's bytecode read from (and written to) ``folder``, as an installed
+    package has its .pyc files (None: ``env`` as it is). The lent GPU machines set
+    PYTHONDONTWRITEBYTECODE, so without this every fresh process compiled ~320 modules from
+    source (~0.5-0.9 s, half of a cached first step's time)."""
+    if folder is not None:
+        env["PYTHONPYCACHEPREFIX"] = folder
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
     return env
 
 
-_PYC = [None]
+def _env(cache):
+    """A scenario's environment: its Numba cache, the run's bytecode (compile_bytecode)."""
+    return _bytecode(dict(os.environ, NUMBA_CACHE_DIR=cache), _PYC[0])
+
+
+_PYC = [None]      # the run's bytecode folder, once compile_bytecode has filled it
 
 
 def compile_bytecode(folder, workers):
@@ -68,10 +74,8 @@ def compile_bytecode(folder, workers):
     _PYC[0] = folder
     code = ("import compileall, sys\nfor d in sys.argv[1:]:\n"
             f"    compileall.compile_dir(d, quiet=2, workers={workers})\n")
-    env = dict(os.environ, PYTHONPYCACHEPREFIX=folder)
-    env.pop("PYTHONDONTWRITEBYTECODE", None)
-    subprocess.run([sys.executable, "-c", code, *dirs], env=env, check=False,
-                   capture_output=True, timeout=600)
+    subprocess.run([sys.executable, "-c", code, *dirs], env=_bytecode(dict(os.environ), folder),
+                   check=False, capture_output=True, timeout=600)
 
 
 def run_model(model, workers, tmp):

@@ -113,14 +113,15 @@ _cache = collections.OrderedDict()
 _cache_lock = threading.Lock()
 
 
-def _thread_ended(skey):
-    """An ended thread's per-thread default stream draws no more masks: its states go."""
-    with _cache_lock:
-        for key in [k for k in _cache if k[1] == skey]:
-            del _cache[key]
+def forget_stream(cache, lock, skey):
+    """Drop the entries of ``cache`` (keys (device, stream key, ...)) for stream key ``skey``:
+    an ended thread's per-thread default stream draws no more masks (device.on_thread_end)."""
+    with lock:
+        for key in [k for k in cache if k[1] == skey]:
+            del cache[key]
 
 
-on_thread_end(_thread_ended)
+on_thread_end(lambda skey: forget_stream(_cache, _cache_lock, skey))
 
 
 def _key(p, seed, stream_value):

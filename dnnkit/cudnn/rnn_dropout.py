@@ -28,7 +28,7 @@ from ..memory import device_array
 from ..seeds import fresh_seed
 from . import api
 from .api import copy_async, ptr
-from .dropout import DropoutDescriptor, standing
+from .dropout import DropoutDescriptor, forget_stream, standing
 
 CACHE_MAX = 8
 
@@ -56,14 +56,7 @@ _cache = collections.OrderedDict()
 _lock = threading.Lock()
 
 
-def _thread_ended(skey):
-    """An ended thread's per-thread default stream draws no more masks: its states go."""
-    with _lock:
-        for key in [k for k in _cache if k[1] == skey]:
-            del _cache[key]
-
-
-on_thread_end(_thread_ended)
+on_thread_end(lambda skey: forget_stream(_cache, _lock, skey))
 
 
 def _key(p, seed, stream_value):
