@@ -12,15 +12,19 @@ overload and a packing plan: the kernel's C parameters (an array is meminfo, par
 itemsize, data, shape..., strides...; a tuple its members; scalars by their Numba type) as one
 ``struct`` format. Later launches pack into a per-thread buffer (the driver copies parameters
 during the call) and call cuLaunchKernel. ``At(array, offset)`` passes a flat array from an
-element offset without a Numba view object.
+element offset without a Numba view object. A signature an earlier process compiled is launched
+from its stored cubin, without Numba's dispatcher (dnnkit.cubins); a learned one is stored.
 """
 
 import ctypes
 import math
+import pickle
 import struct
 import threading
 import warnings
 
+from . import cubins
+from .launch_args import At, at, flat, pow2_at_most  # noqa: F401 (launch's API)
 from .device import device_id, driver, simulator, stream_pointer
 from .errors import DnnkitError
 
@@ -30,55 +34,8 @@ _cache = {}
 _lock = threading.Lock()
 
 
-def pow2_at_most(v, cap):
-    """The smallest power of two >= v, but at most ``cap`` (block-dimension sizing)."""
-    p = 1
-    while p < v and p < cap:
-        p *= 2
-    return p
-
-
 def _blocks(grid):
     return grid if isinstance(grid, int) else math.prod(grid)
-
-
-class At:
-    """A C-contiguous device array (of any rank), read as flat (1-D) from element ``offset`` on,
-    for kernel arguments: the launch adds the offset to the data pointer, so no Numba view is
-    built (several us of host time each: an RNN's per-step slices, an optimizer's gradients)."""
-    __slots__ = ("base", "offset")
-
-    def __init__(self, base, offset):
-        if isinstance(base, At):
-            base, offset = base.base, base.offset + offset
-        self.base, self.offset = base, int(offset)
-
-    @property
-    def dtype(self):
-        return self.base.dtype
-
-    @property
-    def size(self):
-        return self.base.size - self.offset
-
-    def view(self):
-        """The Numba view this stands for (the simulator's path, and Numba's first launch)."""
-        b = self.base
-        if b.ndim != 1:
-            from .memory import reshaped
-            b = reshaped(b, (b.size,))
-        return b[self.offset:] if self.offset else b
-
-
-def at(a, offset):
-    return At(a, offset) if offset else a     # (a itself for offset 0)
-
-
-def flat(a):
-    """A C-contiguous device array as a flat kernel argument: ``a`` itself when 1-D, else
-    ``At(a, 0)`` (no Numba view object: a reshape's view costs microseconds of host time, and
-    a convolution flattens four or five arrays a call)."""
-    return a if a.ndim == 1 else At(a, 0)
 
 
 def _views(args):
@@ -103,6 +60,11 @@ def launch(kernel, grid, block, stream, args, shared=0):
             return
     if _has_at(args):
         args = _views(args)
+    if not simulator() and not through_numba:
+        fast = _from_disk(kernel, args)
+        if fast is not None:
+            fast(grid, block, sp, args, shared)
+            return
     # By the raw stream handle: Numba hands out a new Stream object for the same stream.
     key = (id(kernel), grid, block, sp, shared)
     configured = _cache.get(key)
@@ -191,8 +153,8 @@ def _flat_type(nt):
     """The key of the 1-D C array type an ``At`` of a base of Numba type ``nt`` stands for."""
     e = _flat_types.get(id(nt))
     if e is None:
-        flat = nt if nt.ndim == 1 and nt.layout == "C" else nt.copy(ndim=1, layout="C")
-        e = _flat_types[id(nt)] = (id(flat), nt, flat)
+        one = nt if nt.ndim == 1 and nt.layout == "C" else nt.copy(ndim=1, layout="C")
+        e = _flat_types[id(nt)] = (id(one), nt, one)
     return e[0]
 
 
@@ -209,17 +171,42 @@ def _learn(kernel, args):
             if key in _fast:
                 return
         overload = kernel.overloads.get(argtypes)
-        launcher = _Launcher(overload, argtypes) if overload is not None else None
+        if overload is None:
+            return
+        launcher = _Launcher(overload.entry_name, argtypes,
+                             lambda: int(overload._codelibrary.get_cufunc().handle))
     except (NotImplementedError, TypeError, ValueError, KeyError, AttributeError):
         return
-    if launcher is None:
-        return
+    if _keep(key, launcher, args):
+        cubins.store(kernel, argtypes, overload)
+
+
+def _keep(key, launcher, args):
     try:
         launcher.pack(args)        # a dry run: every value of these arguments packs
     except (AttributeError, TypeError, struct.error):
-        return
+        return False
     with _lock:
         _fast[key] = launcher
+    return True
+
+
+def _from_disk(kernel, args):
+    """A launcher of the kernel's cubin stored by an earlier process (dnnkit.cubins), kept as
+    a learned one; None when there is none (the launch goes through Numba)."""
+    try:
+        argtypes = tuple(kernel.typeof_pyval(a) for a in args)
+        found = cubins.find(kernel, argtypes)
+        if found is None:
+            return None
+        launcher = _Launcher(found[0], argtypes, found[1])
+        launcher._function()           # loaded into this context now, or the fallback raises
+    except (NotImplementedError, TypeError, ValueError, KeyError, AttributeError,
+            pickle.PickleError):
+        return None
+    if first_launches is not None:
+        first_launches.append((kernel, argtypes))
+    return launcher if _keep((id(kernel), _types(args)), launcher, args) else None
 
 
 def _plan(t, v):
@@ -264,10 +251,12 @@ def _arr(a):
 
 
 class _Launcher:
-    """cuLaunchKernel of one compiled overload with arguments packed by a fixed plan."""
+    """cuLaunchKernel of one compiled kernel with arguments packed by a fixed plan. ``load()``
+    gives the kernel's handle in the current context (Numba's overload holds the argument
+    types, whose ids ``_types`` keys: the closure keeps it)."""
 
-    def __init__(self, overload, argtypes):
-        self.overload, self.argtypes = overload, argtypes
+    def __init__(self, entry_name, argtypes, load):
+        self.entry_name, self.argtypes, self._load = entry_name, argtypes, load
         names = [f"a{i}" for i in range(len(argtypes))]
         plan = [_plan(t, v) for t, v in zip(argtypes, names)]
         fmts = "".join(f for f, _ in plan)
@@ -303,7 +292,7 @@ class _Launcher:
         dev = device_id()
         f = self.functions.get(dev)
         if f is None:
-            f = self.functions[dev] = int(self.overload._codelibrary.get_cufunc().handle)
+            f = self.functions[dev] = self._load()
         return f
 
     def pack(self, args):
@@ -319,7 +308,7 @@ class _Launcher:
         (err,) = self.cu_launch(self._function(), gx, gy, gz, bx, by, bz, shared, stream_ptr,
                                 params, 0)
         if int(err) != 0:
-            raise DnnkitError(f"cuLaunchKernel of {self.overload.entry_name} failed with {err} "
+            raise DnnkitError(f"cuLaunchKernel of {self.entry_name} failed with {err} "
                               f"(grid {grid}, block {block}, {shared} bytes shared)")
 
 
@@ -441,7 +430,7 @@ class Prepared:
         (err,) = L.cu_launch(L._function(), *self.dims, self.shared, stream_pointer(stream),
                              self.params[1], 0)
         if int(err) != 0:
-            raise DnnkitError(f"cuLaunchKernel of {L.overload.entry_name} failed with {err} "
+            raise DnnkitError(f"cuLaunchKernel of {L.entry_name} failed with {err} "
                               f"(grid {self.grid}, block {self.block})")
 
 

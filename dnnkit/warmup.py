@@ -42,7 +42,7 @@ import time
 import numpy as np
 
 from . import launch as launch_mod
-from . import files, models, nn, optim
+from . import cubins, files, models, nn, optim
 from .demo import step      # one training step (returns the loss, not synchronised)
 from .device import simulator
 from .errors import DnnkitError
@@ -130,10 +130,12 @@ def entries_of(launches):
 
 
 @contextlib.contextmanager
-def recording(launch=True):
+def recording(launch=True, through_numba=True):
     """Collect (kernel, Numba argument types) of the launches inside the block into the list it
     yields. ``launch=True``: the kernels run; each launch is recorded by dnnkit.launch (on a
-    GPU; the simulator launches without typing). ``launch=False``: Numba's launch is replaced
+    GPU; the simulator launches without typing); ``through_numba=False`` there: only the
+    signatures the process had not launched before, each as it launches outside the recording
+    (a stored cubin, dnnkit.cubins, or Numba's dispatcher), as a timed first step needs. ``launch=False``: Numba's launch is replaced
     by a recorder (GPU and simulator): no kernel is compiled or run, outputs keep whatever the
     allocator gave them. Every launch goes through Numba's own while it lasts (no fast or
     packed launch of dnnkit.launch is taken), so launches of signatures the process made
@@ -143,7 +145,7 @@ def recording(launch=True):
         if launch_mod.first_launches is not None:
             raise RuntimeError("warmup.recording: already recording")
         launch_mod.first_launches = seen
-        launch_mod.through_numba = True
+        launch_mod.through_numba = through_numba
         try:
             with _factories():
                 yield seen
@@ -298,7 +300,7 @@ def compile_entry(entry):
                 plain(sig, data)
         save_overload._dnnkit_locked = True
         cache.save_overload = save_overload
-    kernel.compile(entry.argtypes)
+    cubins.store(kernel, entry.argtypes, kernel.compile(entry.argtypes))
     return kernel.stats.cache_hits[entry.argtypes] > 0
 
 
@@ -367,13 +369,14 @@ print(json.dumps(warmup.first_step(**json.loads(sys.argv[1]), t0=t0)))
 def first_step(model, dtype, batch, backend, *, manifest=None, width=64, image_size=32,
                t0=None):
     """In a fresh process: set up and run one training step (launches recorded), synchronised.
-    Returns {setup_s, step_s, end (time.time()), compiled, loaded}: ``compiled``/``loaded``
-    count the step's kernel signatures Numba compiled or took from the disk cache (None on the
-    simulator). ``manifest``: a path to save the step's launches to."""
+    Returns {setup_s, step_s, end (time.time()), compiled, loaded, cubins}: the step's kernel
+    signatures Numba compiled, took from its disk cache, and launched from stored cubins
+    (dnnkit.cubins; None on the simulator). ``manifest``: a path to save the step's launches
+    to; every launch then goes through Numba's dispatcher (``recording``), none from a cubin."""
     t0 = time.time() if t0 is None else t0
     parts = setup(model, dtype, batch, backend, width=width, image_size=image_size)
-    t1 = time.time()
-    with recording(launch=True) as seen:
+    t1, stored = time.time(), cubins.loaded
+    with recording(launch=True, through_numba=bool(manifest)) as seen:
         step(*parts).item()
     t2 = time.time()
     if manifest:
@@ -382,7 +385,8 @@ def first_step(model, dtype, batch, backend, *, manifest=None, width=64, image_s
     stats = [k.stats for k in {id(k): k for k, _ in seen}.values() if hasattr(k, "stats")]
     return {"setup_s": t1 - t0, "step_s": t2 - t1, "end": t2,
             "compiled": sum(sum(s.cache_misses.values()) for s in stats) if stats else None,
-            "loaded": sum(sum(s.cache_hits.values()) for s in stats) if stats else None}
+            "loaded": sum(sum(s.cache_hits.values()) for s in stats) if stats else None,
+            "cubins": None if simulator() else cubins.loaded - stored}
 
 
 def fresh_first_step(model, dtype, batch, backend, *, env=None, timeout=600, **kw):
@@ -451,6 +455,6 @@ def command(args):
     if args.check:
         r = fresh_first_step(args.model, args.dtype, args.batch, args.backend)
         print(f"a fresh process's first training step: {r['to_step_s']:.2f} s from its start "
-              f"(step {r['step_s']:.2f} s; {r['compiled']} signatures compiled, "
-              f"{r['loaded']} loaded from the cache)")
+              f"(step {r['step_s']:.2f} s; signatures: {r['compiled']} compiled, {r['loaded']} "
+              f"loaded from Numba's cache, {r['cubins']} from stored cubins)")
     return 1 if any(r.error for r in results) else 0

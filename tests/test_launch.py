@@ -69,7 +69,7 @@ def test_packed_parameters(monkeypatch):
     from cuda.bindings import driver
     monkeypatch.setattr(driver, "cuLaunchKernel", lambda *c: (calls.append(c), (0,))[1],
                         raising=False)
-    launcher = L._Launcher(FakeOverload, argtypes)     # binds cuLaunchKernel when made
+    launcher = L._Launcher("fake_kernel", argtypes, lambda: 0xF00)   # binds cuLaunchKernel
     launcher((5, 2), 64, 0x5EA, (a, b, (7, -3), np.float32(1.5), 2.25, L.At(base, 30)), 96)
     (c,) = calls
     assert c[:9] == (0xF00, 5, 2, 1, 64, 1, 1, 96, 0x5EA) and c[10] == 0
@@ -192,7 +192,7 @@ class Device(FakeArray):
 def _learned(monkeypatch, argtypes, cu_launch, slow):
     """(kernel, launcher): a fast launcher of ``argtypes`` as launch() would have learned it,
     launching through ``cu_launch``; the slow path's launches are appended to ``slow``."""
-    launcher = L._Launcher(FakeOverload, argtypes)
+    launcher = L._Launcher("fake_kernel", argtypes, lambda: 0xF00)
     launcher.cu_launch = cu_launch
     monkeypatch.setattr(launcher, "_function", lambda: 0xF00)
     monkeypatch.setattr(L, "simulator", lambda: False)
@@ -213,7 +213,7 @@ def test_a_prepared_launch_packs_once_then_only_what_was_set(monkeypatch):
     f1 = t.Array(t.float32, 1, "C")
     argtypes = (t.UniTuple(f1, 2), f1, t.UniTuple(t.int64, 2), t.int64, t.float32)
     seen, slow = [], []
-    fmts = L._Launcher(FakeOverload, argtypes).format[1:]
+    fmts = L._Launcher("fake_kernel", argtypes, lambda: 0xF00).format[1:]
 
     def cu_launch(fn, gx, gy, gz, bx, by, bz, shared, sp, params, extra):
         seen.append(((fn, gx, bx, sp), _read(params, fmts)))
@@ -230,7 +230,7 @@ def test_a_prepared_launch_packs_once_then_only_what_was_set(monkeypatch):
     p.set(4, -2.0)
     p("stream")
     want = ((a, d), L.At(e, 0), (9, 4), 7, -2.0)
-    ref = L._Launcher(FakeOverload, argtypes)
+    ref = L._Launcher("fake_kernel", argtypes, lambda: 0xF00)
     buf = ref._buffer()[0]
     ref.pack(want)
     import struct

@@ -391,11 +391,7 @@ for t, v in zip(argtypes, values):
 out["numba"] = [getattr(a, "value", a) for a in numba_args]
 
 
-class Overload:
-    entry_name = "kern"
-
-
-packer = launch._Launcher(Overload, argtypes)
+packer = launch._Launcher("kern", argtypes, lambda: 0)
 buf = packer._buffer()[0]
 packer.pack(values)
 out["dnnkit"] = list(struct.unpack_from(packer.format, buf))

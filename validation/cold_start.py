@@ -19,7 +19,8 @@ lent GPU machines set PYTHONDONTWRITEBYTECODE: each process would compile ~320 m
 source).
 
 Prints a table (and writes DIR/cold_start.md): seconds to the first step, kernel signatures
-compiled and loaded in that process, the warm-up's time; the warm-up's output (its 10 slowest
+compiled and loaded in that process (from Numba's cache + from the cubins dnnkit stores beside
+it, launched without Numba's dispatcher: dnnkit.cubins), the warm-up's time; the warm-up's output (its 10 slowest
 signatures with their compile seconds); and whether the record-only pass saw every signature
 the real step launched.
 """
@@ -87,7 +88,7 @@ def run_model(model, workers, tmp):
     def first(label, cache, **kw):
         r = warmup.fresh_first_step(model, DTYPE, BATCH, BACKEND, env=_env(cache), **kw)
         rows.append((model, label, f"{r['to_step_s']:.2f}", f"{r['step_s']:.2f}",
-                     str(r["compiled"]), str(r["loaded"]), ""))
+                     str(r["compiled"]), f"{r['loaded']} + {r['cubins']} cubins", ""))
         print(rows[-1], flush=True)
 
     first("empty cache", a_cache, manifest=real)

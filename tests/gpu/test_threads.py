@@ -1,7 +1,10 @@
 """Concurrency: eight Python threads, each on its own stream, call every op of every
 family at the same time, on each backend; each thread's results equal the serial run of the
 same inputs bit for bit (dnn.deterministic on, in every thread: change_flags is per thread),
-and each thread used its own cuDNN handle.
+and each thread used its own cuDNN handle. The streams are either created by each thread or
+each thread's per-thread default stream (CU_STREAM_PER_THREAD: one handle value, a different
+stream in each thread, so the allocator's blocks, the kept workspaces and the dropout states
+cached under it must not be shared between the threads).
 
 Run on a GPU: python -m pytest -q tests/gpu/test_threads.py
 """
@@ -21,6 +24,7 @@ ATOMIC_SUMS = {"embedding_backward"}
 
 THREADS, REPEAT = 8, 3
 BACKENDS = ["numba", pytest.param("cudnn", marks=pytest.mark.cudnn)]
+STREAMS = ["own", "per_thread"]
 
 
 def _host(out):
@@ -41,8 +45,9 @@ def _runnable(cases, backend, inputs):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("streams", STREAMS)
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_threads_on_their_own_streams_match_the_serial_run(backend):
+def test_threads_on_their_own_streams_match_the_serial_run(backend, streams):
     from numba import cuda
 
     from dnnkit.device import stream_pointer
@@ -59,7 +64,7 @@ def test_threads_on_their_own_streams_match_the_serial_run(backend):
     def work(i):
         try:
             with config.change_flags({"dnn.deterministic": True}):
-                s = cuda.stream()
+                s = cuda.stream() if streams == "own" else cuda.per_thread_default_stream()
                 start.wait()                 # every thread in flight at once
                 for _ in range(REPEAT):
                     out = {op: cases[op].run(backend, s, inputs[i][op]) for op in ops}
