@@ -7,8 +7,9 @@ and SciPy's linear algebra where SciPy is installed: ~0.5 s on an H100 host), an
 unpickles the kernel and checks its index (3-4 ms). Half of a cached first training step's
 second (validation/notes/cold-start.md). So dnnkit keeps beside Numba's cache the one thing a
 launch needs, the kernel's machine code and entry name, per (kernel, Numba argument types,
-device): ``store`` after Numba compiled or loaded an overload (dnnkit.launch, the warm-up's
-workers), ``find`` before a launch would go through Numba; a found cubin is loaded with
+device): ``store`` after Numba compiled an overload in this process (dnnkit.launch, the
+warm-up's workers; not one loaded from Numba's cache, which may be stale), ``find`` before a
+launch would go through Numba; a found cubin is loaded with
 cuModuleLoadData and launched by dnnkit.launch's packed launcher, as a learned one.
 
 The key. Numba's index is stamped with the kernel's own source file only, so a device function
@@ -21,8 +22,8 @@ version and the device's compute capability. A kernel Numba would not cache (no
 or launch-configuration-sensitive one, is never stored.
 
 Files: ``<Numba's cache folder of the kernel>/dnnkit-cubins/<name>-<key>.cubin``, written
-atomically (dnnkit.files); a file that cannot be read or loaded is passed over (Numba then
-compiles or loads the kernel and the file is written again). Removing the cache folder, as
+atomically (dnnkit.files); a file that cannot be read or loaded is passed over (and removed
+when the driver refuses it) for Numba's kernel. Removing the cache folder, as
 for Numba's cache, removes them. numba is imported inside functions (``import dnnkit`` does
 not load it).
 """
@@ -30,7 +31,6 @@ not load it).
 import contextlib
 import hashlib
 import os
-import pickle
 import re
 import threading
 
@@ -47,24 +47,33 @@ loaded = 0              # cubins found and read by this process (validation's fi
 
 
 def _sources_stamp():
+    """The hash of the kernels' sources and the compilers' versions; b"" (no cubins in this
+    process) when a source cannot be read."""
     global _stamp
     if _stamp is None:
+        import llvmlite
+        import numba
         import numba_cuda
         from numba.cuda.cudadrv import runtime
 
         from . import kernels
         h = hashlib.sha256()
         root = os.path.dirname(os.path.abspath(kernels.__file__))
-        for folder, subs, names in sorted(os.walk(root)):
-            subs[:] = sorted(s for s in subs if s != "__pycache__")
-            for n in sorted(names):
-                if n.endswith(".py"):
-                    path = os.path.join(folder, n)
-                    h.update(os.path.relpath(path, root).encode() + b"\0")
-                    with open(path, "rb") as f:
-                        h.update(f.read() + b"\0")
-        h.update(repr((numba_cuda.__version__, runtime.runtime.get_version())).encode())
-        _stamp = h.digest()
+        try:
+            for folder, subs, names in sorted(os.walk(root)):
+                subs[:] = sorted(s for s in subs if s != "__pycache__")
+                for n in sorted(names):
+                    if n.endswith(".py") and not n.startswith("."):   # not an editor's lock
+                        path = os.path.join(folder, n)
+                        h.update(os.path.relpath(path, root).encode() + b"\0")
+                        with open(path, "rb") as f:
+                            h.update(f.read() + b"\0")
+            h.update(repr((numba.__version__, numba_cuda.__version__, llvmlite.__version__,
+                           runtime.runtime.get_version())).encode())
+            _stamp = h.digest()
+        except OSError as e:
+            log.debug("cubins: the kernels' sources cannot be read (%s): none used", e)
+            _stamp = b""
     return _stamp
 
 
@@ -118,7 +127,7 @@ def _text(obj, memo):
     if isinstance(obj, Type):
         return f"numba:{obj}"
     if isinstance(obj, np.ndarray):
-        return f"ndarray:{obj.dtype.str}:{obj.shape}:{hashlib.sha256(obj.tobytes()).hexdigest()}"
+        return f"ndarray:{obj.dtype!r}:{obj.shape}:{hashlib.sha256(obj.tobytes()).hexdigest()}"
     if isinstance(obj, (np.dtype, np.generic)) or (isinstance(obj, type)
                                                      and issubclass(obj, np.generic)):
         return f"numpy:{obj!r}"
@@ -130,7 +139,8 @@ def _text(obj, memo):
     if isinstance(obj, pytypes.FunctionType):
         cells = tuple(c.cell_contents for c in obj.__closure__ or ())
         return (f"function:{obj.__module__}.{obj.__qualname__}:{fingerprint(obj.__code__, memo)}"
-                f":{fingerprint(obj.__defaults__, memo)}:{fingerprint(cells, memo)}")
+                f":{fingerprint((obj.__defaults__, obj.__kwdefaults__), memo)}"
+                f":{fingerprint(cells, memo)}")
     f = getattr(obj, "py_func", None)
     if isinstance(f, pytypes.FunctionType):                 # a Numba dispatcher
         return (f"{t.__name__}:{fingerprint(f, memo)}:"
@@ -155,7 +165,7 @@ def path(kernel, argtypes, cc=None):
     """The file of ``kernel``'s cubin for ``argtypes`` on a device of compute capability
     ``cc`` (default: the current device's); None for a kernel without a disk cache."""
     folder = _folder(kernel)
-    if folder is None:
+    if folder is None or not _sources_stamp():
         return None
     h = hashlib.sha256(_sources_stamp() + _kernel_part(kernel))
     h.update(repr((tuple(str(t) for t in argtypes), tuple(cc or _cc()))).encode())
@@ -165,9 +175,12 @@ def path(kernel, argtypes, cc=None):
 
 def storable(overload):
     """Whether a compiled overload is machine code alone: no setup callbacks run at its
-    module's load, no live objects it refers to, an ordinary launch."""
+    module's load, no live objects it refers to, an ordinary launch (not a debug kernel, whose
+    exceptions Numba's launch checks; no shared memory carveout, which Numba sets at bind)."""
     lib = overload._codelibrary
     return not (getattr(overload, "cooperative", False) or getattr(lib, "use_cooperative", False)
+                or getattr(overload, "debug", False)
+                or getattr(overload, "shared_memory_carveout", None) is not None
                 or getattr(overload, "launch_config_sensitive", False)
                 or getattr(lib, "_setup_functions", None) or getattr(lib, "referenced_objects",
                                                                     None)
@@ -176,25 +189,34 @@ def storable(overload):
 
 def store(kernel, argtypes, overload):
     """Write ``overload``'s cubin (``kernel`` compiled for ``argtypes`` on the current device)
-    unless its file exists; True when written. Never raises for a file it cannot write: the
+    unless its file exists; True when written. Only an overload this process compiled: one
+    Numba loaded from its cache may be stale (Numba's index is stamped with the kernel's own
+    file, not with the device functions it calls from other files) and would be kept under a
+    key made from the current sources. Never raises: the launch it follows has run, and the
     cubin is a convenience beside Numba's cache."""
     try:
-        if _folder(kernel) is None or not storable(overload):
+        misses = getattr(getattr(kernel, "stats", None), "cache_misses", None)
+        if (_folder(kernel) is None or not storable(overload) or misses is None
+                or not misses.get(tuple(argtypes))):
             return False
         cc = _cc()
         p = path(kernel, argtypes, cc)
-        if os.path.exists(p):
+        if p is None or os.path.exists(p):
             return False
-        cubin = machine_code(overload._codelibrary.get_cubin(cc=cc))
+        # the target Numba compiled for (sm_90a on an H100: (9, 0, "a")), not a new link
+        cubin = machine_code(overload._codelibrary.get_cubin())
         if cubin is None:
             log.debug("cubins: %s's compiled code is not a cubin: not stored", overload.entry_name)
             return False
         os.makedirs(os.path.dirname(p), exist_ok=True)
         files.write_bytes(p, MAGIC + overload.entry_name.encode() + b"\n" + cubin)
         return True
-    except (OSError, AttributeError, TypeError, ValueError, pickle.PickleError) as e:
-        log.debug("cubins: %s not stored (%s: %s)", getattr(overload, "entry_name", kernel),
-                  type(e).__name__, e)
+    except OSError as e:
+        log.debug("cubins: %s not stored (%s)", getattr(overload, "entry_name", kernel), e)
+        return False
+    except Exception as e:       # a defect here must not fail the launch that ran: said loudly
+        log.warning("cubins: %s not stored (%s: %s)", getattr(overload, "entry_name", kernel),
+                    type(e).__name__, e)
         return False
 
 
@@ -242,20 +264,21 @@ def find(kernel, argtypes):
     """(entry name, loader) of a stored cubin of ``kernel`` for ``argtypes`` on the current
     device, or None. ``loader()`` returns the kernel's handle in the current context: the
     stored cubin on a device of its compute capability, else (another device, or a cubin the
-    driver refuses, whose file is then replaced) Numba's overload, compiled or loaded."""
-    global loaded
+    driver refuses, whose file is then removed) Numba's overload, compiled or loaded."""
     cc = _cc()
     p = path(kernel, argtypes, cc)
     found = None if p is None else read(p)
     if found is None:
         return None
     entry, cubin = found
-    loaded += 1
 
     def loader():
+        global loaded
         if _cc() == cc:
             fn = load_function(cubin, entry)
             if fn is not None:
+                with _lock:
+                    loaded += 1
                 return fn
             with contextlib.suppress(OSError):
                 os.unlink(p)            # refused by this driver: Numba's overload is stored

@@ -18,7 +18,6 @@ from its stored cubin, without Numba's dispatcher (dnnkit.cubins); a learned one
 
 import ctypes
 import math
-import pickle
 import struct
 import threading
 import warnings
@@ -27,6 +26,7 @@ from . import cubins
 from .launch_args import At, at, flat, pow2_at_most  # noqa: F401 (launch's API)
 from .device import device_id, driver, simulator, stream_pointer
 from .errors import DnnkitError
+from .log import log
 
 _QUIET_BELOW = 128
 _CACHE_MAX = 1024
@@ -193,7 +193,8 @@ def _keep(key, launcher, args):
 
 def _from_disk(kernel, args):
     """A launcher of the kernel's cubin stored by an earlier process (dnnkit.cubins), kept as
-    a learned one; None when there is none (the launch goes through Numba)."""
+    a learned one; None when there is none (the launch goes through Numba). A failure of this
+    path is never the launch's: Numba's then runs (an unexpected one logged once a kernel)."""
     try:
         argtypes = tuple(kernel.typeof_pyval(a) for a in args)
         found = cubins.find(kernel, argtypes)
@@ -201,12 +202,22 @@ def _from_disk(kernel, args):
             return None
         launcher = _Launcher(found[0], argtypes, found[1])
         launcher._function()           # loaded into this context now, or the fallback raises
-    except (NotImplementedError, TypeError, ValueError, KeyError, AttributeError,
-            pickle.PickleError):
+    except (NotImplementedError, TypeError, ValueError, KeyError, OSError):
+        return None                    # an argument Numba types differently; an unread file
+    except Exception as e:
+        if id(kernel) not in _disk_failed:
+            _disk_failed[id(kernel)] = kernel
+            log.warning("launch: the stored cubin of %s was not used (%s: %s)",
+                        getattr(kernel, "__name__", kernel), type(e).__name__, e)
+        return None
+    if not _keep((id(kernel), _types(args)), launcher, args):
         return None
     if first_launches is not None:
         first_launches.append((kernel, argtypes))
-    return launcher if _keep((id(kernel), _types(args)), launcher, args) else None
+    return launcher
+
+
+_disk_failed = {}     # id(kernel) -> kernel, warned about once
 
 
 def _plan(t, v):

@@ -17,14 +17,22 @@ import pytest
 from dnnkit import cubins, launch, warmup
 
 
-def _fake_kernel(folder, scale=2.0, options=None):
+class _Compiled(dict):
+    """Numba's ``stats.cache_misses`` of a kernel compiled here for every signature."""
+
+    def get(self, key, default=None):
+        return 1
+
+
+def _fake_kernel(folder, scale=2.0, options=None, compiled=True):
     def make(s):
         def kernel(x):
             return x * s
         return kernel
     return pytypes.SimpleNamespace(
         py_func=make(scale), _cache=pytypes.SimpleNamespace(cache_path=str(folder)),
-        targetoptions=options or {"fastmath": False, "launch_bounds": None})
+        targetoptions=options or {"fastmath": False, "launch_bounds": None},
+        stats=pytypes.SimpleNamespace(cache_misses=_Compiled() if compiled else {}))
 
 
 class _Lib:
@@ -32,7 +40,9 @@ class _Lib:
         self.__dict__.update(kw)
 
     def get_cubin(self, cc=None):
-        return b"\x7fELF cubin for sm_%d%d" % cc
+        # Numba's own target when not told one (sm_90a on an H100): store() must not ask
+        assert cc is None, "a cubin for another target than Numba compiled for"
+        return b"\x7fELF cubin"
 
 
 def _overload(**kw):
@@ -69,6 +79,9 @@ def test_a_fingerprint_is_the_values_not_where_they_lie_in_memory():
     # a value met twice is written out twice (a temporary's id may be another's later)
     assert cubins.fingerprint((d1, d2, d1)) == \
         f"tuple({one},{cubins.fingerprint(d2)},{one})"
+    a = np.zeros(2, [("a", "f4"), ("b", "i4")])
+    b = np.zeros(2, [("a", "i4"), ("b", "f4")])
+    assert cubins.fingerprint(a) != cubins.fingerprint(b)      # same bytes, other fields
     loop = []
     loop.append(loop)
     assert cubins.fingerprint(loop) == "list(<cycle>)"
@@ -82,19 +95,33 @@ def test_no_folder_no_cubin(tmp_path, cc):
     assert cubins.find(k, ()) is None
 
 
+def test_an_overload_numba_loaded_from_its_cache_is_not_stored(tmp_path, cc):
+    # Numba's index is stamped with the kernel's own file: its entry may be older than the
+    # sources the cubin's key is made of
+    k = _fake_kernel(tmp_path, compiled=False)
+    assert cubins.store(k, ("float32",), _overload()) is False
+    assert not os.path.exists(cubins.path(k, ("float32",)))
+
+
+def test_an_unreadable_kernel_source_turns_cubins_off(tmp_path, cc, monkeypatch):
+    monkeypatch.setattr(cubins, "_stamp", b"")
+    k = _fake_kernel(tmp_path)
+    assert cubins.path(k, ()) is None and cubins.store(k, (), _overload()) is False
+
+
 def test_store_then_find(tmp_path, cc, monkeypatch):
     k = _fake_kernel(tmp_path)
     assert cubins.store(k, ("float32",), _overload()) is True
     assert cubins.store(k, ("float32",), _overload()) is False     # there already
     assert cubins.read(cubins.path(k, ("float32",))) == ("_Z6kernel",
-                                                          b"\x7fELF cubin for sm_90")
+                                                          b"\x7fELF cubin")
     loads = []
     monkeypatch.setattr(cubins, "load_function",
                         lambda cubin, entry: loads.append((cubin, entry)) or 0xF00)
     before = cubins.loaded
     entry, loader = cubins.find(k, ("float32",))
-    assert entry == "_Z6kernel" and cubins.loaded == before + 1
-    assert loader() == 0xF00 and loads == [(b"\x7fELF cubin for sm_90", "_Z6kernel")]
+    assert entry == "_Z6kernel" and cubins.loaded == before
+    assert loader() == 0xF00 and cubins.loaded == before + 1 and loads == [(b"\x7fELF cubin", "_Z6kernel")]
     assert cubins.find(k, ("float64",)) is None
 
 
@@ -116,10 +143,16 @@ def test_numbas_object_code_is_stored_as_its_bytes(tmp_path, cc):
 
 @pytest.mark.parametrize("flag", [dict(_setup_functions=[print]),
                                   dict(referenced_objects={1: object()}),
-                                  dict(use_cooperative=True), dict(needs_cudadevrt=True)])
+                                  dict(use_cooperative=True), dict(needs_cudadevrt=True),
+                                  "debug", "carveout"])
 def test_what_is_not_machine_code_alone_is_not_stored(tmp_path, cc, flag):
     k = _fake_kernel(tmp_path)
-    assert cubins.store(k, (), _overload(**flag)) is False
+    ov = _overload(**(flag if isinstance(flag, dict) else {}))
+    if flag == "debug":
+        ov.debug = True                   # Numba's launch checks its exception flag
+    elif flag == "carveout":
+        ov.shared_memory_carveout = 50    # set by Numba at bind
+    assert cubins.store(k, (), ov) is False
     assert not os.path.exists(os.path.join(str(tmp_path), cubins.FOLDER))
 
 

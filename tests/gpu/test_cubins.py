@@ -1,6 +1,7 @@
 """Stored cubins on a GPU (dnnkit.cubins): a fresh process launches the kernels an earlier one
 compiled without Numba's dispatcher (its compile and cache load are made to raise) and gets
-the same bits; a cubin the driver refuses is replaced, and the results stay the same.
+the same bits; a cubin the driver refuses is dropped for Numba's overload, and the results
+stay the same; only a process that compiled a kernel stores its cubin.
 
 Run on a GPU: python -m pytest -q tests/gpu/test_cubins.py
 """
@@ -67,14 +68,20 @@ def test_a_fresh_process_launches_stored_cubins_without_numba(tmp_path):
     assert second["digest"] == first["digest"]
     assert second["cubins"] == len(stored)
 
-    # every file's machine code replaced by bytes no driver loads: Numba's overload is taken
-    # and each file written again from it
+    # every file's machine code replaced by bytes no driver loads: Numba's overload (from its
+    # cache) is taken and the file removed; not written again from a cache load (cubins.store)
     for p in stored:
         entry, _ = cubins.read(p)
         with open(p, "wb") as f:
             f.write(cubins.MAGIC + entry.encode() + b"\n" + b"not a cubin")
     third = _run("plain", tmp_path)
-    assert third["digest"] == first["digest"]
+    assert third["digest"] == first["digest"] and third["cubins"] == 0
+    assert not any(os.path.exists(p) for p in stored)
+
+    # Numba's index files gone: the next process compiles, and stores every cubin again
+    for p in glob.glob(os.path.join(str(tmp_path), "**", "*.nbi"), recursive=True):
+        os.remove(p)
+    assert _run("plain", tmp_path)["digest"] == first["digest"]
     for p in stored:
         assert cubins.read(p)[1].startswith(b"\x7fELF"), p
     assert _run("forbid", tmp_path)["digest"] == first["digest"]
