@@ -5,7 +5,9 @@ dispatcher) needs a GPU: tests/gpu/test_cubins.py. Here: fake kernels and overlo
 shape Numba's have, and the real numba.cuda (not the simulator) for the keys of dnnkit's own
 kernels in two fresh processes."""
 
+import collections
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -25,6 +27,8 @@ class _Compiled(dict):
 
 
 def _fake_kernel(folder, scale=2.0, options=None, compiled=True):
+    """``compiled``: True (every signature compiled in this process), False (none), or a
+    Counter keyed as Numba keys it: the tuple of argument types."""
     def make(s):
         def kernel(x):
             return x * s
@@ -32,7 +36,8 @@ def _fake_kernel(folder, scale=2.0, options=None, compiled=True):
     return pytypes.SimpleNamespace(
         py_func=make(scale), _cache=pytypes.SimpleNamespace(cache_path=str(folder)),
         targetoptions=options or {"fastmath": False, "launch_bounds": None},
-        stats=pytypes.SimpleNamespace(cache_misses=_Compiled() if compiled else {}))
+        stats=pytypes.SimpleNamespace(cache_misses=_Compiled() if compiled is True
+                                      else compiled or collections.Counter()))
 
 
 class _Lib:
@@ -82,6 +87,15 @@ def test_a_fingerprint_is_the_values_not_where_they_lie_in_memory():
     a = np.zeros(2, [("a", "f4"), ("b", "i4")])
     b = np.zeros(2, [("a", "i4"), ("b", "f4")])
     assert cubins.fingerprint(a) != cubins.fingerprint(b)      # same bytes, other fields
+
+    def g(x, *, y=1):
+        return x + y
+    h = g
+    one_g = cubins.fingerprint(g)
+
+    def g(x, *, y=2):
+        return x + y
+    assert cubins.fingerprint(g) != one_g and cubins.fingerprint(h) == one_g
     loop = []
     loop.append(loop)
     assert cubins.fingerprint(loop) == "list(<cycle>)"
@@ -98,9 +112,29 @@ def test_no_folder_no_cubin(tmp_path, cc):
 def test_an_overload_numba_loaded_from_its_cache_is_not_stored(tmp_path, cc):
     # Numba's index is stamped with the kernel's own file: its entry may be older than the
     # sources the cubin's key is made of
-    k = _fake_kernel(tmp_path, compiled=False)
-    assert cubins.store(k, ("float32",), _overload()) is False
-    assert not os.path.exists(cubins.path(k, ("float32",)))
+    from numba import typeof
+    here = (typeof(np.float32(1)),)
+    k = _fake_kernel(tmp_path, compiled=collections.Counter({here: 1}))
+    assert cubins.store(k, (typeof(1),), _overload()) is False      # loaded, not compiled
+    assert not os.path.exists(cubins.path(k, (typeof(1),)))
+    assert cubins.store(k, list(here), _overload()) is True         # compiled in this process
+
+
+def test_the_sources_stamp_skips_editor_files_and_gives_up_on_unreadable_ones(tmp_path,
+                                                                             monkeypatch):
+    from dnnkit import kernels
+    (tmp_path / "conv.py").write_text("x = 1\n")
+    os.symlink(tmp_path / "gone", tmp_path / ".#conv.py")       # an editor's lock link
+    monkeypatch.setattr(kernels, "__file__", str(tmp_path / "__init__.py"))
+    monkeypatch.setattr(cubins, "_stamp", None)
+    stamp = cubins._sources_stamp()
+    assert stamp
+    (tmp_path / "conv.py").write_text("x = 2\n")
+    monkeypatch.setattr(cubins, "_stamp", None)
+    assert cubins._sources_stamp() not in (b"", stamp)           # the contents count
+    os.symlink(tmp_path / "gone", tmp_path / "pool.py")          # unreadable: cubins off
+    monkeypatch.setattr(cubins, "_stamp", None)
+    assert cubins._sources_stamp() == b""
 
 
 def test_an_unreadable_kernel_source_turns_cubins_off(tmp_path, cc, monkeypatch):
@@ -178,14 +212,16 @@ def test_a_cubin_the_driver_refuses_is_replaced_by_numbas_overload(tmp_path, cc,
     cubins.store(k, (), _overload())
     p = cubins.path(k, ())
     numba_fn = pytypes.SimpleNamespace(handle=0xABC)
-    compiled = _overload(get_cufunc=lambda: numba_fn)
-    k.compile = lambda argtypes: compiled
+    k.compile = lambda argtypes: _overload(get_cufunc=lambda: numba_fn)
+    k.stats.cache_misses = collections.Counter()        # Numba loads it from its cache
     monkeypatch.setattr(cubins, "load_function", lambda cubin, entry: None)
-    monkeypatch.setattr(cubins, "store", lambda *a: stored.append(a))
-    stored = []
     _, loader = cubins.find(k, ())
-    assert loader() == 0xABC and not os.path.exists(p)
-    assert stored == [(k, (), compiled)]                # written again from Numba's
+    assert loader() == 0xABC and not os.path.exists(p)    # removed, not written again
+
+    k.stats.cache_misses = collections.Counter({(): 1})    # Numba compiled it here
+    cubins.store(k, (), _overload())
+    _, loader = cubins.find(k, ())
+    assert loader() == 0xABC and os.path.exists(p)         # written from the compile
 
 
 def test_another_devices_architecture_takes_numbas_overload(tmp_path, monkeypatch):
@@ -219,6 +255,20 @@ def test_launch_keeps_a_found_cubins_launcher_and_records_it(monkeypatch):
     assert calls[0][0] == 0xF00 and calls[0][8] == 0x5EA
     assert launch._fast[(id(kernel), launch._types((5,)))] is fast
     assert launch._from_disk(kernel, (np.float32(1),)) is None       # nothing stored
+
+
+def test_an_unexpected_failure_of_the_cubin_path_is_logged_once(monkeypatch, caplog):
+    from numba import typeof
+
+    def broken(k, argtypes):
+        raise RuntimeError("a defect")
+    monkeypatch.setattr(cubins, "find", broken)
+    kernel = pytypes.SimpleNamespace(typeof_pyval=typeof, __name__="k")
+    with caplog.at_level(logging.WARNING, logger="dnnkit"):
+        assert launch._from_disk(kernel, (5,)) is None        # Numba's launch then runs
+        assert launch._from_disk(kernel, (6,)) is None
+    assert [r.getMessage() for r in caplog.records] == [
+        "launch: the stored cubin of k was not used (RuntimeError: a defect)"]
 
 
 def test_learn_stores_the_overload_numba_launched(monkeypatch):

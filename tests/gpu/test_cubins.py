@@ -23,12 +23,19 @@ import numpy as np
 from numba import cuda
 import dnnkit
 from dnnkit import cubins
+from numba.cuda.dispatcher import CUDADispatcher
+compiled, plain = [0], CUDADispatcher.compile
 if sys.argv[1] == "forbid":
-    from numba.cuda.dispatcher import CUDADispatcher
-
     def refuse(self, *args, **kwargs):
         raise RuntimeError(f"Numba's dispatcher compiled or loaded {self.py_func.__name__}")
     CUDADispatcher.compile = refuse
+else:
+    def counting(self, sig):            # the signatures Numba compiled (not cache loads)
+        before = sum(self.stats.cache_misses.values())
+        out = plain(self, sig)
+        compiled[0] += sum(self.stats.cache_misses.values()) - before
+        return out
+    CUDADispatcher.compile = counting
 rng = np.random.default_rng(0)
 x = cuda.to_device(rng.standard_normal((2, 4, 9, 9)).astype(np.float32))
 w = cuda.to_device(rng.standard_normal((8, 4, 3, 3)).astype(np.float32))
@@ -42,7 +49,7 @@ for _ in range(2):                  # the second call takes the memo's packed la
         v = np.asarray(a.copy_to_host())
         assert np.isfinite(v).all()
         h.update(v.tobytes())
-print(json.dumps({"digest": h.hexdigest(), "cubins": cubins.loaded}))
+print(json.dumps({"digest": h.hexdigest(), "cubins": cubins.loaded, "compiled": compiled[0]}))
 """
 
 
@@ -60,7 +67,7 @@ def test_a_fresh_process_launches_stored_cubins_without_numba(tmp_path):
     first = _run("plain", tmp_path)                   # compiles through Numba, stores cubins
     stored = sorted(glob.glob(os.path.join(str(tmp_path), "**", cubins.FOLDER, "*.cubin"),
                               recursive=True))
-    assert first["cubins"] == 0 and len(stored) >= 4, stored
+    assert first["cubins"] == 0 and first["compiled"] >= len(stored) >= 4, (first, stored)
     for p in stored:
         entry, cubin = cubins.read(p)
         assert cubin.startswith(b"\x7fELF") and entry
@@ -75,13 +82,15 @@ def test_a_fresh_process_launches_stored_cubins_without_numba(tmp_path):
         with open(p, "wb") as f:
             f.write(cubins.MAGIC + entry.encode() + b"\n" + b"not a cubin")
     third = _run("plain", tmp_path)
+    assert third["compiled"] == 0, "Numba's cache missed in a later process: " + str(third)
     assert third["digest"] == first["digest"] and third["cubins"] == 0
     assert not any(os.path.exists(p) for p in stored)
 
     # Numba's index files gone: the next process compiles, and stores every cubin again
     for p in glob.glob(os.path.join(str(tmp_path), "**", "*.nbi"), recursive=True):
         os.remove(p)
-    assert _run("plain", tmp_path)["digest"] == first["digest"]
+    fourth = _run("plain", tmp_path)
+    assert fourth["digest"] == first["digest"] and fourth["compiled"] == first["compiled"]
     for p in stored:
         assert cubins.read(p)[1].startswith(b"\x7fELF"), p
     assert _run("forbid", tmp_path)["digest"] == first["digest"]
