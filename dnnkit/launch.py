@@ -52,19 +52,21 @@ def launch(kernel, grid, block, stream, args, shared=0):
     """``kernel[grid, block, stream, shared](*args)`` without Numba's small-grid warning."""
     if watch is not None:
         watch.launch(kernel, grid, block, stream, args, shared)
-    sp = stream_pointer(stream)
+    sp, key = stream_pointer(stream), None
     if not simulator() and not through_numba:
-        fast = _fast.get((id(kernel), _types(args)))
+        key = (id(kernel), _types(args))
+        fast = _fast.get(key)
         if fast is not None:
             fast(grid, block, sp, args, shared)
             return
     if _has_at(args):
         args = _views(args)
-    if not simulator() and not through_numba:
+    if key is not None and key not in _no_disk:     # looked up once a signature and process
         fast = _from_disk(kernel, args)
         if fast is not None:
             fast(grid, block, sp, args, shared)
             return
+        _no_disk.add(key)
     # By the raw stream handle: Numba hands out a new Stream object for the same stream.
     key = (id(kernel), grid, block, sp, shared)
     configured = _cache.get(key)
@@ -107,6 +109,7 @@ class Site:
 
 # ---------------------------------------------------------------- the fast path
 _fast = {}        # (id(kernel), argument type key) -> _Launcher
+_no_disk = set()  # those keys with no stored cubin (a launch that is never learned: not again)
 # While a list (dnnkit.warmup): each launch Numba made appends (kernel, its Numba argument
 # types). While through_numba (warmup's recordings), every launch goes through Numba's own, so
 # that a recorder sees each one, a signature launched before included: no learned launcher
@@ -194,7 +197,7 @@ def _keep(key, launcher, args):
 def _from_disk(kernel, args):
     """A launcher of the kernel's cubin stored by an earlier process (dnnkit.cubins), kept as
     a learned one; None when there is none (the launch goes through Numba). A failure of this
-    path is never the launch's: Numba's then runs (an unexpected one logged once a kernel)."""
+    path is never the launch's: Numba's then runs (an unexpected one is logged)."""
     try:
         argtypes = tuple(kernel.typeof_pyval(a) for a in args)
         found = cubins.find(kernel, argtypes)
@@ -205,19 +208,14 @@ def _from_disk(kernel, args):
     except (NotImplementedError, TypeError, ValueError, KeyError, OSError):
         return None                    # an argument Numba types differently; an unread file
     except Exception as e:
-        if id(kernel) not in _disk_failed:
-            _disk_failed[id(kernel)] = kernel
-            log.warning("launch: the stored cubin of %s was not used (%s: %s)",
-                        getattr(kernel, "__name__", kernel), type(e).__name__, e)
+        log.warning("launch: the stored cubin of %s was not used (%s: %s)",
+                    getattr(kernel, "__name__", kernel), type(e).__name__, e)
         return None
     if not _keep((id(kernel), _types(args)), launcher, args):
         return None
     if first_launches is not None:
         first_launches.append((kernel, argtypes))
     return launcher
-
-
-_disk_failed = {}     # id(kernel) -> kernel, warned about once
 
 
 def _plan(t, v):

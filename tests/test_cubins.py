@@ -257,7 +257,7 @@ def test_launch_keeps_a_found_cubins_launcher_and_records_it(monkeypatch):
     assert launch._from_disk(kernel, (np.float32(1),)) is None       # nothing stored
 
 
-def test_an_unexpected_failure_of_the_cubin_path_is_logged_once(monkeypatch, caplog):
+def test_an_unexpected_failure_of_the_cubin_path_is_logged(monkeypatch, caplog):
     from numba import typeof
 
     def broken(k, argtypes):
@@ -266,9 +266,26 @@ def test_an_unexpected_failure_of_the_cubin_path_is_logged_once(monkeypatch, cap
     kernel = pytypes.SimpleNamespace(typeof_pyval=typeof, __name__="k")
     with caplog.at_level(logging.WARNING, logger="dnnkit"):
         assert launch._from_disk(kernel, (5,)) is None        # Numba's launch then runs
-        assert launch._from_disk(kernel, (6,)) is None
     assert [r.getMessage() for r in caplog.records] == [
         "launch: the stored cubin of k was not used (RuntimeError: a defect)"]
+
+
+def test_launch_looks_for_a_signatures_cubin_once(monkeypatch):
+    # a signature that is never learned (Numba launches it each time) costs no lookup after
+    # its first: no hashing, no file system call per launch
+    looked, ran = [], []
+    monkeypatch.setattr(launch, "simulator", lambda: False)
+    monkeypatch.setattr(launch, "stream_pointer", lambda s: 0)
+    for name, value in (("_no_disk", set()), ("_fast", {}), ("_cache", {})):
+        monkeypatch.setattr(launch, name, value)
+    monkeypatch.setattr(launch, "_from_disk", lambda k, a: looked.append(a) or None)
+    monkeypatch.setattr(launch, "_learn", lambda k, a: None)
+    monkeypatch.setattr(launch, "_configure", lambda *c: lambda *args: ran.append(args))
+    kernel = object()
+    for _ in range(3):
+        launch.launch(kernel, 1, 32, None, (np.float32(1), 2))
+    launch.launch(kernel, 1, 32, None, (np.float64(1), 2))      # another signature
+    assert len(ran) == 4 and len(looked) == 2
 
 
 def test_learn_stores_the_overload_numba_launched(monkeypatch):
