@@ -41,9 +41,9 @@ from .log import log
 MAGIC = b"dnnkit-cubin/1\n"
 FOLDER = "dnnkit-cubins"
 _lock = threading.Lock()
-_stamp = None           # hash of the kernels package's sources, numba-cuda's and CUDA's versions
+_stamp = None           # hash of the kernels' sources and the compilers' versions (b"": none)
 _kernel_parts = {}      # id(kernel) -> (kernel, its part of the key): kept alive with it
-loaded = 0              # cubins found and read by this process (validation's first-step counts)
+loaded = 0              # cubins this process loaded (validation's first-step counts)
 
 
 def _sources_stamp():
@@ -281,7 +281,7 @@ def find(kernel, argtypes):
                     loaded += 1
                 return fn
             with contextlib.suppress(OSError):
-                os.unlink(p)            # refused by this driver: Numba's overload is stored
+                os.unlink(p)            # refused: written again only from a compile (store)
         overload = kernel.compile(argtypes)
         store(kernel, argtypes, overload)
         return int(overload._codelibrary.get_cufunc().handle)
