@@ -155,7 +155,8 @@ def test_store_then_find(tmp_path, cc, monkeypatch):
     before = cubins.loaded
     entry, loader = cubins.find(k, ("float32",))
     assert entry == "_Z6kernel" and cubins.loaded == before
-    assert loader() == 0xF00 and cubins.loaded == before + 1 and loads == [(b"\x7fELF cubin", "_Z6kernel")]
+    assert loader() == 0xF00 and cubins.loaded == before + 1
+    assert loads == [(b"\x7fELF cubin", "_Z6kernel")]
     assert cubins.find(k, ("float64",)) is None
 
 
