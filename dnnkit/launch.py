@@ -62,7 +62,7 @@ def launch(kernel, grid, block, stream, args, shared=0):
     if _has_at(args):
         args = _views(args)
     if key is not None and key not in _no_disk:     # looked up once a signature and process
-        fast = _from_disk(kernel, args)
+        fast = _from_disk(kernel, args, key)
         if fast is not None:
             fast(grid, block, sp, args, shared)
             return
@@ -194,10 +194,11 @@ def _keep(key, launcher, args):
     return True
 
 
-def _from_disk(kernel, args):
-    """A launcher of the kernel's cubin stored by an earlier process (dnnkit.cubins), kept as
-    a learned one; None when there is none (the launch goes through Numba). A failure of this
-    path is never the launch's: Numba's then runs (an unexpected one is logged)."""
+def _from_disk(kernel, args, key):
+    """A launcher of the kernel's cubin stored by an earlier process (dnnkit.cubins), kept as the
+    learned one of ``key`` (``launch``'s); None when there is none (the launch goes through Numba).
+    A failure of this path is never the launch's: Numba's then runs (an unexpected one is logged).
+    """
     try:
         argtypes = tuple(kernel.typeof_pyval(a) for a in args)
         found = cubins.find(kernel, argtypes)
@@ -211,7 +212,7 @@ def _from_disk(kernel, args):
         log.warning("launch: the stored cubin of %s was not used (%s: %s)",
                     getattr(kernel, "__name__", kernel), type(e).__name__, e)
         return None
-    if not _keep((id(kernel), _types(args)), launcher, args):
+    if not _keep(key, launcher, args):
         return None
     if first_launches is not None:
         first_launches.append((kernel, argtypes))
@@ -261,8 +262,8 @@ def _arr(a):
 
 class _Launcher:
     """cuLaunchKernel of one compiled kernel with arguments packed by a fixed plan. ``load()``
-    gives the kernel's handle in the current context (Numba's overload holds the argument
-    types, whose ids ``_types`` keys: the closure keeps it)."""
+    gives the kernel's handle in the current context. ``argtypes`` keeps the Numba types
+    whose ids ``_types`` keys alive."""
 
     def __init__(self, entry_name, argtypes, load):
         self.entry_name, self.argtypes, self._load = entry_name, argtypes, load

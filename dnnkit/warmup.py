@@ -132,14 +132,14 @@ def entries_of(launches):
 @contextlib.contextmanager
 def recording(launch=True, through_numba=True):
     """Collect (kernel, Numba argument types) of the launches inside the block into the list it
-    yields. ``launch=True``: the kernels run; each launch is recorded by dnnkit.launch (on a
-    GPU; the simulator launches without typing); ``through_numba=False`` there: only the
-    signatures the process had not launched before, each as it launches outside the recording
-    (a stored cubin, dnnkit.cubins, or Numba's dispatcher), as a timed first step needs. ``launch=False``: Numba's launch is replaced
-    by a recorder (GPU and simulator): no kernel is compiled or run, outputs keep whatever the
-    allocator gave them. Every launch goes through Numba's own while it lasts (no fast or
-    packed launch of dnnkit.launch is taken), so launches of signatures the process made
-    before are seen as well."""
+    yields. ``launch=True``: the kernels run; each launch is recorded by dnnkit.launch (on a GPU;
+    the simulator launches without typing); ``through_numba=False`` there: only the signatures the
+    process had not launched before, each as it launches outside the recording (a stored cubin,
+    dnnkit.cubins, or Numba's dispatcher), as a timed first step needs. ``launch=False``: Numba's
+    launch is replaced by a recorder (GPU and simulator): no kernel is compiled or run, outputs keep
+    whatever the allocator gave them. Every launch goes through Numba's own while it lasts (no fast
+    or packed launch of dnnkit.launch is taken), so launches of signatures the process made before
+    are seen as well."""
     seen = []
     if launch:
         if launch_mod.first_launches is not None:

@@ -250,12 +250,13 @@ def test_launch_keeps_a_found_cubins_launcher_and_records_it(monkeypatch):
     monkeypatch.setattr(launch, "device_id", lambda: 0)
     with warmup.recording(launch=True, through_numba=False) as seen:
         assert launch.through_numba is False
-        fast = launch._from_disk(kernel, (5,))
+        fast = launch._from_disk(kernel, (5,), (id(kernel), launch._types((5,))))
     assert [str(t) for t in seen[0][1]] == ["int64"] and seen[0][0] is kernel
     fast(1, 32, 0x5EA, (5,), 0)
     assert calls[0][0] == 0xF00 and calls[0][8] == 0x5EA
     assert launch._fast[(id(kernel), launch._types((5,)))] is fast
-    assert launch._from_disk(kernel, (np.float32(1),)) is None       # nothing stored
+    other = (np.float32(1),)
+    assert launch._from_disk(kernel, other, (id(kernel), launch._types(other))) is None
 
 
 def test_an_unexpected_failure_of_the_cubin_path_is_logged(monkeypatch, caplog):
@@ -266,7 +267,8 @@ def test_an_unexpected_failure_of_the_cubin_path_is_logged(monkeypatch, caplog):
     monkeypatch.setattr(cubins, "find", broken)
     kernel = pytypes.SimpleNamespace(typeof_pyval=typeof, __name__="k")
     with caplog.at_level(logging.WARNING, logger="dnnkit"):
-        assert launch._from_disk(kernel, (5,)) is None        # Numba's launch then runs
+        key = (id(kernel), launch._types((5,)))
+        assert launch._from_disk(kernel, (5,), key) is None     # Numba's launch then runs
     assert [r.getMessage() for r in caplog.records] == [
         "launch: the stored cubin of k was not used (RuntimeError: a defect)"]
 
@@ -279,7 +281,7 @@ def test_launch_looks_for_a_signatures_cubin_once(monkeypatch):
     monkeypatch.setattr(launch, "stream_pointer", lambda s: 0)
     for name, value in (("_no_disk", set()), ("_fast", {}), ("_cache", {})):
         monkeypatch.setattr(launch, name, value)
-    monkeypatch.setattr(launch, "_from_disk", lambda k, a: looked.append(a) or None)
+    monkeypatch.setattr(launch, "_from_disk", lambda k, a, key: looked.append(a) or None)
     monkeypatch.setattr(launch, "_learn", lambda k, a: None)
     monkeypatch.setattr(launch, "_configure", lambda *c: lambda *args: ran.append(args))
     kernel = object()

@@ -18,11 +18,11 @@ there first for the packages a step imports, as an installed package has its .py
 lent GPU machines set PYTHONDONTWRITEBYTECODE: each process would compile ~320 modules from
 source).
 
-Prints a table (and writes DIR/cold_start.md): seconds to the first step, kernel signatures
-compiled and loaded in that process (from Numba's cache + from the cubins dnnkit stores beside
-it, launched without Numba's dispatcher: dnnkit.cubins), the warm-up's time; the warm-up's output (its 10 slowest
-signatures with their compile seconds); and whether the record-only pass saw every signature
-the real step launched.
+Prints a table (and writes DIR/cold_start.md): seconds to the first step, kernel signatures compiled
+and loaded in that process (from Numba's cache + from the cubins dnnkit stores beside it, launched
+without Numba's dispatcher: dnnkit.cubins), the warm-up's time; the warm-up's output (its 10 slowest
+signatures with their compile seconds); and whether the record-only pass saw every signature the
+real step launched.
 """
 
 import argparse
