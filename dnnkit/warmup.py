@@ -17,10 +17,11 @@ docs/performance.md (cold start) gives the design and what numba-cuda's cache re
    (``make``; e.g. ResNet's global pooling window), which the recording notes by wrapping the
    kernel modules' factories while it lasts (the ops look them up at each call). Pickled
    (Numba types pickle, as in Numba's own cache index): load only your own manifests.
-3. ``compile(entries, workers)``: spawned workers call ``kernel.compile(argtypes)``, which
-   loads from or writes to the disk cache under the key a later launch looks up (the same
-   argument tuple). Numba rewrites a function's index file without a lock and factory-built
-   variants share one index, so the workers take one lock around each save.
+3. ``compile(entries, workers)`` (dnnkit/warmup_pool.py): worker processes, forked from one
+   spawned server that imported Numba and the kernels first, call ``kernel.compile(argtypes)``,
+   which loads from or writes to the disk cache under the key a later launch looks up (the
+   same argument tuple). Numba rewrites a function's index file without a lock and
+   factory-built variants share one index, so the workers take one lock around each save.
 
 A fresh process with an empty cache still compiles serially: the warm-up runs once per
 machine or install (``python -m dnnkit warmup``), or ``compile(load(manifest))`` at a
@@ -28,11 +29,8 @@ program's start. numba is imported inside functions (``import dnnkit`` does not 
 """
 
 import collections
-import concurrent.futures
 import contextlib
-import importlib
 import json
-import multiprocessing
 import os
 import pickle
 import subprocess
@@ -47,20 +45,14 @@ from .demo import step      # one training step (returns the loss, not synchroni
 from .device import simulator
 from .errors import DnnkitError
 from .tensors import tensor
+from .warmup_pool import (Entry, Result, Workers, compile, compile_entry,  # noqa: F401
+                          positive, ptx_entry, resolve)
 
 MODELS = ("vgg", "resnet18")
 DTYPES = ("float16", "float32", "float64")
 BACKENDS = ("auto", "cudnn", "numba")
 FORMAT = "dnnkit.warmup/1"
 
-Entry = collections.namedtuple("Entry", "module name argtypes make", defaults=(None,))
-Entry.__doc__ = """One kernel signature: the kernel's module, its name (in
-``dnnkit.kernels.all_kernels()``, else its factory call), the tuple of Numba argument types of
-its launch, and ``make``: None, or (factory, args, kwargs items, index or None) of a kernel
-built on demand."""
-Result = collections.namedtuple("Result", "entry seconds cached error")
-Result.__doc__ = """One entry's compile: seconds in its worker, whether Numba found it in the
-disk cache already, and the error (``"Type: message"``) or None."""
 Recorded = collections.namedtuple("Recorded", "entries unnamed")
 Recorded.__doc__ = """The entries of a recording, and the launched kernels that have no name in
 ``dnnkit.kernels.all_kernels()`` (which a worker could not import; their repr)."""
@@ -185,11 +177,6 @@ def _check(what, value, allowed):
         raise ValueError(f"warmup: {what} must be one of {', '.join(allowed)}; got {value!r}")
 
 
-def _positive(what, value):
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"warmup: {what} must be an integer >= 1; got {value!r}")
-
-
 def setup(model="vgg", dtype="float32", batch=32, backend="numba", *, width=64,
           image_size=32, seed=0):
     """(model, loss, optimizer, x, y) of one training step: dnnkit.models' ``vgg_cnn`` or
@@ -198,7 +185,7 @@ def setup(model="vgg", dtype="float32", batch=32, backend="numba", *, width=64,
     _check("model", model, MODELS)
     _check("dtype", dtype, DTYPES)
     _check("backend", backend, BACKENDS)
-    _positive("batch", batch)
+    positive("batch", batch)
     if model == "vgg":
         net = models.vgg_cnn(10, width=width, image_size=image_size, dtype=dtype, seed=seed)
     else:
@@ -251,109 +238,6 @@ def describe(entry, width=100):
     """``name(type, type, ...)``, shortened to ``width`` characters."""
     text = f"{entry.name}({', '.join(map(str, entry.argtypes))})"
     return text if len(text) <= width else text[:width - 3] + "..."
-
-
-# ---------------------------------------------------------------- parallel compile
-
-_save_lock = None          # a worker's lock around Numba's cache saves (``_worker_init``)
-
-
-def _worker_init(lock, env):
-    """A pool worker's start: the save lock, then ``env`` ({name: value, or None to unset})
-    applied before anything imports numba (NUMBA_ENABLE_CUDASIM, NUMBA_CACHE_DIR)."""
-    global _save_lock
-    _save_lock = lock
-    for k, v in env.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
-
-
-def resolve(entry):
-    """The kernel object an entry names."""
-    m = importlib.import_module(entry.module)
-    if entry.make is not None:
-        factory, args, kwargs, index = entry.make
-        k = getattr(m, factory)(*args, **dict(kwargs))
-        k = k if index is None else k[index]
-    else:
-        k = getattr(m, entry.name, None) or getattr(m, "VARIANTS", {}).get(entry.name)
-    if k is None or not hasattr(k, "py_func"):
-        raise LookupError(f"warmup: no kernel {entry.name} in {entry.module}")
-    return k
-
-
-def compile_entry(entry):
-    """Compile one entry into Numba's disk cache (or find it there); True when it was there.
-    Needs a GPU: Numba compiles for the current device and loads the result (``bind``)."""
-    kernel = resolve(entry)
-    cache = getattr(kernel, "_cache", None)        # numba-cuda 0.30: CUDACache or NullCache
-    if cache is None or type(cache).__name__ != "CUDACache":
-        raise RuntimeError(f"{entry.name} has no disk cache ({type(cache).__name__}): "
-                           "not declared cache=True, or not a CUDA dispatcher")
-    if _save_lock is not None and not getattr(cache.save_overload, "_dnnkit_locked", False):
-        plain = cache.save_overload
-
-        def save_overload(sig, data):      # see the module docstring: one index file, no lock
-            with _save_lock:
-                plain(sig, data)
-        save_overload._dnnkit_locked = True
-        cache.save_overload = save_overload
-    cubins.store(kernel, entry.argtypes, kernel.compile(entry.argtypes))
-    return kernel.stats.cache_hits[entry.argtypes] > 0
-
-
-def ptx_entry(entry, cc=(9, 0)):
-    """Compile one entry to PTX for ``cc`` (no GPU, no cache written): a manifest's signatures
-    checked ahead of time. Returns False (never cached)."""
-    from .kernels.signatures import ptx as compile_ptx
-    ptx, _ = compile_ptx(resolve(entry), entry.argtypes, cc=cc)
-    if f".target sm_{cc[0]}{cc[1]}" not in ptx:
-        raise RuntimeError(f"{entry.name}: the PTX is not for sm_{cc[0]}{cc[1]}")
-    return False
-
-
-def _run(fn, entry):
-    t0 = time.perf_counter()
-    try:
-        cached, error = bool(fn(entry)), None
-    except Exception as e:           # one entry's failure is reported; the others go on
-        cached, error = False, f"{type(e).__name__}: {e}"
-    return Result(entry, time.perf_counter() - t0, cached, error)
-
-
-def _heavy(entry):
-    return entry.name.startswith("gemm_")
-
-
-def compile(entries, workers=None, fn=compile_entry, env=None):
-    """Run ``fn(entry)`` (``compile_entry``: into Numba's disk cache) for every entry (repeats
-    dropped) in ``workers`` spawned processes (default: one per CPU, at most one per entry);
-    returns a ``Result`` per entry, in order. ``env``: environment changes for the workers
-    (``_worker_init``). ``fn`` must be importable by name (a module-level function).
-    The GEMM variants are handed out first: each takes 3-5 s on an H100 host, the other
-    kernels under 1 s (validation/notes/cold-start.md), and one queued behind small kernels
-    on a busy worker would end the warm-up seconds later (longest first: the pool's idle
-    workers then take the rest)."""
-    entries = list(dict.fromkeys(Entry(*e) for e in entries))
-    if workers is None:
-        workers = os.cpu_count() or 1
-    _positive("workers", workers)
-    if not entries:
-        return []
-    ctx = multiprocessing.get_context("spawn")      # no forked copy of a CUDA context
-    lock = ctx.Lock()
-    try:
-        with concurrent.futures.ProcessPoolExecutor(
-                max_workers=min(workers, len(entries)), mp_context=ctx,
-                initializer=_worker_init, initargs=(lock, dict(env or {}))) as pool:
-            order = sorted(range(len(entries)), key=lambda i: not _heavy(entries[i]))
-            futures = {i: pool.submit(_run, fn, entries[i]) for i in order}
-            return [futures[i].result() for i in range(len(entries))]
-    except concurrent.futures.process.BrokenProcessPool as e:
-        raise DnnkitError(f"warmup: a compile worker died ({e}); rerun with fewer --workers "
-                          "or look for an out-of-memory kill") from None
 
 
 # ---------------------------------------------------------------- a fresh process's first step
@@ -422,14 +306,9 @@ def report(results, wall, workers, top=10):
     return lines
 
 
-def command(args):
-    """``python -m dnnkit warmup`` (dnnkit/__main__.py parses ``args``)."""
-    if simulator():
-        raise DnnkitError("warmup compiles kernels for a GPU, and there is none here (Numba's "
-                          "simulator runs kernels as Python: nothing to compile)")
-    info = {"model": args.model, "dtype": args.dtype, "batch": args.batch,
-            "backend": args.backend}
-    t0 = time.perf_counter()
+def _command_entries(args, info, t0):
+    """The command's entries: from ``--manifest``, or recorded from one step (and saved to
+    ``--record-manifest``)."""
     if args.manifest:
         try:
             entries = load(args.manifest)
@@ -447,10 +326,27 @@ def command(args):
     if args.record_manifest:
         save(args.record_manifest, entries, info)
         print(f"manifest written to {args.record_manifest}")
+    return entries
+
+
+def command(args):
+    """``python -m dnnkit warmup`` (dnnkit/__main__.py parses ``args``)."""
+    if simulator():
+        raise DnnkitError("warmup compiles kernels for a GPU, and there is none here (Numba's "
+                          "simulator runs kernels as Python: nothing to compile)")
+    info = {"model": args.model, "dtype": args.dtype, "batch": args.batch,
+            "backend": args.backend}
+    t0 = time.perf_counter()
     workers = args.workers or os.cpu_count() or 1
-    t1 = time.perf_counter()
-    results = compile(entries, workers)
-    print("\n".join(report(results, time.perf_counter() - t1, min(workers, len(entries)))))
+    with Workers(workers) as pool:      # the compile server starts while the step is recorded
+        entries = _command_entries(args, info, t0)
+        t1 = time.perf_counter()
+        results = pool.compile(entries)
+        wall = time.perf_counter() - t1
+        start, error = pool.prewarmed()
+    print("\n".join(report(results, wall, min(workers, len(entries)))))
+    print(f"the compile server's start: {start:.1f} s" +
+          (f" (its trial compile failed: {error})" if error else ""))
     print(f"warm-up total {time.perf_counter() - t0:.1f} s", flush=True)
     if args.check:
         r = fresh_first_step(args.model, args.dtype, args.batch, args.backend)

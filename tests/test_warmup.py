@@ -14,7 +14,7 @@ import time
 import numpy as np
 import pytest
 
-from dnnkit import launch, warmup
+from dnnkit import launch, warmup, warmup_pool
 
 # Not imported from tests.conftest: spawned workers import this module (for the stand-in
 # compile functions below), and conftest would switch the simulator back on in them.
@@ -179,7 +179,7 @@ def _stub_sleep(entry):
 
 def _stub_env(entry):
     """Reports the worker's set-up: the save lock and the environment (through its error)."""
-    raise RuntimeError(f"lock={warmup._save_lock is not None} "
+    raise RuntimeError(f"lock={warmup_pool.save_lock is not None} "
                        f"sim={os.environ.get('NUMBA_ENABLE_CUDASIM')} "
                        f"x={os.environ.get('WARMUP_TEST_X')}")
 
@@ -225,6 +225,33 @@ def test_compile_workers_get_the_lock_and_the_environment():
     env = {"WARMUP_TEST_X": "42", "NUMBA_ENABLE_CUDASIM": None}
     (r,) = warmup.compile([_e("x")], workers=2, fn=_stub_env, env=env)
     assert r.error == "RuntimeError: lock=True sim=None x=42"
+
+
+def _stub_inherited(entry):
+    """Reports what the worker had before its first entry (through its error)."""
+    raise RuntimeError(f"numba={'numba.cuda' in sys.modules} "
+                       f"kernels={'dnnkit.kernels' in sys.modules} ppid={os.getppid()}")
+
+
+def test_compile_workers_are_forked_from_a_prewarmed_server():
+    # the workers' start is the warm-up's critical path: they inherit Numba, the kernels and
+    # a refreshed target from one server process instead of importing them each
+    with warmup_pool.Workers(2, env=NOT_SIM) as w:
+        seconds, error = w.prewarmed()
+        res = w.compile([_e("a"), _e("b"), _e("c")], fn=_stub_inherited)
+        server = w.compile([_e("p")], fn=_stub_parent)[0].error
+    assert error is None and seconds > 0
+    assert {r.error.rsplit(" ", 1)[0] for r in res} == {
+        "RuntimeError: numba=True kernels=True"}
+    ppids = {r.error.rsplit("=", 1)[1] for r in res}
+    assert len(ppids) == 1 and ppids != {str(os.getpid())}
+    assert server.endswith(f"parent of the workers' parent: {os.getpid()}")
+
+
+def _stub_parent(entry):
+    with open(f"/proc/{os.getppid()}/stat") as f:      # Linux: field 4 is the parent's pid
+        grandparent = f.read().rsplit(")", 1)[1].split()[1]
+    raise RuntimeError(f"parent of the workers' parent: {grandparent}")
 
 
 @pytest.mark.parametrize("workers", [0, -1, 1.5, True])

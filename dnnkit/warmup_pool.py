@@ -1,0 +1,224 @@
+"""The warm-up's compile workers: kernel signatures compiled side by side into Numba's disk
+cache (and dnnkit's stored cubins), by processes that start in a fraction of a second.
+
+A spawned worker pays its own start before its first signature: importing Numba and the
+kernels, Numba's target refresh (its lowering modules, SciPy), loading NVVM and libdevice,
+then the CUDA context: about 4 s on a lent H100 host, while a tensor-core GEMM variant takes
+3-5 s to compile (validation/notes/cold-start.md). With one worker per CPU all starting at
+once, the warm-up's critical path was a worker's start plus a GEMM.
+
+So the workers are forked, once, from a *compile server*: one spawned process (never one
+that made a CUDA context: a forked copy of a context is unusable) that applies the
+environment, imports Numba and ``dnnkit.kernels`` and compiles a trivial kernel to PTX,
+which runs the target refresh and loads NVVM, without touching the CUDA driver. Each forked
+worker inherits all of it and only makes its own context (~0.3 s) before compiling. The
+server is started ahead of its work (``Workers``), so that its start overlaps the caller's
+own (the command's record-only step). numba is imported inside functions.
+"""
+
+import collections
+import concurrent.futures
+import importlib
+import multiprocessing
+import os
+import sys
+import time
+import warnings
+
+from . import cubins
+from .errors import DnnkitError
+
+Entry = collections.namedtuple("Entry", "module name argtypes make", defaults=(None,))
+Entry.__doc__ = """One kernel signature: the kernel's module, its name (in
+``dnnkit.kernels.all_kernels()``, else its factory call), the tuple of Numba argument types of
+its launch, and ``make``: None, or (factory, args, kwargs items, index or None) of a kernel
+built on demand."""
+Result = collections.namedtuple("Result", "entry seconds cached error")
+Result.__doc__ = """One entry's compile: seconds in its worker, whether Numba found it in the
+disk cache already, and the error (``"Type: message"``) or None."""
+
+save_lock = None           # a worker's lock around Numba's cache saves (``_worker_init``)
+
+
+def positive(what, value):
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"warmup: {what} must be an integer >= 1; got {value!r}")
+
+
+# ---------------------------------------------------------------- one entry, in a worker
+
+def resolve(entry):
+    """The kernel object an entry names."""
+    m = importlib.import_module(entry.module)
+    if entry.make is not None:
+        factory, args, kwargs, index = entry.make
+        k = getattr(m, factory)(*args, **dict(kwargs))
+        k = k if index is None else k[index]
+    else:
+        k = getattr(m, entry.name, None) or getattr(m, "VARIANTS", {}).get(entry.name)
+    if k is None or not hasattr(k, "py_func"):
+        raise LookupError(f"warmup: no kernel {entry.name} in {entry.module}")
+    return k
+
+
+def compile_entry(entry):
+    """Compile one entry into Numba's disk cache (or find it there); True when it was there.
+    Needs a GPU: Numba compiles for the current device and loads the result (``bind``)."""
+    kernel = resolve(entry)
+    cache = getattr(kernel, "_cache", None)        # numba-cuda 0.30: CUDACache or NullCache
+    if cache is None or type(cache).__name__ != "CUDACache":
+        raise RuntimeError(f"{entry.name} has no disk cache ({type(cache).__name__}): "
+                           "not declared cache=True, or not a CUDA dispatcher")
+    if save_lock is not None and not getattr(cache.save_overload, "_dnnkit_locked", False):
+        plain = cache.save_overload
+
+        def save_overload(sig, data):      # Numba rewrites an index file without a lock
+            with save_lock:
+                plain(sig, data)
+        save_overload._dnnkit_locked = True
+        cache.save_overload = save_overload
+    cubins.store(kernel, entry.argtypes, kernel.compile(entry.argtypes))
+    return kernel.stats.cache_hits[entry.argtypes] > 0
+
+
+def ptx_entry(entry, cc=(9, 0)):
+    """Compile one entry to PTX for ``cc`` (no GPU, no cache written): a manifest's signatures
+    checked ahead of time. Returns False (never cached)."""
+    from .kernels.signatures import ptx as compile_ptx
+    ptx, _ = compile_ptx(resolve(entry), entry.argtypes, cc=cc)
+    if f".target sm_{cc[0]}{cc[1]}" not in ptx:
+        raise RuntimeError(f"{entry.name}: the PTX is not for sm_{cc[0]}{cc[1]}")
+    return False
+
+
+def _run(fn, entry):
+    t0 = time.perf_counter()
+    try:
+        cached, error = bool(fn(entry)), None
+    except Exception as e:           # one entry's failure is reported; the others go on
+        cached, error = False, f"{type(e).__name__}: {e}"
+    return Result(entry, time.perf_counter() - t0, cached, error)
+
+
+def _heavy(entry):
+    return entry.name.startswith("gemm_")
+
+
+# ---------------------------------------------------------------- the server and its workers
+
+def _server_init(env):
+    """The server's start: ``env`` ({name: value, or None to unset}) applied before anything
+    imports numba (NUMBA_ENABLE_CUDASIM, NUMBA_CACHE_DIR are read at its import)."""
+    for k, v in env.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
+def _trivial(a):
+    a[0] = 1.0
+
+
+def prewarm():
+    """In the server, before it forks: what every worker's first compile would pay. Imports
+    Numba and the kernels and compiles a trivial kernel to PTX for sm_90 (the target refresh,
+    NVVM, libdevice), which needs no driver. Returns (seconds, error or None): a failure here
+    is left for the workers' own compiles to report."""
+    t0 = time.perf_counter()
+    try:
+        from numba import config, cuda
+        from . import kernels
+        kernels.all_kernels()
+        if not config.ENABLE_CUDASIM:
+            cuda.compile_ptx(_trivial, "void(float32[::1])", cc=(9, 0))
+        error = None
+    except Exception as e:          # noqa: BLE001 - reported by the workers' compiles
+        error = f"{type(e).__name__}: {e}"
+    return time.perf_counter() - t0, error
+
+
+def _worker_init(lock):
+    global save_lock
+    save_lock = lock
+
+
+def _driver_started():
+    """Whether Numba initialised the CUDA driver in this process (nothing in ``prewarm`` does;
+    a kernel module that read the device at import would): its forked children could not
+    use CUDA, so the workers are spawned instead (each pays its own start)."""
+    drv = sys.modules.get("numba.cuda.cudadrv.driver")
+    return drv is not None and getattr(getattr(drv, "driver", None), "pid", None) is not None
+
+
+def serve(entries, workers, fn):
+    """In the server: ``fn`` over ``entries`` in ``workers`` forked processes, the GEMM
+    variants handed out first (each takes 3-5 s on an H100 host, the other kernels under 1 s:
+    one queued behind small kernels on a busy worker would end the warm-up seconds later);
+    a ``Result`` per entry, in order."""
+    ctx = multiprocessing.get_context("fork" if not _driver_started() else "spawn")
+    lock = ctx.Lock()
+    with warnings.catch_warnings():
+        # Python 3.12 warns at each fork of a process with threads: here OpenBLAS's idle
+        # pool (numpy's), which its own fork handlers make safe in the children
+        warnings.filterwarnings("ignore", message=r".*use of fork\(\) may lead to deadlocks",
+                                category=DeprecationWarning)
+        with concurrent.futures.ProcessPoolExecutor(
+                max_workers=min(workers, len(entries)), mp_context=ctx,
+                initializer=_worker_init, initargs=(lock,)) as pool:
+            order = sorted(range(len(entries)), key=lambda i: not _heavy(entries[i]))
+            futures = {i: pool.submit(_run, fn, entries[i]) for i in order}
+            return [futures[i].result() for i in range(len(entries))]
+
+
+class Workers:
+    """Compile workers, started ahead of their work: the server process starts (and runs
+    ``prewarm``) at construction; ``compile`` forks the workers. A context manager; ``env``:
+    environment changes for the server and so for its workers."""
+
+    def __init__(self, workers=None, env=None):
+        if workers is None:
+            workers = os.cpu_count() or 1
+        positive("workers", workers)
+        self.workers = workers
+        self._pool = concurrent.futures.ProcessPoolExecutor(
+            max_workers=1, mp_context=multiprocessing.get_context("spawn"),
+            initializer=_server_init, initargs=(dict(env or {}),))
+        self._prewarm = self._pool.submit(prewarm)
+
+    def prewarmed(self):
+        """(seconds, error or None) of the server's ``prewarm``, once it has run."""
+        return self._prewarm.result()
+
+    def compile(self, entries, fn=compile_entry):
+        """``fn(entry)`` (``compile_entry``: into Numba's disk cache) for every entry (repeats
+        dropped), a ``Result`` per entry, in order. ``fn`` must be importable by name."""
+        entries = list(dict.fromkeys(Entry(*e) for e in entries))
+        if not entries:
+            return []
+        try:
+            return self._pool.submit(serve, entries, self.workers, fn).result()
+        except concurrent.futures.process.BrokenProcessPool as e:
+            raise DnnkitError(f"warmup: a compile worker died ({e}); rerun with fewer "
+                              "--workers or look for an out-of-memory kill") from None
+
+    def close(self):
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def compile(entries, workers=None, fn=compile_entry, env=None):
+    """``Workers(workers, env).compile(entries, fn)``, the server closed after. Default: one
+    worker per CPU, at most one per entry; nothing is started for no entries."""
+    if workers is None:
+        workers = os.cpu_count() or 1
+    positive("workers", workers)
+    if not entries:
+        return []
+    with Workers(workers, env) as w:
+        return w.compile(entries, fn)
