@@ -18,7 +18,8 @@ docs/performance.md (cold start) gives the design and what numba-cuda's cache re
    kernel modules' factories while it lasts (the ops look them up at each call). Pickled
    (Numba types pickle, as in Numba's own cache index): load only your own manifests.
 3. ``compile(entries, workers)`` (dnnkit/warmup_pool.py): worker processes, forked from one
-   spawned server that imported Numba and the kernels first, call ``kernel.compile(argtypes)``,
+   compile server (a new interpreter) that imported Numba and the kernels first, call
+   ``kernel.compile(argtypes)``,
    which loads from or writes to the disk cache under the key a later launch looks up (the
    same argument tuple). Numba rewrites a function's index file without a lock and
    factory-built variants share one index, so the workers take one lock around each save.
@@ -345,7 +346,7 @@ def command(args):
         wall = time.perf_counter() - t1
         start, error = pool.prewarmed()
     print("\n".join(report(results, wall, min(workers, len(entries)))))
-    print(f"the compile server's start: {start:.1f} s" +
+    print(f"the compile server's prewarm: {start:.1f} s" +
           (f" (its trial compile failed: {error})" if error else ""))
     print(f"warm-up total {time.perf_counter() - t0:.1f} s", flush=True)
     if args.check:

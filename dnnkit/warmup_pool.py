@@ -7,10 +7,11 @@ then the CUDA context: about 4 s on a lent H100 host, while a tensor-core GEMM v
 3-5 s to compile (validation/notes/cold-start.md). With one worker per CPU all starting at
 once, the warm-up's critical path was a worker's start plus a GEMM.
 
-So the workers are forked, once, from a *compile server*: one spawned process (never one
-that made a CUDA context: a forked copy of a context is unusable) that applies the
-environment, imports Numba and ``dnnkit.kernels`` and compiles a trivial kernel to PTX,
-which runs the target refresh and loads NVVM, without touching the CUDA driver. Each forked
+So the workers are forked, once, from a *compile server*: a new interpreter (``python -m
+dnnkit.warmup_pool``; never a process that made a CUDA context: a forked copy of a context is
+unusable; and not multiprocessing's spawn, which imports the caller's ``__main__`` again) that
+imports Numba and ``dnnkit.kernels`` and compiles a trivial kernel to PTX, which runs the
+target refresh and loads NVVM, without touching the CUDA driver. Each forked
 worker inherits all of it and only makes its own context (~0.3 s) before compiling. The
 server is started ahead of its work (``Workers``), so that its start overlaps the caller's
 own (the command's record-only step). numba is imported inside functions.
@@ -21,7 +22,10 @@ import concurrent.futures
 import importlib
 import multiprocessing
 import os
+import pickle
+import subprocess
 import sys
+import tempfile
 import time
 import warnings
 
@@ -106,16 +110,6 @@ def _heavy(entry):
 
 # ---------------------------------------------------------------- the server and its workers
 
-def _server_init(env):
-    """The server's start: ``env`` ({name: value, or None to unset}) applied before anything
-    imports numba (NUMBA_ENABLE_CUDASIM, NUMBA_CACHE_DIR are read at its import)."""
-    for k, v in env.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
-
-
 def _trivial(a):
     a[0] = 1.0
 
@@ -144,11 +138,16 @@ def _worker_init(lock):
 
 
 def _driver_started():
-    """Whether Numba initialised the CUDA driver in this process (nothing in ``prewarm`` does;
-    a kernel module that read the device at import would): its forked children could not
-    use CUDA, so the workers are spawned instead (each pays its own start)."""
-    drv = sys.modules.get("numba.cuda.cudadrv.driver")
-    return drv is not None and getattr(getattr(drv, "driver", None), "pid", None) is not None
+    """Whether anything initialised the CUDA driver in this process (nothing in ``prewarm``
+    does; a module that read the device at import would): its forked children could not use
+    CUDA, so the workers are spawned instead (each pays its own start). cuDeviceGetCount
+    answers NOT_INITIALIZED until someone called cuInit, and initialises nothing itself."""
+    try:
+        from cuda.bindings import driver
+        err, _ = driver.cuDeviceGetCount()
+    except Exception:               # noqa: BLE001 - no bindings or no libcuda: nothing started
+        return False
+    return err != driver.CUresult.CUDA_ERROR_NOT_INITIALIZED
 
 
 def serve(entries, workers, fn):
@@ -172,38 +171,64 @@ def serve(entries, workers, fn):
 
 
 class Workers:
-    """Compile workers, started ahead of their work: the server process starts (and runs
-    ``prewarm``) at construction; ``compile`` forks the workers. A context manager; ``env``:
-    environment changes for the server and so for its workers."""
+    """Compile workers, started ahead of their work: the server process (``python -m
+    dnnkit.warmup_pool``, a plain new interpreter: nothing of the caller's ``__main__`` is
+    imported, as multiprocessing's spawn would) starts and runs ``prewarm`` at construction;
+    ``compile`` hands it the entries, and it forks the workers. One ``compile`` per server. A
+    context manager; ``env``: environment changes for the server and so for its workers."""
 
     def __init__(self, workers=None, env=None):
         if workers is None:
             workers = os.cpu_count() or 1
         positive("workers", workers)
         self.workers = workers
-        self._pool = concurrent.futures.ProcessPoolExecutor(
-            max_workers=1, mp_context=multiprocessing.get_context("spawn"),
-            initializer=_server_init, initargs=(dict(env or {}),))
-        self._prewarm = self._pool.submit(prewarm)
+        self._prewarm = None
+        full = dict(os.environ)
+        for k, v in (env or {}).items():
+            if v is None:
+                full.pop(k, None)
+            else:
+                full[k] = v
+        # the server's warnings (Numba's among them) go to a file, shown only when it fails
+        self._log = tempfile.TemporaryFile()
+        self._server = subprocess.Popen(
+            [sys.executable, "-m", __name__], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            stderr=self._log, env=full)
 
     def prewarmed(self):
-        """(seconds, error or None) of the server's ``prewarm``, once it has run."""
-        return self._prewarm.result()
+        """(seconds, error or None) of the server's ``prewarm``, once ``compile`` returned."""
+        return self._prewarm
 
     def compile(self, entries, fn=compile_entry):
         """``fn(entry)`` (``compile_entry``: into Numba's disk cache) for every entry (repeats
         dropped), a ``Result`` per entry, in order. ``fn`` must be importable by name."""
         entries = list(dict.fromkeys(Entry(*e) for e in entries))
-        if not entries:
-            return []
+        if self._server.stdin.closed:
+            raise DnnkitError("warmup: this compile server has served its one request")
         try:
-            return self._pool.submit(serve, entries, self.workers, fn).result()
-        except concurrent.futures.process.BrokenProcessPool as e:
-            raise DnnkitError(f"warmup: a compile worker died ({e}); rerun with fewer "
-                              "--workers or look for an out-of-memory kill") from None
+            # the caller's import path first: ``fn`` may live in the caller's modules
+            out, _ = self._server.communicate(pickle.dumps(list(sys.path)) + pickle.dumps(
+                (entries, self.workers, fn)))
+            answer = pickle.loads(out)
+        except (OSError, EOFError, pickle.UnpicklingError, ValueError):
+            answer = None
+        if not isinstance(answer, tuple) or len(answer) != 2:
+            self._log.seek(0)
+            tail = self._log.read()[-2000:].decode("utf-8", "replace").strip()
+            raise DnnkitError(f"warmup: the compile server ended with code "
+                              f"{self._server.returncode}: {tail or 'no message'}")
+        self._prewarm, results = answer
+        if isinstance(results, BaseException):
+            raise DnnkitError(f"warmup: a compile worker died ({results}); rerun with fewer "
+                              "--workers or look for an out-of-memory kill")
+        return results
 
     def close(self):
-        self._pool.shutdown(wait=True, cancel_futures=True)
+        """End the server (it has ended if ``compile`` returned) and its log file."""
+        if self._server.poll() is None:      # not asked, or interrupted: its workers then
+            self._server.kill()               # end after their current entry
+            self._server.wait()
+        self._log.close()
 
     def __enter__(self):
         return self
@@ -212,13 +237,38 @@ class Workers:
         self.close()
 
 
+def main():
+    """The server (``python -m dnnkit.warmup_pool``): ``prewarm``, then one request from
+    stdin (the caller's ``sys.path``, then (entries, workers, fn)), served by forked workers;
+    writes ((prewarm seconds, error), results or the exception that broke the pool)."""
+    start = prewarm()
+    sys.path[:0] = [p for p in pickle.load(sys.stdin.buffer) if p not in sys.path]
+    entries, workers, fn = pickle.load(sys.stdin.buffer)
+    try:
+        results = serve(entries, workers, fn) if entries else []
+    except concurrent.futures.process.BrokenProcessPool as e:
+        results = e
+    try:
+        sys.stdout.buffer.write(pickle.dumps((start, results)))
+        sys.stdout.buffer.flush()
+    except OSError:          # the caller is gone (a compile ahead outliving its process)
+        pass
+
+
 def compile(entries, workers=None, fn=compile_entry, env=None):
     """``Workers(workers, env).compile(entries, fn)``, the server closed after. Default: one
     worker per CPU, at most one per entry; nothing is started for no entries."""
     if workers is None:
         workers = os.cpu_count() or 1
     positive("workers", workers)
+    entries = list(entries)
     if not entries:
         return []
     with Workers(workers, env) as w:
         return w.compile(entries, fn)
+
+
+if __name__ == "__main__":
+    # run as a module: import it under its name, so that what the workers and the answer
+    # pickle (Result, the functions) refers to dnnkit.warmup_pool, not __main__
+    importlib.import_module("dnnkit.warmup_pool").main()
