@@ -13,7 +13,8 @@ itemsize, data, shape..., strides...; a tuple its members; scalars by their Numb
 ``struct`` format. Later launches pack into a per-thread buffer (the driver copies parameters
 during the call) and call cuLaunchKernel. ``At(array, offset)`` passes a flat array from an
 element offset without a Numba view object. A signature an earlier process compiled is launched
-from its stored cubin, without Numba's dispatcher (dnnkit.cubins); a learned one is stored.
+from its stored cubin, without Numba's dispatcher (dnnkit.cubins); a learned one is stored, and
+a cold cache's first compile starts the step's others alongside (dnnkit.compile_ahead).
 """
 
 import ctypes
@@ -22,7 +23,7 @@ import struct
 import threading
 import warnings
 
-from . import cubins
+from . import compile_ahead, cubins
 from .launch_args import At, at, flat, pow2_at_most  # noqa: F401 (launch's API)
 from .device import device_id, driver, simulator, stream_pointer
 from .errors import DnnkitError
@@ -111,11 +112,11 @@ class Site:
 _fast = {}        # (id(kernel), argument type key) -> _Launcher
 _no_disk = set()  # those keys with no stored cubin (a launch that is never learned: not again)
 # While a list (dnnkit.warmup): each launch Numba made appends (kernel, its Numba argument
-# types). While through_numba (warmup's recordings), every launch goes through Numba's own, so
-# that a recorder sees each one, a signature launched before included: no learned launcher
-# (launch, Site) nor packed launch (Prepared) is used. While watch is not None (dnnkit.replay's
-# recording of an op call, by the thread watch.tid): it is told of every launch, and that
-# thread's Site and Prepared launches go through launch().
+# types). While through_numba (warmup's recordings), every launch goes through Numba's own (a
+# recorder sees each one, a signature launched before included): no learned launcher (launch,
+# Site) nor packed launch (Prepared) is used. While watch is not None (dnnkit.replay's record
+# of an op call, by thread watch.tid): told of every launch; that thread's Site and Prepared
+# launches go through launch().
 first_launches, through_numba, watch = None, False, None
 
 
@@ -173,15 +174,15 @@ def _learn(kernel, args):
             first_launches.append((kernel, argtypes))
             if key in _fast:
                 return
-        overload = kernel.overloads.get(argtypes)
-        if overload is None:
-            return
+        overload = kernel.overloads[argtypes]         # KeyError: no overload
         launcher = _Launcher(overload.entry_name, argtypes,
                              lambda: int(overload._codelibrary.get_cufunc().handle))
     except (NotImplementedError, TypeError, ValueError, KeyError, AttributeError):
         return
     if _keep(key, launcher, args):
         cubins.store(kernel, argtypes, overload)
+    if not through_numba:       # a cold cache: the step's other kernels compile alongside
+        compile_ahead.after_compile(kernel, argtypes)
 
 
 def _keep(key, launcher, args):
@@ -195,13 +196,12 @@ def _keep(key, launcher, args):
 
 
 def _from_disk(kernel, args, key):
-    """A launcher of the kernel's cubin stored by an earlier process (dnnkit.cubins), kept as the
-    learned one of ``key`` (``launch``'s); None when there is none (the launch goes through Numba).
-    A failure of this path is never the launch's: Numba's then runs (an unexpected one is logged).
-    """
+    """A launcher of the kernel's cubin stored by an earlier process or compiled ahead, kept as
+    the learned one of ``key`` (``launch``'s); None when there is none (Numba's launch follows).
+    A failure of this path is never the launch's: Numba's then runs (an unexpected one logged)."""
     try:
         argtypes = tuple(kernel.typeof_pyval(a) for a in args)
-        found = cubins.find(kernel, argtypes)
+        found = cubins.find(kernel, argtypes) or compile_ahead.wait(kernel, argtypes)
         if found is None:
             return None
         launcher = _Launcher(found[0], argtypes, found[1])

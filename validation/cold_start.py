@@ -6,9 +6,11 @@ the end of its first (synchronised) training step, for the VGG-style CNN and Res
 
 Per model, with its own empty Numba cache folder (NUMBA_CACHE_DIR) per scenario:
 
-- ``empty``: nothing cached: the first step compiles every kernel it launches, one by one; its
-  first launches are recorded (the real step's manifest);
+- ``empty``: nothing cached: the first step compiles every kernel it launches, one by one
+  (``dnn.compile_ahead`` off); its first launches are recorded (the real step's manifest);
 - ``cached``: a second process on that cache;
+- ``empty, compiling ahead``: nothing cached, ``dnn.compile_ahead`` on (the default): the first
+  compile starts the background compile of the step's usual kernels (dnnkit.compile_ahead);
 - ``warm-up``: ``python -m dnnkit warmup`` on a new empty folder (record-only step, then the
   signatures compiled by N worker processes): its own wall time;
 - ``after warm-up``: a fresh process's first step on the folder the warm-up filled.
@@ -55,9 +57,14 @@ def _bytecode(env, folder):
     return env
 
 
-def _env(cache):
-    """A scenario's environment: its Numba cache, the run's bytecode (compile_bytecode)."""
-    return _bytecode(dict(os.environ, NUMBA_CACHE_DIR=cache), _PYC[0])
+def _env(cache, ahead=True):
+    """A scenario's environment: its Numba cache, the run's bytecode (compile_bytecode), and
+    ``dnn.compile_ahead`` (set in DNNKIT_FLAGS only to turn it off)."""
+    env = dict(os.environ, NUMBA_CACHE_DIR=cache)
+    if not ahead:
+        flags = env.get("DNNKIT_FLAGS", "")
+        env["DNNKIT_FLAGS"] = ",".join(filter(None, [flags, "dnn.compile_ahead=False"]))
+    return _bytecode(env, _PYC[0])
 
 
 _PYC = [None]      # the run's bytecode folder, once compile_bytecode has filled it
@@ -85,14 +92,15 @@ def run_model(model, workers, tmp):
     real = os.path.join(tmp, f"{model}-real.pkl")
     recorded = os.path.join(tmp, f"{model}-recorded.pkl")
 
-    def first(label, cache, **kw):
-        r = warmup.fresh_first_step(model, DTYPE, BATCH, BACKEND, env=_env(cache), **kw)
+    def first(label, cache, ahead=True, **kw):
+        r = warmup.fresh_first_step(model, DTYPE, BATCH, BACKEND, env=_env(cache, ahead), **kw)
         rows.append((model, label, f"{r['to_step_s']:.2f}", f"{r['step_s']:.2f}",
                      str(r["compiled"]), f"{r['loaded']} + {r['cubins']} cubins", ""))
         print(rows[-1], flush=True)
 
-    first("empty cache", a_cache, manifest=real)
+    first("empty cache", a_cache, ahead=False, manifest=real)
     first("cached (second process)", a_cache)
+    first("empty cache, compiling ahead", os.path.join(tmp, f"{model}-c"))
     t0 = time.perf_counter()
     w = subprocess.run([sys.executable, "-m", "dnnkit", "warmup", "--model", model, "--dtype",
                         DTYPE, "--batch", str(BATCH), "--backend", BACKEND, "--workers",

@@ -54,7 +54,8 @@ print(json.dumps({"digest": h.hexdigest(), "cubins": cubins.loaded, "compiled": 
 
 
 def _run(mode, cache):
-    env = dict(os.environ, NUMBA_CACHE_DIR=str(cache))
+    # compile ahead off: its background compiles would store other kernels' cubins too
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(cache), DNNKIT_FLAGS="dnn.compile_ahead=False")
     env.pop("NUMBA_ENABLE_CUDASIM", None)
     r = subprocess.run([sys.executable, "-c", _SCRIPT, mode], capture_output=True, text=True,
                        env=env, timeout=600)
