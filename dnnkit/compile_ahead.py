@@ -11,16 +11,17 @@ convolutional network's step launches; tests/test_compile_ahead.py checks them a
 recorded steps) with the argument types of their ``SIGNATURES``, and the GEMM variants of the
 family (tensor-core tiles for float32, HMMA for float16, ...) of the first GEMM compiled.
 
-How: the first compile of a data type starts a job: a compile server and its forked workers
-(dnnkit/warmup_pool.py) compile the signatures that have no stored cubin yet, on a thread of
-this process that only waits for them. Each worker stores the cubin (dnnkit/cubins.py) and
-then drops a mark file. ``dnnkit.launch`` asks ``wait`` before compiling a signature with no
-cubin: a signature of a running job waits until its cubin or its mark appears (a mark without
-a cubin: the worker failed or Numba had it cached, and Numba's own path follows), polling the
-files every few milliseconds. Workers: at most ``MAX_WORKERS``, one CPU left to this process,
-and one per ``CONTEXT_BYTES`` in a quarter of the free device memory (each holds a CUDA
-context). ``dnn.compile_ahead = False`` turns it off. A process that ends first leaves the
-server to finish (the cache is filled all the same).
+How: the first compile of a data type (and of a GEMM family) starts a job: a compile server and
+its forked workers (dnnkit/warmup_pool.py) on this process's current device compile the
+signatures that have no stored cubin yet, a GEMM variant beside each cheap kernel (the order a
+step needs them in, roughly), on a thread of this process that only waits for them. Each worker
+stores the cubin (dnnkit/cubins.py) and then drops a mark file. ``dnnkit.launch`` asks ``wait``
+before compiling a signature with no cubin: a signature of a running job waits until its cubin
+or its mark appears (a mark without a cubin: the worker failed or Numba had it cached, and
+Numba's own path follows), polling the files every few milliseconds, at most ``WAIT_S``.
+Workers: ``_workers``. From the first job on, this process's Numba cache saves take the lock
+file the workers' take (``warmup_pool.lock_saves``). ``dnn.compile_ahead = False`` turns it
+off. A process that ends first leaves the server to finish (the cache is filled all the same).
 """
 
 import atexit
@@ -55,6 +56,8 @@ COMMON = (
     "nll_bwd_scaled_kernel", "sgd_fwd_kernel",
 )
 MAX_WORKERS = 16       # a ResNet-18 step: ~37 signatures, the GEMMs 3-7 s each
+MIN_WORKERS = 4
+WAIT_S = 300           # a job that long on one signature is given up (the launch compiles)
 CONTEXT_BYTES = 1 << 30     # device memory set aside per worker (its context)
 POLL_S = 0.005
 MARKS = "DNNKIT_COMPILE_AHEAD_MARKS"     # the workers' mark folder (their environment)
@@ -77,13 +80,21 @@ class Job:
         atexit.register(shutil.rmtree, self.marks, ignore_errors=True)
         self.entries = [warmup_pool.Entry(k.py_func.__module__, name, at) for name, k, at in todo]
         self.workers = workers
+        # the workers on this process's current device (and one compute capability), not on
+        # whichever device comes first
+        self.env = {MARKS: self.marks, "CUDA_VISIBLE_DEVICES": _device_uuid()}
         self.thread = threading.Thread(target=self._run, name="dnnkit-compile-ahead",
                                        daemon=True)
 
     def _run(self):
         try:
-            with warmup_pool.Workers(self.workers, env={MARKS: self.marks}) as pool:
-                self.results = pool.compile(self.entries, fn=compile_marked)
+            with warmup_pool.Workers(self.workers, env=self.env) as pool:
+                self.results = pool.compile(self.entries, fn=compile_marked, ordered=True)
+            failed = [r for r in self.results if r.error]
+            if failed:
+                log.warning("compile ahead: %d of %d signatures failed in the workers (first: "
+                            "%s: %s); they compile at their launch", len(failed),
+                            len(self.results), failed[0].entry.name, failed[0].error)
         except Exception as e:   # noqa: BLE001 - the launches compile for themselves instead
             self.error = f"{type(e).__name__}: {e}"
             log.warning("compile ahead: %s (the kernels compile at their launch instead)",
@@ -91,6 +102,11 @@ class Job:
         finally:       # (a waiter that misses its mark now sees done once it is set)
             shutil.rmtree(self.marks, ignore_errors=True)
             self.done.set()
+
+
+def _device_uuid():
+    from numba import cuda
+    return cuda.get_current_device().uuid         # "GPU-..." (CUDA_VISIBLE_DEVICES takes it)
 
 
 def mark_path(folder, name, argtypes):
@@ -109,8 +125,11 @@ def compile_marked(entry):
 
 
 def _data_type(argtypes):
+    """The first floating data type among the arrays (a tuple of arrays' too: the optimizer's
+    parameters come first, before float32 master weights)."""
     for t in argtypes:
-        dt = str(getattr(t, "dtype", ""))
+        dt = getattr(t, "dtype", None)
+        dt = str(getattr(dt, "dtype", dt))          # UniTuple(array(...)).dtype: the array
         if dt in ("float16", "float32", "float64"):
             return dt
     return None
@@ -135,18 +154,37 @@ def _config_family(name):
     return family if size in ("large", "small", "tiny") else cfg      # "sim": its own
 
 
-def _workers(n):
-    """Workers for a job of ``n`` signatures: at most MAX_WORKERS, the CPUs but one less the
-    running jobs' workers, one per CONTEXT_BYTES in a quarter of the free device memory."""
+def _cpus():
+    """The CPUs this process may use: its affinity, within a cgroup v2 CPU quota."""
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
         os.cpu_count() or 1
+    try:
+        with open("/sys/fs/cgroup/cpu.max") as f:
+            quota, period = f.read().split()[:2]
+        if quota != "max":
+            cpus = min(cpus, max(1, int(quota) // int(period)))
+    except (OSError, ValueError):
+        pass
+    return cpus
+
+
+def _workers(n):
+    """Workers for a job of ``n`` signatures: at most MAX_WORKERS, the CPUs but one (shared
+    among the host's training processes: LOCAL_WORLD_SIZE) less the running jobs' workers, one
+    per CONTEXT_BYTES in a quarter of the free device memory; 0 (no job) under MIN_WORKERS,
+    where waiting on queued signatures would cost more than compiling them in turn."""
+    try:
+        local = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    except ValueError:
+        local = 1
     busy = sum(j.workers for j in jobs if not j.done.is_set())
     try:
         err, free, _ = driver().cuMemGetInfo()
         room = int(free) // 4 // CONTEXT_BYTES if int(err) == 0 else 0
     except Exception:          # noqa: BLE001 - no answer: no room assumed
         room = 0
-    return min(n, MAX_WORKERS, cpus - 1 - busy, room)
+    w = min(n, MAX_WORKERS, (_cpus() - 1) // local - busy, room)
+    return w if w >= min(n, MIN_WORKERS) else 0
 
 
 def compiled_here(kernel, argtypes):
@@ -163,23 +201,28 @@ def in_process(kernel, argtypes):
 def after_compile(kernel, argtypes):
     """Told by dnnkit.launch after a launch of ``kernel`` for ``argtypes``: when Numba compiled
     it in this process (not loaded from its cache), start the data type's job(s) once."""
-    if simulator() or not compiled_here(kernel, argtypes):
-        return
-    dt = _data_type(argtypes)
-    if dt is None:
-        return
-    fam = _gemm_family(kernel)
-    keys = [(dt, "common")] + ([(dt, fam[0])] if fam else [])
-    with _lock:
-        keys = [k for k in keys if k not in _started]
-        _started.update(keys)
-    if not keys or not config.get("dnn.compile_ahead"):
-        return
-    names = list(COMMON) if (dt, "common") in keys else []
-    names += fam[1] if fam and (dt, fam[0]) in keys else []
     try:
+        if simulator() or not compiled_here(kernel, argtypes):
+            return
+        dt = _data_type(argtypes)
+        if dt is None or not config.get("dnn.compile_ahead"):
+            return
+        fam = _gemm_family(kernel)
+        keys = [(dt, "common")] + ([(dt, fam[0])] if fam else [])
+        with _lock:
+            keys = [k for k in keys if k not in _started]
+            _started.update(keys)
+        if not keys:
+            return
+        common = list(COMMON) if (dt, "common") in keys else []
+        gemms = fam[1] if fam and (dt, fam[0]) in keys else []
+        # the order a step needs them in, roughly: a GEMM variant (3-7 s) beside each cheap
+        # kernel, so that the batch-norm and activation kernels right after the first
+        # convolution are not queued behind all the GEMMs
+        names = [n for pair in zip(gemms, common) for n in pair]
+        names += gemms[len(common):] + common[len(gemms):]
         _start(dt, names, (kernel, tuple(argtypes)))
-    except Exception as e:       # noqa: BLE001 - never the launch's failure
+    except Exception as e:       # noqa: BLE001 - never the launch's failure (it has run)
         log.warning("compile ahead: not started (%s: %s)", type(e).__name__, e)
 
 
@@ -187,11 +230,13 @@ def _start(dt, names, compiled):
     from .kernels import all_kernels, gemm
     from .kernels.signatures import signatures
     sigs, kernels = signatures(dt), dict(all_kernels(), **gemm.VARIANTS)
-    todo = []
-    for name in dict.fromkeys(names):
+    todo, seen = [], {(id(compiled[0]), compiled[1])}
+    for name in names:
         k, at = kernels.get(name), sigs.get(name)
-        if k is None or at is None or in_process(k, at) or (k, at) == compiled:
+        # (a GEMM's "_acc" name is the same kernel, with the same types where acc is dt)
+        if k is None or at is None or (id(k), at) in seen or in_process(k, at):
             continue
+        seen.add((id(k), at))
         p = cubins.path(k, at)
         if p is None or os.path.exists(p):
             continue
@@ -200,11 +245,12 @@ def _start(dt, names, compiled):
         workers = _workers(len(todo))
         if workers < 1:
             return
+        warmup_pool.lock_saves()         # this process's saves and the workers' take turns
         job = Job(todo, workers)
+        job.thread.start()              # (a thread that cannot start leaves nothing pending)
         for name, k, at in todo:
             _pending.setdefault((id(k), at), (k, mark_path(job.marks, name, at), job))
         jobs.append(job)
-    job.thread.start()
     log.debug("compile ahead: %d %s signatures on %d workers", len(todo), dt, workers)
 
 
@@ -216,9 +262,11 @@ def wait(kernel, argtypes):
     if p is None:
         return None
     _, mark, job = p
+    give_up = time.monotonic() + WAIT_S
     while True:
-        end = job.done.is_set() or os.path.exists(mark)     # read before the cubin: written
-        found = cubins.find(kernel, argtypes)               # first, so an end finds it
+        end = (job.done.is_set() or os.path.exists(mark) or not job.thread.is_alive()
+               or time.monotonic() > give_up)   # read before the cubin: it is written first,
+        found = cubins.find(kernel, argtypes)   # so an end finds it
         if found is not None or end:
             with _lock:
                 _pending.pop(key, None)

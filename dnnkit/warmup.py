@@ -22,7 +22,7 @@ docs/performance.md (cold start) gives the design and what numba-cuda's cache re
    ``kernel.compile(argtypes)``,
    which loads from or writes to the disk cache under the key a later launch looks up (the
    same argument tuple). Numba rewrites a function's index file without a lock and
-   factory-built variants share one index, so the workers take one lock around each save.
+   factory-built variants share one index, so every save takes a lock file (``lock_saves``).
 
 A fresh process with an empty cache still compiles serially: the warm-up runs once per
 machine or install (``python -m dnnkit warmup``), or ``compile(load(manifest))`` at a

@@ -19,6 +19,7 @@ own (the command's record-only step). numba is imported inside functions.
 
 import collections
 import concurrent.futures
+import fcntl
 import importlib
 import multiprocessing
 import os
@@ -41,7 +42,8 @@ Result = collections.namedtuple("Result", "entry seconds cached error")
 Result.__doc__ = """One entry's compile: seconds in its worker, whether Numba found it in the
 disk cache already, and the error (``"Type: message"``) or None."""
 
-save_lock = None           # a worker's lock around Numba's cache saves (``_worker_init``)
+LOCK_FILE = ".dnnkit-save.lock"
+_saves_locked = False       # lock_saves ran in this process
 
 
 def positive(what, value):
@@ -73,14 +75,7 @@ def compile_entry(entry):
     if cache is None or type(cache).__name__ != "CUDACache":
         raise RuntimeError(f"{entry.name} has no disk cache ({type(cache).__name__}): "
                            "not declared cache=True, or not a CUDA dispatcher")
-    if save_lock is not None and not getattr(cache.save_overload, "_dnnkit_locked", False):
-        plain = cache.save_overload
-
-        def save_overload(sig, data):      # Numba rewrites an index file without a lock
-            with save_lock:
-                plain(sig, data)
-        save_overload._dnnkit_locked = True
-        cache.save_overload = save_overload
+    lock_saves()
     cubins.store(kernel, entry.argtypes, kernel.compile(entry.argtypes))
     return kernel.stats.cache_hits[entry.argtypes] > 0
 
@@ -132,9 +127,31 @@ def prewarm():
     return time.perf_counter() - t0, error
 
 
-def _worker_init(lock):
-    global save_lock
-    save_lock = lock
+def lock_saves():
+    """Numba's cache saves in this process take an exclusive lock (``fcntl``) on a file of
+    their cache folder. Numba's save reads a kernel's index, picks the next data file number
+    and writes both without a lock: two writers of one index (compile workers; a process
+    compiling while its compile-ahead workers do; two processes) could give two entries one
+    data file, and the index would then map a signature to another's code. Every writer dnnkit
+    starts takes it (the workers, a process that starts a compile ahead). Idempotent; nothing
+    on the simulator."""
+    global _saves_locked
+    if _saves_locked:
+        return
+    try:
+        from numba.cuda.dispatcher import CUDACache
+    except ImportError:             # the simulator: no disk cache
+        return
+    plain = CUDACache.save_overload
+
+    def save_overload(self, sig, data):
+        folder = self.cache_path
+        os.makedirs(folder, exist_ok=True)
+        with open(os.path.join(folder, LOCK_FILE), "ab") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)       # released when the file closes
+            plain(self, sig, data)
+    CUDACache.save_overload = save_overload
+    _saves_locked = True
 
 
 def _driver_started():
@@ -150,13 +167,13 @@ def _driver_started():
     return err != driver.CUresult.CUDA_ERROR_NOT_INITIALIZED
 
 
-def serve(entries, workers, fn):
-    """In the server: ``fn`` over ``entries`` in ``workers`` forked processes, the GEMM
-    variants handed out first (each takes 3-5 s on an H100 host, the other kernels under 1 s:
-    one queued behind small kernels on a busy worker would end the warm-up seconds later);
-    a ``Result`` per entry, in order."""
+def serve(entries, workers, fn, ordered=False):
+    """In the server: ``fn`` over ``entries`` in ``workers`` forked processes (their cache
+    saves locked: ``lock_saves``), the GEMM variants handed out first (each takes 3-5 s on an
+    H100 host, the other kernels under 1 s: one queued behind small kernels on a busy worker
+    would end the warm-up seconds later), or in the entries' order when ``ordered``; a
+    ``Result`` per entry, in order."""
     ctx = multiprocessing.get_context("fork" if not _driver_started() else "spawn")
-    lock = ctx.Lock()
     with warnings.catch_warnings():
         # Python 3.12 warns at each fork of a process with threads: here OpenBLAS's idle
         # pool (numpy's), which its own fork handlers make safe in the children
@@ -164,8 +181,9 @@ def serve(entries, workers, fn):
                                 category=DeprecationWarning)
         with concurrent.futures.ProcessPoolExecutor(
                 max_workers=min(workers, len(entries)), mp_context=ctx,
-                initializer=_worker_init, initargs=(lock,)) as pool:
-            order = sorted(range(len(entries)), key=lambda i: not _heavy(entries[i]))
+                initializer=lock_saves) as pool:
+            order = range(len(entries)) if ordered else \
+                sorted(range(len(entries)), key=lambda i: not _heavy(entries[i]))
             futures = {i: pool.submit(_run, fn, entries[i]) for i in order}
             return [futures[i].result() for i in range(len(entries))]
 
@@ -199,16 +217,17 @@ class Workers:
         """(seconds, error or None) of the server's ``prewarm``, once ``compile`` returned."""
         return self._prewarm
 
-    def compile(self, entries, fn=compile_entry):
+    def compile(self, entries, fn=compile_entry, ordered=False):
         """``fn(entry)`` (``compile_entry``: into Numba's disk cache) for every entry (repeats
-        dropped), a ``Result`` per entry, in order. ``fn`` must be importable by name."""
+        dropped), a ``Result`` per entry, in order. ``fn`` must be importable by name.
+        ``ordered``: handed out in the entries' order (else the GEMM variants first)."""
         entries = list(dict.fromkeys(Entry(*e) for e in entries))
         if self._server.stdin.closed:
             raise DnnkitError("warmup: this compile server has served its one request")
         try:
             # the caller's import path first: ``fn`` may live in the caller's modules
             out, _ = self._server.communicate(pickle.dumps(list(sys.path)) + pickle.dumps(
-                (entries, self.workers, fn)))
+                (entries, self.workers, fn, ordered)))
             answer = pickle.loads(out)
         except (OSError, EOFError, pickle.UnpicklingError, ValueError):
             answer = None
@@ -243,9 +262,9 @@ def main():
     writes ((prewarm seconds, error), results or the exception that broke the pool)."""
     start = prewarm()
     sys.path[:0] = [p for p in pickle.load(sys.stdin.buffer) if p not in sys.path]
-    entries, workers, fn = pickle.load(sys.stdin.buffer)
+    entries, workers, fn, ordered = pickle.load(sys.stdin.buffer)
     try:
-        results = serve(entries, workers, fn) if entries else []
+        results = serve(entries, workers, fn, ordered) if entries else []
     except concurrent.futures.process.BrokenProcessPool as e:
         results = e
     try:

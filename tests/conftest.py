@@ -141,14 +141,14 @@ def skip_reason(report):
 @pytest.fixture(autouse=True)
 def _clean_flags(monkeypatch):
     """Every test starts from the defaults (no env, no rc file) and leaves no assignment, but
-    for ``dnn.compile_ahead``, off: a cold cache's first compile would start background
-    compile processes, whose CUDA contexts and cubins other tests' measures would see
-    (tests/test_compile_ahead.py and tests/gpu/test_compile_ahead.py turn it on)."""
+    for ``dnn.compile_ahead``, off (in DNNKIT_FLAGS, so that the processes tests start have it
+    off too): a cold cache's first compile would start background compile processes, whose
+    CUDA contexts and cubins other tests' measures would see (tests/test_compile_ahead.py and
+    tests/gpu/test_compile_ahead.py turn it on)."""
     def clean():
-        monkeypatch.delenv("DNNKIT_FLAGS", raising=False)
+        monkeypatch.setenv("DNNKIT_FLAGS", "dnn.compile_ahead=False")
         monkeypatch.setenv("DNNKIT_RC", os.devnull + ".absent")
         config.reset()
-        config.set("dnn.compile_ahead", False)
         from dnnkit import fastpath
         fastpath.invalidate()      # no memoised call outlives a test's monkeypatching
     clean()

@@ -70,8 +70,8 @@ class _FakeWorkers:
     def __init__(self, workers, env):
         self.marks = env[compile_ahead.MARKS]
 
-    def compile(self, entries, fn):
-        assert fn is compile_ahead.compile_marked
+    def compile(self, entries, fn, ordered=False):
+        assert fn is compile_ahead.compile_marked and ordered
         for e in entries:
             time.sleep(self.delay)
             type(self).seen.append((e.name, time.monotonic()))
@@ -104,6 +104,8 @@ def fake_gpu(tmp_path, monkeypatch):
     config.set("dnn.compile_ahead", True)       # (tests/conftest.py turns it off)
     monkeypatch.setattr(compile_ahead, "simulator", lambda: False)
     monkeypatch.setattr(compile_ahead, "_workers", lambda n: min(n, 3))
+    monkeypatch.setattr(compile_ahead, "_device_uuid", lambda: "GPU-test")
+    monkeypatch.setattr(compile_ahead.warmup_pool, "lock_saves", lambda: None)
     monkeypatch.setattr(compile_ahead.warmup_pool, "Workers", _FakeWorkers)
     monkeypatch.setattr(compile_ahead.cubins, "path",
                         lambda k, at: _cubin(names[id(k)] + ".pending"))
@@ -140,6 +142,11 @@ def test_a_first_compile_starts_the_data_types_kernels_and_a_launch_waits_for_it
     names = [e.name for e in job.entries]
     assert "gemm_00_tc_small_kernel" not in names          # compiled already
     assert set(compile_ahead.COMMON) < set(names)
+    # in the order a step needs them: a GEMM variant beside each cheap kernel; each kernel
+    # and signature once; the workers on this process's device
+    assert names[0].startswith("gemm_") and names[1] == compile_ahead.COMMON[0]
+    assert len({(id(_kernels()[e.name]), e.argtypes) for e in job.entries}) == len(names)
+    assert job.env["CUDA_VISIBLE_DEVICES"] == "GPU-test"
     assert {n for n in gemm.VARIANTS if "_tc_" in n} - {"gemm_00_tc_small_kernel"} < set(names)
     # a launch waits for its own entry, not for the whole job
     early, last = names[2], names[-1]
@@ -176,8 +183,7 @@ def test_nothing_starts_when_the_flag_is_off_or_numba_loaded_the_kernel(fake_gpu
     kernel, at = _compiled(monkeypatch, "sgd_fwd_kernel")
     with config.change_flags({"dnn.compile_ahead": False}):
         compile_ahead.after_compile(kernel, at)
-    assert compile_ahead.jobs == [] and compile_ahead._started
-    monkeypatch.setattr(compile_ahead, "_started", set())
+    assert compile_ahead.jobs == [] and not compile_ahead._started   # a later compile may
     monkeypatch.setattr(compile_ahead, "compiled_here", lambda k, t: False)   # a cache load
     compile_ahead.after_compile(kernel, at)
     assert compile_ahead.jobs == [] and not compile_ahead._started
@@ -185,7 +191,7 @@ def test_nothing_starts_when_the_flag_is_off_or_numba_loaded_the_kernel(fake_gpu
 
 def test_the_job_thread_is_a_daemon_that_never_raises(fake_gpu, monkeypatch):
     class Broken(_FakeWorkers):
-        def compile(self, entries, fn):
+        def compile(self, entries, fn, ordered=False):
             raise RuntimeError("the server died")
     monkeypatch.setattr(compile_ahead.warmup_pool, "Workers", Broken)
     kernel, at = _compiled(monkeypatch, "sgd_fwd_kernel")
@@ -196,3 +202,69 @@ def test_the_job_thread_is_a_daemon_that_never_raises(fake_gpu, monkeypatch):
     assert job.error == "RuntimeError: the server died"
     act = _kernels()["activation_fwd_kernel"]
     assert compile_ahead.wait(act, signatures("float32")["activation_fwd_kernel"]) is None
+
+
+def test_the_data_type_is_the_first_float_array_in_a_tuple_too():
+    sgd16 = signatures("float16")["sgd_fwd_kernel"]        # float16 parameters come first
+    assert compile_ahead._data_type(sgd16) == "float16"
+    assert compile_ahead._data_type(signatures("float64")["activation_fwd_kernel"]) == "float64"
+    assert compile_ahead._data_type(()) is None
+
+
+def test_workers_leave_a_cpu_share_memory_and_need_enough_of_them(monkeypatch):
+    monkeypatch.setattr(compile_ahead, "jobs", [])
+    monkeypatch.setattr(compile_ahead, "_cpus", lambda: 17)
+    free = [80 << 30]
+    monkeypatch.setattr(compile_ahead, "driver", lambda: type("D", (), {
+        "cuMemGetInfo": staticmethod(lambda: (0, free[0], 80 << 30))}))
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    assert compile_ahead._workers(37) == 16 and compile_ahead._workers(5) == 5
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")              # four ranks share the CPUs
+    assert compile_ahead._workers(37) == 4
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")              # two each: not worth a job
+    assert compile_ahead._workers(37) == 0
+    monkeypatch.delenv("LOCAL_WORLD_SIZE")
+    free[0] = 20 << 30                                       # a quarter: 5 contexts
+    assert compile_ahead._workers(37) == 5
+    free[0] = 8 << 30
+    assert compile_ahead._workers(37) == 0 and compile_ahead._workers(2) == 2
+
+
+def test_a_launch_does_not_wait_on_a_job_whose_thread_is_gone(fake_gpu, monkeypatch):
+    kernel, at = _compiled(monkeypatch, "sgd_fwd_kernel")
+    job = compile_ahead.Job([("sgd_fwd_kernel", kernel, at)], 1)     # never started
+    compile_ahead._pending[(id(kernel), at)] = (kernel, "/nonexistent/mark", job)
+    t0 = time.monotonic()
+    assert compile_ahead.wait(kernel, at) is None
+    assert time.monotonic() - t0 < 1 and (id(kernel), at) not in compile_ahead._pending
+
+
+_LOCKED = r"""
+import fcntl, os, sys
+from numba.cuda.dispatcher import CUDACache
+from dnnkit import warmup_pool
+held = []
+def probe(self, sig, data):            # Numba's save, while the wrapper holds the lock
+    with open(os.path.join(self.cache_path, warmup_pool.LOCK_FILE), "ab") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            held.append(False)
+        except BlockingIOError:
+            held.append(True)
+CUDACache.save_overload = probe
+warmup_pool.lock_saves()
+warmup_pool.lock_saves()                # idempotent: wrapped once
+cache = type("C", (), {"cache_path": sys.argv[1]})()
+CUDACache.save_overload(cache, None, None)
+print(held)
+"""
+
+
+def test_numba_cache_saves_hold_a_lock_file_of_their_folder(tmp_path):
+    import subprocess
+    import sys
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
+    r = subprocess.run([sys.executable, "-c", _LOCKED, str(tmp_path / "cache")],
+                       capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.strip().splitlines()[-1] == "[True]"

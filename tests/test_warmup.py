@@ -180,7 +180,7 @@ def _stub_sleep(entry):
 
 def _stub_env(entry):
     """Reports the worker's set-up: the save lock and the environment (through its error)."""
-    raise RuntimeError(f"lock={warmup_pool.save_lock is not None} "
+    raise RuntimeError(f"lock={warmup_pool._saves_locked} "
                        f"sim={os.environ.get('NUMBA_ENABLE_CUDASIM')} "
                        f"x={os.environ.get('WARMUP_TEST_X')}")
 

@@ -126,6 +126,7 @@ def test_fuzz_rc_file(data, tmp_path_factory, monkeypatch):
                         label="encoding")
         raw = "\n".join(lines).encode(enc, errors="replace")
     path.write_bytes(raw)
+    monkeypatch.delenv("DNNKIT_FLAGS", raising=False)   # (conftest's): the rc file's sources only
     config.set("dnn.verbose", True)            # a Python assignment the error must keep
     before = _flags_now()
     monkeypatch.setenv("DNNKIT_RC", str(path))
