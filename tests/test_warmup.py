@@ -289,9 +289,7 @@ def _key_of(entry):
 _PLAIN_KEYS = r"""
 import hashlib, json, pickle, sys
 from numba.core.serialize import dumps
-from numba.cuda.descriptor import cuda_target
 from dnnkit import warmup
-cuda_target.target_context.refresh()      # as Numba does before every cache lookup
 out = {}
 for e in pickle.loads(bytes.fromhex(sys.argv[1])):
     f = warmup.resolve(e).py_func
@@ -313,10 +311,11 @@ def _some_entries():
 def test_a_forked_worker_keys_kernels_as_a_plain_process(tmp_path):
     # Numba keys a cached kernel by its pickled closure, and notes that pickling can differ
     # with how a process was started: a worker's cache entries must be the ones a training
-    # process (a plain `python`) looks up, both after a target refresh as Numba keys them.
-    # (Not the float16 GEMMs: their closure's mma intrinsic pickles differently once a
-    # process has compiled anything, so their Numba key depends on a process's history;
-    # dnnkit's stored cubins, keyed by cubins.fingerprint, are what a fresh process uses.)
+    # process (a plain `python`) looks up. (What a process did before moves some keys: a
+    # target refresh changes how float16 pickles, a compile how the tensor-core GEMMs' mma
+    # intrinsics do; on a GPU the worker's prewarm matched a plain process, a refreshed one
+    # did not. dnnkit's stored cubins, keyed by cubins.fingerprint, are what a fresh process
+    # launches, without Numba's index.)
     entries = _some_entries()
     res = warmup.compile(entries, workers=2, fn=_key_of,
                          env=dict(NOT_SIM, WARMUP_TEST_OUT=str(tmp_path)))
