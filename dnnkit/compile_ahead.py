@@ -33,6 +33,7 @@ import threading
 import time
 
 from . import config, cubins, warmup_pool
+from .cubins import compiled_here   # (a name here: the tests stand in for it)
 from .device import driver, simulator
 from .log import log
 
@@ -154,20 +155,6 @@ def _config_family(name):
     return family if size in ("large", "small", "tiny") else cfg      # "sim": its own
 
 
-def _cpus():
-    """The CPUs this process may use: its affinity, within a cgroup v2 CPU quota."""
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
-        os.cpu_count() or 1
-    try:
-        with open("/sys/fs/cgroup/cpu.max") as f:
-            quota, period = f.read().split()[:2]
-        if quota != "max":
-            cpus = min(cpus, max(1, int(quota) // int(period)))
-    except (OSError, ValueError):
-        pass
-    return cpus
-
-
 def _workers(n):
     """Workers for a job of ``n`` signatures: at most MAX_WORKERS, the CPUs but one (shared
     among the host's training processes: LOCAL_WORLD_SIZE) less the running jobs' workers, one
@@ -183,14 +170,8 @@ def _workers(n):
         room = int(free) // 4 // CONTEXT_BYTES if int(err) == 0 else 0
     except Exception:          # noqa: BLE001 - no answer: no room assumed
         room = 0
-    w = min(n, MAX_WORKERS, (_cpus() - 1) // local - busy, room)
+    w = min(n, MAX_WORKERS, (warmup_pool.cpus() - 1) // local - busy, room)
     return w if w >= min(n, MIN_WORKERS) else 0
-
-
-def compiled_here(kernel, argtypes):
-    """Whether Numba compiled ``kernel`` for ``argtypes`` in this process (not a cache load)."""
-    misses = getattr(getattr(kernel, "stats", None), "cache_misses", None)
-    return bool(misses and misses.get(tuple(argtypes)))
 
 
 def in_process(kernel, argtypes):
@@ -227,9 +208,9 @@ def after_compile(kernel, argtypes):
 
 
 def _start(dt, names, compiled):
-    from .kernels import all_kernels, gemm
+    from .kernels import all_kernels
     from .kernels.signatures import signatures
-    sigs, kernels = signatures(dt), dict(all_kernels(), **gemm.VARIANTS)
+    sigs, kernels = signatures(dt), all_kernels()     # the GEMM variants among them
     todo, seen = [], {(id(compiled[0]), compiled[1])}
     for name in names:
         k, at = kernels.get(name), sigs.get(name)

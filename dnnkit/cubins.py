@@ -187,6 +187,12 @@ def storable(overload):
                 or getattr(lib, "needs_cudadevrt", False))
 
 
+def compiled_here(kernel, argtypes):
+    """Whether Numba compiled ``kernel`` for ``argtypes`` in this process (not a cache load)."""
+    misses = getattr(getattr(kernel, "stats", None), "cache_misses", None)
+    return misses is not None and bool(misses.get(tuple(argtypes)))
+
+
 def store(kernel, argtypes, overload):
     """Write ``overload``'s cubin (``kernel`` compiled for ``argtypes`` on the current device)
     unless its file exists; True when written. Only an overload this process compiled: one
@@ -195,9 +201,8 @@ def store(kernel, argtypes, overload):
     key made from the current sources. Never raises: the launch it follows has run, and the
     cubin is a convenience beside Numba's cache."""
     try:
-        misses = getattr(getattr(kernel, "stats", None), "cache_misses", None)
-        if (_folder(kernel) is None or not storable(overload) or misses is None
-                or not misses.get(tuple(argtypes))):
+        if (_folder(kernel) is None or not storable(overload)
+                or not compiled_here(kernel, argtypes)):
             return False
         cc = _cc()
         p = path(kernel, argtypes, cc)

@@ -47,7 +47,7 @@ from .device import simulator
 from .errors import DnnkitError
 from .tensors import tensor
 from .warmup_pool import (Entry, Result, Workers, compile, compile_entry,  # noqa: F401
-                          positive, ptx_entry, resolve)
+                          cpus, positive, ptx_entry, resolve)
 
 MODELS = ("vgg", "resnet18")
 DTYPES = ("float16", "float32", "float64")
@@ -338,7 +338,7 @@ def command(args):
     info = {"model": args.model, "dtype": args.dtype, "batch": args.batch,
             "backend": args.backend}
     t0 = time.perf_counter()
-    workers = args.workers or os.cpu_count() or 1
+    workers = args.workers or cpus()
     with Workers(workers) as pool:      # the compile server starts while the step is recorded
         entries = _command_entries(args, info, t0)
         t1 = time.perf_counter()

@@ -46,6 +46,21 @@ LOCK_FILE = ".dnnkit-save.lock"
 _saves_locked = False       # lock_saves ran in this process
 
 
+def cpus():
+    """The CPUs this process may use: its affinity, within a cgroup v2 CPU quota (a container
+    on a large host sees the host's count in ``os.cpu_count()``)."""
+    n = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
+        os.cpu_count() or 1
+    try:
+        with open("/sys/fs/cgroup/cpu.max") as f:
+            quota, period = f.read().split()[:2]
+        if quota != "max":
+            n = min(n, max(1, int(quota) // int(period)))
+    except (OSError, ValueError):
+        pass
+    return n
+
+
 def positive(what, value):
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"warmup: {what} must be an integer >= 1; got {value!r}")
@@ -196,8 +211,7 @@ class Workers:
     context manager; ``env``: environment changes for the server and so for its workers."""
 
     def __init__(self, workers=None, env=None):
-        if workers is None:
-            workers = os.cpu_count() or 1
+        workers = cpus() if workers is None else workers
         positive("workers", workers)
         self.workers = workers
         self._prewarm = None
@@ -276,10 +290,9 @@ def main():
 
 def compile(entries, workers=None, fn=compile_entry, env=None):
     """``Workers(workers, env).compile(entries, fn)``, the server closed after. Default: one
-    worker per CPU, at most one per entry; nothing is started for no entries."""
-    if workers is None:
-        workers = os.cpu_count() or 1
-    positive("workers", workers)
+    worker per usable CPU (``cpus``), at most one per entry; nothing is started for no
+    entries."""
+    positive("workers", cpus() if workers is None else workers)
     entries = list(entries)
     if not entries:
         return []

@@ -121,7 +121,7 @@ def fake_gpu(tmp_path, monkeypatch):
 
 def _kernels():
     from dnnkit.kernels import all_kernels
-    return dict(all_kernels(), **gemm.VARIANTS)
+    return all_kernels()                      # the GEMM variants among them
 
 
 def _compiled(monkeypatch, name):
@@ -213,7 +213,7 @@ def test_the_data_type_is_the_first_float_array_in_a_tuple_too():
 
 def test_workers_leave_a_cpu_share_memory_and_need_enough_of_them(monkeypatch):
     monkeypatch.setattr(compile_ahead, "jobs", [])
-    monkeypatch.setattr(compile_ahead, "_cpus", lambda: 17)
+    monkeypatch.setattr(compile_ahead.warmup_pool, "cpus", lambda: 17)
     free = [80 << 30]
     monkeypatch.setattr(compile_ahead, "driver", lambda: type("D", (), {
         "cuMemGetInfo": staticmethod(lambda: (0, free[0], 80 << 30))}))
