@@ -143,8 +143,9 @@ def gradient(op, *, outputs=None, inputs=None, reads_out=None):
     file. ``outputs``: which outputs are differentiable when the op returns several (default:
     every array output); ``inputs``: the parameter names a gradient can flow to (default:
     every Tensor argument); ``reads_out``: the indices of the outputs whose values the rule
-    reads through ``g.out`` (default: every array output; ``()`` for none), the ones whose
-    change in place makes backward refuse. The rule is called as ``fn(g, *grads)`` with one
+    reads through ``g.out`` (default: every array output; ``()`` for none; or a function of
+    the call's arguments by name returning them), the ones whose change in place makes
+    backward refuse. The rule is called as ``fn(g, *grads)`` with one
     gradient array per differentiable output (None where no gradient reached it) and returns
     ``{parameter name: gradient array}`` for the inputs that need one (``g.needs(name)``);
     ``g`` reads the forward call (:class:`GradContext`)."""

@@ -111,6 +111,8 @@ def _record(op, out, ran_on, plain_args, plain_kw, args, kw):
 def _save_outputs(node, res):
     """Record the version of each output the rule reads (after an in-place write's bump)."""
     which = node.rule.reads_out
+    if callable(which):                              # depends on the call (a fused relu's y)
+        which = which(node.args)
     if which is None and isinstance(res, Tensor):     # one output (most ops)
         c = res.counter
         node.saved_out = ((0, c, c[0]),)

@@ -41,6 +41,13 @@ invstd * sum dy*(x - mean)), ``batch_norm_apply_bwd_kernel``:
 reading x and dy, writing dx. Traffic: training forward 3 passes (x, x, y), inference 2,
 backward 5 (x, dy, x, dy, dx); the per-channel partials are negligible.
 
+Fused relu (``act`` = 1; ops.batch_norm_*(activation="relu")): the apply kernel writes
+max(y, 0) in its one pass, and the two backward kernels that read dy take it through relu's
+slope from the forward's output y (two more reads) — against a separate relu's 2 passes
+forward and 3 backward (y, dy, dx), and one launch less each way. A residual (``has_z``; the
+ops' ``residual``): the apply kernel adds z before the relu (one more read, against an add's
+3 passes), and the backward's apply kernel writes the residual's gradient (the dy it takes).
+
 The tree scratch is dynamic shared memory (3*T or 2*T elements of the accumulation type, sized
 at launch; Numba's simulator allocates static shared arrays racily). ``acc`` is the
 one-element array giving the accumulation type (see kernels/__init__.py).
@@ -228,11 +235,38 @@ def batch_norm_finalize_fwd_kernel(x, part, splits, c, s, mean, invstd, run_mean
             run_var[ch] = (one - momentum) * run_var[ch] + momentum * (var * unbias)
 
 
+@inlined
+def _act(v, act, zero):
+    """relu when ``act`` (the same select as kernels/activation.py's relu)."""
+    return zero if (act and v <= zero) else v
+
+
+@inlined
+def _masked(g, w, act, zero):
+    """dy through relu's slope, from its output w (slope 1 for w > 0 only: a NaN gives 0, a
+    select, so an Inf dy where the slope is 0 gives 0, as cuDNN and kernels/activation.py)."""
+    return g if (not act or w > zero) else zero
+
+
+@inlined
+def _grads4(dy, y, act, i0, i1, i2, i3, zero):
+    """Four dy values, through relu's slope from y when ``act`` (y is not read otherwise)."""
+    g0, g1, g2, g3 = dy[i0] + zero, dy[i1] + zero, dy[i2] + zero, dy[i3] + zero
+    if act:
+        g0 = _masked(g0, y[i0] + zero, act, zero)
+        g1 = _masked(g1, y[i1] + zero, act, zero)
+        g2 = _masked(g2, y[i2] + zero, act, zero)
+        g3 = _masked(g3, y[i3] + zero, act, zero)
+    return g0, g1, g2, g3
+
+
 @_walker
-def batch_norm_apply_fwd_kernel(x, y, mean, sd, gamma, beta, n, c, s, sw, cw, splits_i,
-                                from_var, eps, acc):
+def batch_norm_apply_fwd_kernel(x, z, y, mean, sd, gamma, beta, n, c, s, sw, cw, splits_i,
+                                from_var, act, has_z, eps, acc):
     """y = (x - mean) * gamma * invstd + beta, with invstd = sd (training) or
-    1/sqrt(sd + eps) (``from_var``: sd is the variance, inference)."""
+    1/sqrt(sd + eps) (``from_var``: sd is the variance, inference); ``has_z``: + z (a
+    residual, x's shape; unread otherwise); ``act`` = 1: then y = max(y, 0) (relu, as
+    kernels/activation.py: a NaN stays NaN); all in the same pass."""
     zero = acc[0]
     one = zero + float32(1)
     si, ci, yi, by = _lanes(sw, cw)
@@ -251,14 +285,22 @@ def batch_norm_apply_fwd_kernel(x, y, mean, sd, gamma, beta, n, c, s, sw, cw, sp
             while p < base + a_main:   # four loads before any store: they overlap
                 i0, i1, i2, i3 = _four(p, d)
                 v0, v1, v2, v3 = x[i0] + zero, x[i1] + zero, x[i2] + zero, x[i3] + zero
-                y[i0] = (v0 - mu) * sc + b
-                y[i1] = (v1 - mu) * sc + b
-                y[i2] = (v2 - mu) * sc + b
-                y[i3] = (v3 - mu) * sc + b
+                w0, w1, w2, w3 = (v0 - mu) * sc + b, (v1 - mu) * sc + b, \
+                    (v2 - mu) * sc + b, (v3 - mu) * sc + b
+                if has_z:
+                    w0, w1 = w0 + (z[i0] + zero), w1 + (z[i1] + zero)
+                    w2, w3 = w2 + (z[i2] + zero), w3 + (z[i3] + zero)
+                y[i0] = _act(w0, act, zero)
+                y[i1] = _act(w1, act, zero)
+                y[i2] = _act(w2, act, zero)
+                y[i3] = _act(w3, act, zero)
                 p += 4 * d
             while p < base + a_end:
                 i0 = uint64(p)
-                y[i0] = (x[i0] + zero - mu) * sc + b
+                w0 = (x[i0] + zero - mu) * sc + b
+                if has_z:
+                    w0 = w0 + (z[i0] + zero)
+                y[i0] = _act(w0, act, zero)
                 p += d
             base += row_step
 
@@ -266,9 +308,10 @@ def batch_norm_apply_fwd_kernel(x, y, mean, sd, gamma, beta, n, c, s, sw, cw, sp
 # ---------------------------------------------------------------- backward
 
 @_walker
-def batch_norm_reduce_bwd_kernel(x, dy, mean, part, n, c, s, sw, cw, splits_i, acc):
+def batch_norm_reduce_bwd_kernel(x, dy, y, act, mean, part, n, c, s, sw, cw, splits_i, acc):
     """Per (channel, split) sums of dy (q = 0) and dy*(x - mean) (q = 1) into
-    part[(q*splits + split)*c + ch]."""
+    part[(q*splits + split)*c + ch]; ``act`` = 1: dy is first taken through relu's slope
+    from the forward's output y (y unread otherwise)."""
     sh = cuda.shared.array(0, dtype=acc.dtype)   # 2*T elements, sized at launch
     zero = acc[0]
     si, ci, yi, by = _lanes(sw, cw)
@@ -287,14 +330,14 @@ def batch_norm_reduce_bwd_kernel(x, dy, mean, part, n, c, s, sw, cw, splits_i, a
                 p = base + a0
                 while p < base + a_main:
                     i0, i1, i2, i3 = _four(p, d)
-                    g0, g1, g2, g3 = dy[i0] + zero, dy[i1] + zero, dy[i2] + zero, dy[i3] + zero
+                    g0, g1, g2, g3 = _grads4(dy, y, act, i0, i1, i2, i3, zero)
                     x0, x1, x2, x3 = x[i0] + zero, x[i1] + zero, x[i2] + zero, x[i3] + zero
                     sg += (g0 + g1) + (g2 + g3)
                     sgx += (g0 * (x0 - mu) + g1 * (x1 - mu)) + (g2 * (x2 - mu) + g3 * (x3 - mu))
                     p += 4 * d
                 while p < base + a_end:
                     i0 = uint64(p)
-                    gv = dy[i0] + zero
+                    gv = _masked(dy[i0] + zero, y[i0] + zero, act, zero)
                     sg += gv
                     sgx += gv * (x[i0] + zero - mu)
                     p += d
@@ -324,9 +367,11 @@ def batch_norm_finalize_bwd_kernel(part, splits, c, invstd, dgamma, dbeta, acc):
 
 
 @_walker
-def batch_norm_apply_bwd_kernel(x, dy, dx, mean, invstd, gamma, dgamma, dbeta, inv_m,
-                                n, c, s, sw, cw, splits_i, acc):
-    """dx = gamma*invstd * (dy - dbeta/m - (x - mean) * invstd*dgamma/m); inv_m = 1/m."""
+def batch_norm_apply_bwd_kernel(x, dy, y, act, dx, dz, has_z, mean, invstd, gamma, dgamma,
+                                dbeta, inv_m, n, c, s, sw, cw, splits_i, acc):
+    """dx = gamma*invstd * (dy - dbeta/m - (x - mean) * invstd*dgamma/m); inv_m = 1/m;
+    ``act`` = 1: dy through relu's slope from y first (as the reduce kernel); ``has_z``: also
+    writes that dy to dz (the residual's gradient; unwritten otherwise)."""
     zero = acc[0]
     si, ci, yi, by = _lanes(sw, cw)
     first, rows, row_step, a0, a_main, a_end, d = _loops(n, c, s, sw, cw, splits_i)
@@ -343,8 +388,10 @@ def batch_norm_apply_bwd_kernel(x, dy, dx, mean, invstd, gamma, dgamma, dbeta, i
             p = base + a0
             while p < base + a_main:
                 i0, i1, i2, i3 = _four(p, d)
-                g0, g1, g2, g3 = dy[i0] + zero, dy[i1] + zero, dy[i2] + zero, dy[i3] + zero
+                g0, g1, g2, g3 = _grads4(dy, y, act, i0, i1, i2, i3, zero)
                 x0, x1, x2, x3 = x[i0] + zero, x[i1] + zero, x[i2] + zero, x[i3] + zero
+                if has_z:
+                    dz[i0], dz[i1], dz[i2], dz[i3] = g0, g1, g2, g3
                 dx[i0] = k1 * (g0 - mdb - (x0 - mu) * c2)
                 dx[i1] = k1 * (g1 - mdb - (x1 - mu) * c2)
                 dx[i2] = k1 * (g2 - mdb - (x2 - mu) * c2)
@@ -352,7 +399,10 @@ def batch_norm_apply_bwd_kernel(x, dy, dx, mean, invstd, gamma, dgamma, dbeta, i
                 p += 4 * d
             while p < base + a_end:
                 i0 = uint64(p)
-                dx[i0] = k1 * (dy[i0] + zero - mdb - (x[i0] + zero - mu) * c2)
+                gv = _masked(dy[i0] + zero, y[i0] + zero, act, zero)
+                if has_z:
+                    dz[i0] = gv
+                dx[i0] = k1 * (gv - mdb - (x[i0] + zero - mu) * c2)
                 p += d
             base += row_step
 
@@ -365,8 +415,8 @@ def SIGNATURES(t, acc):
     return {
         "batch_norm_stats_fwd_kernel": (a, z) + geo + (z,),
         "batch_norm_finalize_fwd_kernel": (a, z, i, i, i, z, z, z, z, i, acc, acc, acc, z),
-        "batch_norm_apply_fwd_kernel": (a, a, z, z, z, z) + geo + (i, acc, z),
-        "batch_norm_reduce_bwd_kernel": (a, a, z, z) + geo + (z,),
+        "batch_norm_apply_fwd_kernel": (a, a, a, z, z, z, z) + geo + (i, i, i, acc, z),
+        "batch_norm_reduce_bwd_kernel": (a, a, a, i, z, z) + geo + (z,),
         "batch_norm_finalize_bwd_kernel": (z, i, i, z, z, z, z),
-        "batch_norm_apply_bwd_kernel": (a, a, a, z, z, z, z, z, acc) + geo + (z,),
+        "batch_norm_apply_bwd_kernel": (a, a, a, i, a, a, i, z, z, z, z, z, acc) + geo + (z,),
     }

@@ -1,7 +1,7 @@
 """Training speed against PyTorch eager, in one process on one GPU.
 
     python -m validation.train_bench [--quick] [--out DIR] [--only vgg,resnet18,lm|host]
-                                     [--numba-graphs]
+                                     [--numba-graphs] [--benchmark]
 
 Rows: the VGG-style CNN (dnnkit.models.vgg_cnn) and ResNet-18 in its CIFAR form
 (dnnkit.models.resnet18) at batch 32 and 128 on 3x32x32 images, float32 (TF32 off on both
@@ -24,6 +24,10 @@ Each row:
    starts, so a step's time is the larger of its host and GPU times), the median of the rounds'
    ms per step. ``host ms`` is the host's wall time to queue a step: where it is near the GPU
    figure, the host bounds the step. ``ops`` is dnnkit's op calls per step.
+
+``--benchmark`` times the convolution algorithms on both sides (``torch.backends.cudnn.benchmark``
+and ``dnn.benchmark``; a graph is captured after warm-up steps, so its choices are the timed
+ones); without it both sides take cuDNN's heuristic choice.
 
 Then the host cost of one op call (relu of 1024 elements, a 1x8x8x8 convolution with an 8x8x3x3
 filter) with Numba, PyTorch and CuPy inputs on both backends against PyTorch's own
@@ -463,11 +467,14 @@ def main(argv=None):
     p.add_argument("--only", default="", help="models: vgg,resnet18,lm ('host': none, only "
                    "the host-cost and optimizer tables)")
     p.add_argument("--numba-graphs", action="store_true", help="also graph the Numba step")
+    p.add_argument("--benchmark", action="store_true",
+                   help="time the convolution algorithms on both sides (cudnn.benchmark)")
     q = p.parse_args(argv)
     import torch
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
-    torch.backends.cudnn.benchmark = False
+    torch.backends.cudnn.benchmark = q.benchmark
+    dnnkit.config.dnn.benchmark = q.benchmark
     q.warm, q.rounds, q.per_round, q.host_n, q.host_rounds = \
         (2, 2, 2, 20, 3) if q.quick else (5, 7, 10, 200, 9)
     grid = [("vgg", 32, "float32"), ("lm", 32, "float32")] if q.quick else \
@@ -475,6 +482,7 @@ def main(argv=None):
          for b in (32, 128)] + [("lm", 32, "float32")]
     only = {s.strip() for s in q.only.split(",") if s.strip()}
     gpu = torch.cuda.get_device_name()
+    gpu += "; algorithms timed on both sides (--benchmark)" if q.benchmark else ""
     print(f"{gpu}; dnnkit {dnnkit.__version__}; PyTorch {torch.__version__}")
     rows, errors, hosts, opts = [], {}, [], []
     for spec in grid:

@@ -18,14 +18,25 @@ epsilon are always double. Running statistics are updated by cuDNN in place as
 with the unbiased variance for the running variance; dnnkit's momentum is this factor (the
 same convention as PyTorch's momentum): the caller's running arrays are updated in place.
 
+``activation="relu"`` (the ops' fused relu): the training forward's runner also calls
+cudnnActivationForward on y in place (the API reference allows x == y); the backward's first
+takes dy through relu's slope from y with cudnnActivationBackward into a scratch array, then
+differentiates batch normalization with it. A residual z (y = relu(bn(x) + z)) is added to y
+by cudnnAddTensor before the activation; its gradient is that scratch array (a copy of dy
+without an activation). cuDNN's own fused form
+(cudnnBatchNormalizationForwardTrainingEx with CUDNN_BATCHNORM_OPS_BN_ACTIVATION) takes only
+NHWC half-precision data in SPATIAL_PERSISTENT mode, which dnnkit's NCHW layout never is.
+
 ``bind_training`` and ``bind_backward`` give a runner for repeated calls of one shape (dispatch's
 memo): descriptors, scalars, handle and function looked up once; a call reads its arrays'
 addresses and makes the one cuDNN call.
 """
 
+import math
 from ctypes import c_double, c_int, c_void_p
 
-from . import api, handle
+from . import activation as cudnn_act, api, handle
+from . import conv  # noqa: F401  (declares cudnnAddTensor's prototype)
 from .api import ptr
 from .descriptors import Descriptor, DescriptorCache, scalar_refs, tensor
 
@@ -111,10 +122,10 @@ def _descs_of(shape, dtype, mode):
     return tensor(dims, dtype), _params.get(dims, dtype, mode)
 
 
-def bind_training(shape, dtype, mode, eps, momentum, stream):
-    """``run(x, y, gamma, beta, mean, invstd, run_mean, run_var)`` for x of ``shape`` and
-    ``dtype``: y, the saved mean and 1/sqrt(var + eps); run_mean/run_var (both or neither: None)
-    updated in place."""
+def bind_training(shape, dtype, mode, eps, momentum, stream, activation=None, residual=False):
+    """``run(x, y, gamma, beta, mean, invstd, run_mean, run_var, z=None)`` for x of ``shape``
+    and ``dtype``: y (+ z with ``residual``, then relu(y) with ``activation="relu"``), the saved
+    mean and 1/sqrt(var + eps); run_mean/run_var (both or neither: None) updated in place."""
     name = "cudnnBatchNormalizationForwardTraining"
     alpha, beta_ = scalar_refs(dtype)
     xdesc, pdesc = _descs_of(shape, dtype, mode)
@@ -126,35 +137,54 @@ def bind_training(shape, dtype, mode, eps, momentum, stream):
         return (f"batch_norm_train: x {tuple(shape)} {dtype}, mode {mode}, epsilon {eps}, "
                 f"momentum {momentum}")
 
-    def run(x, y, gamma, beta, mean, invstd, run_mean, run_var):
+    act = None if activation is None else \
+        cudnn_act.bind(False, math.prod(shape), dtype, activation, 0.0, stream)
+    add = api.function("cudnnAddTensor") if residual else None
+
+    def run(x, y, gamma, beta, mean, invstd, run_mean, run_var, z=None):
         st = fn(get(), md, alpha, beta_, xd, ptr(x), xd, ptr(y), pd, ptr(gamma), ptr(beta), mom,
                 _null(run_mean), _null(run_var), e, ptr(mean), ptr(invstd))
         if st:
             check(name, st, context)
-    run.keep = (xdesc, pdesc)        # the descriptors live as long as the runner
+        if add is not None:            # y = 1 * z + 1 * y
+            st = add(get(), alpha, xd, ptr(z), alpha, xd, ptr(y))
+            if st:
+                check("cudnnAddTensor", st, context)
+        if act is not None:
+            act(y, y)
+    run.keep = (xdesc, pdesc, act)   # the descriptors live as long as the runner
     return run
 
 
 def forward_training(x, y, gamma, beta, mean, invstd, run_mean, run_var, mode, eps, momentum,
-                     stream):
+                     stream, activation=None, z=None):
     """y, saved mean and saved 1/sqrt(var + eps); run_mean/run_var (both or neither) updated in
     place."""
-    bind_training(x.shape, x.dtype, mode, eps, momentum, stream)(
-        x, y, gamma, beta, mean, invstd, run_mean, run_var)
+    bind_training(x.shape, x.dtype, mode, eps, momentum, stream, activation, z is not None)(
+        x, y, gamma, beta, mean, invstd, run_mean, run_var, z)
 
 
-def forward_inference(x, y, gamma, beta, mean, var, mode, eps, stream):
+def forward_inference(x, y, gamma, beta, mean, var, mode, eps, stream, activation=None,
+                      z=None):
     alpha, beta_ = scalar_refs(x.dtype)
     xd, pd = _descs(x, mode)
+    ctx = _ctx("batch_norm_inference", x, mode, eps)
     api.call("cudnnBatchNormalizationForwardInference", handle.get(stream), BN_MODE[mode],
              alpha, beta_, xd, ptr(x), xd, ptr(y), pd,
-             ptr(gamma), ptr(beta), ptr(mean), ptr(var), c_double(eps),
-             context=_ctx("batch_norm_inference", x, mode, eps))
+             ptr(gamma), ptr(beta), ptr(mean), ptr(var), c_double(eps), context=ctx)
+    if z is not None:
+        api.call("cudnnAddTensor", handle.get(stream), alpha, xd, ptr(z), alpha, xd, ptr(y),
+                 context=ctx)
+    if activation is not None:
+        cudnn_act.forward(y, y, activation, 0.0, stream)
 
 
-def bind_backward(shape, dtype, mode, eps, stream):
-    """``run(x, dy, dx, gamma, dgamma, dbeta, mean, invstd)`` for x of ``shape`` and ``dtype``:
-    dx, dgamma, dbeta (all overwritten: beta factors 0) from the saved statistics."""
+def bind_backward(shape, dtype, mode, eps, stream, activation=None):
+    """``run(x, dy, dx, gamma, dgamma, dbeta, mean, invstd, y=None, scratch=None)`` for x of
+    ``shape`` and ``dtype``: dx, dgamma, dbeta (all overwritten: beta factors 0) from the saved
+    statistics; with ``activation="relu"``, of relu(batch norm): dy first goes through relu's
+    slope from the forward's output y into ``scratch`` (an array of x's shape). Without an
+    activation a given ``scratch`` gets a copy of dy (a residual's gradient)."""
     name = "cudnnBatchNormalizationBackward"
     alpha, beta_ = scalar_refs(dtype)
     xdesc, pdesc = _descs_of(shape, dtype, mode)
@@ -164,16 +194,30 @@ def bind_backward(shape, dtype, mode, eps, stream):
     def context():
         return f"batch_norm_backward: x {tuple(shape)} {dtype}, mode {mode}, epsilon {eps}"
 
-    def run(x, dy, dx, gamma, dgamma, dbeta, mean, invstd):
+    act = None if activation is None else \
+        cudnn_act.bind(True, math.prod(shape), dtype, activation, 0.0, stream)
+
+    add = api.function("cudnnAddTensor")
+
+    def run(x, dy, dx, gamma, dgamma, dbeta, mean, invstd, y=None, scratch=None):
+        if act is not None:
+            act(y, y, dy, scratch)       # (relu's slope from y: y > 0 exactly where x > 0)
+            dy = scratch
+        elif scratch is not None:        # scratch = 1 * dy + 0 * scratch (beta 0: not read)
+            st = add(get(), alpha, xd, ptr(dy), beta_, xd, ptr(scratch))
+            if st:
+                check("cudnnAddTensor", st, context)
         st = fn(get(), md, alpha, beta_, alpha, beta_, xd, ptr(x), xd, ptr(dy), xd, ptr(dx), pd,
                 ptr(gamma), ptr(dgamma), ptr(dbeta), e, ptr(mean), ptr(invstd))
         if st:
             check(name, st, context)
-    run.keep = (xdesc, pdesc)
+    run.keep = (xdesc, pdesc, act)
     return run
 
 
-def backward(x, dy, dx, gamma, dgamma, dbeta, mean, invstd, mode, eps, stream):
-    """dx, dgamma, dbeta (all overwritten: beta factors 0) from the saved statistics."""
-    bind_backward(x.shape, x.dtype, mode, eps, stream)(
-        x, dy, dx, gamma, dgamma, dbeta, mean, invstd)
+def backward(x, dy, dx, gamma, dgamma, dbeta, mean, invstd, mode, eps, stream,
+             activation=None, y=None, scratch=None):
+    """dx, dgamma, dbeta (all overwritten: beta factors 0) from the saved statistics (of
+    relu(batch norm) with ``activation``: see bind_backward)."""
+    bind_backward(x.shape, x.dtype, mode, eps, stream, activation)(
+        x, dy, dx, gamma, dgamma, dbeta, mean, invstd, y, scratch)

@@ -5,9 +5,12 @@ three starting with stride 2 (32x32 -> 4x4), global average pooling and a linear
 
     BasicBlock:  y = relu(bn2(conv2(relu(bn1(conv1(x))))) + shortcut(x))
 
-with shortcut(x) = x, or a 1x1 strided convolution and BatchNorm (``downsample``) where the
-width or the resolution changes. The names follow torchvision's ResNet (conv1, bn1, layer1.0.
-conv1, ..., layer2.0.downsample.0, fc), so state dicts line up with PyTorch's.
+(each relu(bn(...)), and relu(bn2(...) + shortcut(x)), one fused op call: nn/norm.py) with
+shortcut(x) = x, or a 1x1 strided convolution and BatchNorm (``downsample``) where the width
+or the resolution changes. The names follow torchvision's ResNet (conv1, bn1, relu, layer1.0.
+conv1, ..., layer2.0.downsample.0, fc), so state dicts and module trees line up with
+PyTorch's (the blocks' ``relu`` modules stay in the tree though the fused calls do their
+work).
 """
 
 from __future__ import annotations
@@ -44,10 +47,10 @@ class BasicBlock(nn.Module):
             self.downsample = None
 
     def forward(self, x: ArrayLike) -> Tensor:
-        out = self.relu(self.bn1(self.conv1(x)))
-        out = self.bn2(self.conv2(out))
+        # relu(bn1(conv1(x))) and relu(bn2(conv2(out)) + shortcut) are one op call each
+        out = self.bn1(self.conv1(x), activation="relu")
         shortcut = x if self.downsample is None else self.downsample(x)
-        return self.relu(out + shortcut)
+        return self.bn2(self.conv2(out), activation="relu", residual=shortcut)
 
 
 class ResNet(nn.Module):
@@ -81,7 +84,7 @@ class ResNet(nn.Module):
         self.stages = len(blocks)
 
     def forward(self, x: ArrayLike) -> Tensor:
-        x = self.relu(self.bn1(self.conv1(x)))
+        x = self.bn1(self.conv1(x), activation="relu")
         for i in range(self.stages):
             x = getattr(self, f"layer{i + 1}")(x)
         return self.fc(self.avgpool(x))

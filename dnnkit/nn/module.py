@@ -78,6 +78,9 @@ class Module:
     _modules: dict[str, Module]
     _buffers: dict[str, Tensor | None]
     _forward_hooks: dict[int, ForwardHook]
+    #: the activations ``forward(x, activation=...)`` fuses (nn.Sequential reads it; a subclass
+    #: overriding forward declares it again); none here
+    fused_activations: tuple[str, ...] = ()
 
     def __init__(self) -> None:
         object.__setattr__(self, "_parameters", {})

@@ -13,6 +13,11 @@ State, as PyTorch's: ``weight`` (gamma), ``bias`` (beta), ``running_mean``, ``ru
 Parameters and statistics are float32 for float16 and float32 data, float64 for float64 (the
 op's rule).
 
+``forward(x, activation="relu", residual=z)`` fuses an addition of z (a ResNet block's
+shortcut) and a ReLU after the normalization into the same op call (ops.batch_norm_*'s
+``residual`` and ``activation``), y = relu(bn(x) + z); ``nn.Sequential`` calls it with the
+ReLU for a BatchNorm followed by a ReLU.
+
 ``affine=False``: no ``weight`` and ``bias`` (None, and absent from the state dict); the ops get
 constant ones and zeros (``arrays.constant``: made once per device), so y = xhat.
 ``track_running_stats=False``: no running statistics nor batch count (None, absent from the
@@ -82,7 +87,12 @@ class _BatchNorm(Module):
         c, pdt = self.num_features, arrays.acc_dtype(np.dtype(x.dtype))
         return arrays.constant(np.ones(c), pdt), arrays.constant(np.zeros(c), pdt)
 
-    def forward(self, x: ArrayLike) -> Tensor:
+    fused_activations = ("relu",)       # what forward's activation= takes (nn.Sequential)
+
+    def forward(self, x: ArrayLike, activation: str | None = None,
+                residual: ArrayLike | None = None) -> Tensor:
+        """The normalized x (+ ``residual``, then max(that, 0) with ``activation="relu"``) in
+        one op call."""
         cls = type(self).__name__
         x = as_input(cls, x)
         if x.ndim not in self.ndims:
@@ -96,20 +106,22 @@ class _BatchNorm(Module):
         if not self.track_running_stats:
             # batch statistics in both modes; nothing to update
             y, _, _ = ops.batch_norm_train(x, gamma, beta, epsilon=self.eps,
-                                           backend=self.backend)
+                                           backend=self.backend, activation=activation,
+                                           residual=residual)
             return y
         if self.training:
             y, _, _ = ops.batch_norm_train(
                 x, gamma, beta, epsilon=self.eps, momentum=self.momentum,
                 running_mean=self.running_mean.data, running_var=self.running_var.data,
-                backend=self.backend)
+                backend=self.backend, activation=activation, residual=residual)
             self.num_batches_tracked += 1
             return y
         # eval: the running statistics; a gradient (fine-tuning a frozen-statistics model)
         # flows to x, weight and bias through batch_norm_inference's rule
         return ops.batch_norm_inference(x, gamma, beta, self.running_mean.data,
                                         self.running_var.data, epsilon=self.eps,
-                                        backend=self.backend)
+                                        backend=self.backend, activation=activation,
+                                        residual=residual)
 
 
 class BatchNorm1d(_BatchNorm):

@@ -7,10 +7,12 @@ Adding a family: import its module below, add it to ``FAMILIES`` and its public 
 import list and to ``__all__``.
 """
 
-from . import (activation as _activation, batchnorm as _batchnorm, conv as _conv,
+from . import (activation as _activation, conv as _conv,
                dropout as _dropout, pool as _pool, rnn as _rnn, softmax as _softmax,
                spatial as _spatial)
 from . import rnn_cudnn as _rnn_cudnn  # noqa: F401  (registers the cuDNN RNN)
+from . import batchnorm_cases as _batchnorm_cases   # (imports the family, ops/batchnorm.py)
+from . import batchnorm_eval_grad as _batchnorm_eval_grad  # noqa: F401  (a gradient rule)
 from . import batchnorm_runners as _batchnorm_runners  # noqa: F401  (the memo's runners)
 from . import embedding as _embedding, global_pool as _global_pool, loss as _loss
 from . import matmul as _matmul
@@ -43,7 +45,7 @@ from .softmax import log_softmax, softmax, softmax_backward  # noqa: F401
 from .spatial import (affine_grid, affine_grid_backward, grid_sample,  # noqa: F401
                       grid_sample_backward, spatial_transformer)
 
-FAMILIES = [_activation, _softmax, _conv, _pool, _batchnorm, _dropout, _rnn, _spatial]
+FAMILIES = [_activation, _softmax, _conv, _pool, _batchnorm_cases, _dropout, _rnn, _spatial]
 FAMILIES += [_matmul, _embedding, _loss, _global_pool]
 FAMILIES += [_arith, _reduce, _shape]
 FAMILIES += [_lrn]

@@ -1,0 +1,20 @@
+"""validation/fusion_bench.py's patterns: each fused variant computes what its unfused one does
+(the bench's correctness column), here on tiny shapes with the Numba kernels."""
+
+import numpy as np
+import pytest
+
+from tests.conftest import backend_params
+from validation import fusion_bench
+
+
+@pytest.mark.parametrize("backend", backend_params())
+@pytest.mark.parametrize("pattern", ["train", "residual", "inference"])
+def test_fused_and_unfused_variants_agree(backend, pattern):
+    arrs = fusion_bench.arrays_for((2, 3, 2, 4), "float32", np.random.default_rng(0))
+    fns = fusion_bench.variants(pattern, backend, arrs)
+    fused, plain = ([o.copy_to_host() for o in fns[k]()] for k in ("fused", "unfused"))
+    assert len(fused) == len(plain) == {"train": 4, "residual": 5, "inference": 1}[pattern]
+    for a, b in zip(fused, plain):
+        assert np.isfinite(a).all()
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)

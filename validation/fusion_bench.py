@@ -1,0 +1,162 @@
+"""Fused batch normalization + relu against the two ops apart, per pattern, on both backends.
+
+    python -m validation.fusion_bench [--out DIR] [--quick]
+
+Patterns (device arrays, the memo's path, as a training step calls them):
+- ``train``: batch_norm_train(activation="relu") and its batch_norm_backward(activation="relu",
+  y=y), against batch_norm_train, activation(relu), activation_backward, batch_norm_backward;
+- ``residual``: ResNet's block end, batch_norm_train(activation="relu", residual=z) and its
+  backward(residual=True), against batch_norm_train, add, activation and their backwards
+  (the add's backward passes dy through: no call);
+- ``inference``: batch_norm_inference(activation="relu") against batch_norm_inference then
+  activation.
+Shapes: the activations of ResNet-18 (CIFAR form) at batch 32 and 128, float32 and float16.
+
+Correctness first: the fused outputs (y, dx, dgamma, dbeta) against the unfused ones on the same
+backend, max |difference| over max |unfused|. Then time: each variant queued K times between
+two CUDA events on the default stream, the GPU idle when a round starts (so a host-bound
+variant shows its host time), the median of the rounds; ``host us``: wall time to queue one
+pattern. Writes DIR/fusion_bench.json and fusion_bench.md.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+import numpy as np
+
+import dnnkit
+
+SHAPES = [(32, 64, 32, 32), (32, 128, 16, 16), (32, 256, 8, 8), (32, 512, 4, 4),
+          (128, 64, 32, 32), (128, 512, 4, 4)]
+
+
+def arrays_for(shape, dtype, rng):
+    """The pattern's device arrays: x, gamma, beta, dy, running mean, running var, residual."""
+    from numba import cuda
+    c = shape[1]
+    return [cuda.to_device(a) for a in (
+        rng.standard_normal(shape).astype(dtype), (1 + 0.3 * rng.standard_normal(c)).astype(
+            np.float32), rng.standard_normal(c).astype(np.float32),
+        rng.standard_normal(shape).astype(dtype), np.zeros(c, np.float32),
+        np.ones(c, np.float32), rng.standard_normal(shape).astype(dtype))]
+
+
+def variants(pattern, backend, arrs):
+    """{"fused": fn, "unfused": fn}, each returning the pattern's outputs."""
+    x, g, b, dy, rm, rv, z = arrs
+    kw = dict(backend=backend)
+    if pattern == "inference":
+        return {"fused": lambda: [dnnkit.batch_norm_inference(x, g, b, rm, rv, activation="relu",
+                                                              **kw)],
+                "unfused": lambda: [dnnkit.activation(dnnkit.batch_norm_inference(
+                    x, g, b, rm, rv, **kw), "relu", **kw)]}
+
+    res = pattern == "residual"
+
+    def fused():
+        y, m, i = dnnkit.batch_norm_train(x, g, b, running_mean=rm, running_var=rv,
+                                          activation="relu", residual=z if res else None, **kw)
+        return [y, *dnnkit.batch_norm_backward(x, dy, g, m, i, activation="relu", y=y,
+                                               residual=res, **kw)]
+
+    def unfused():
+        h, m, i = dnnkit.batch_norm_train(x, g, b, running_mean=rm, running_var=rv, **kw)
+        if res:
+            h = dnnkit.add(h, z, **kw)
+        y = dnnkit.activation(h, "relu", **kw)
+        dh = dnnkit.activation_backward(h, y, dy, "relu", **kw)
+        return [y, *dnnkit.batch_norm_backward(x, dh, g, m, i, **kw)] + ([dh] if res else [])
+    return {"fused": fused, "unfused": unfused}
+
+
+def time_variants(fns, rounds, per_round):
+    from numba import cuda
+    ev, host = {n: [] for n in fns}, {n: [] for n in fns}
+    for _ in range(rounds):
+        for n, fn in fns.items():
+            s, e = cuda.event(), cuda.event()
+            cuda.synchronize()
+            t0 = time.perf_counter()
+            s.record()
+            for _ in range(per_round):
+                fn()
+            e.record()
+            host[n].append((time.perf_counter() - t0) * 1e6 / per_round)
+            ev[n].append((s, e))
+    cuda.synchronize()
+    return {n: (statistics.median(cuda.event_elapsed_time(s, e) / per_round for s, e in ev[n]),
+                statistics.median(host[n])) for n in fns}
+
+
+def run(quick):
+    from numba import cuda
+    rng = np.random.default_rng(0)
+    rows = []
+    shapes = SHAPES[:2] if quick else SHAPES
+    rounds, per_round = (3, 5) if quick else (9, 40)
+    for dtype in ("float32", "float16"):
+        for shape in shapes:
+            arrs = arrays_for(shape, dtype, rng)
+            for pattern in ("train", "residual", "inference"):
+                for backend in ("cudnn", "numba"):
+                    fns = variants(pattern, backend, arrs)
+                    outs = {n: [o.copy_to_host().astype(np.float64) for o in fn()]
+                            for n, fn in fns.items()}
+                    diff = max(float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-30))
+                               for a, b in zip(outs["fused"], outs["unfused"]))
+                    ok = np.isfinite(diff) and diff <= (1e-2 if dtype == "float16" else 1e-5)
+                    for fn in fns.values():           # warm-up: the memo's runners
+                        fn()
+                    cuda.synchronize()
+                    t = time_variants(fns, rounds, per_round)
+                    row = dict(dtype=dtype, shape=list(shape), pattern=pattern, backend=backend,
+                               diff=diff, ok=bool(ok), fused_ms=t["fused"][0],
+                               unfused_ms=t["unfused"][0], fused_host_us=t["fused"][1],
+                               unfused_host_us=t["unfused"][1])
+                    rows.append(row)
+                    print(f"{dtype} {shape} {pattern:9s} {backend:5s} diff {diff:.1e} "
+                          f"{'ok' if ok else 'FAIL'}  GPU ms {row['fused_ms']:.4f} / "
+                          f"{row['unfused_ms']:.4f}  host us {row['fused_host_us']:.1f} / "
+                          f"{row['unfused_host_us']:.1f}")
+    return rows
+
+
+def write(out_dir, gpu, rows):
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, "fusion_bench.json"), "w") as f:
+        json.dump({"gpu": gpu, "rows": rows}, f, indent=1)
+    md = [f"# Batch norm + relu, fused against apart ({gpu})", "",
+          "GPU ms per pattern (median; the larger of GPU and host time when host-bound) and "
+          "host us to queue it; fused / unfused.", "",
+          "| dtype | shape | pattern | backend | check | GPU ms fused | unfused | ratio | "
+          "host us fused | unfused |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        md.append(f"| {r['dtype']} | {'x'.join(map(str, r['shape']))} | {r['pattern']} | "
+                  f"{r['backend']} | {r['diff']:.1e} {'ok' if r['ok'] else 'FAIL'} | "
+                  f"{r['fused_ms']:.4f} | {r['unfused_ms']:.4f} | "
+                  f"{r['fused_ms'] / r['unfused_ms']:.2f} | {r['fused_host_us']:.1f} | "
+                  f"{r['unfused_host_us']:.1f} |")
+    with open(os.path.join(out_dir, "fusion_bench.md"), "w") as f:
+        f.write("\n".join(md) + "\n")
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--out", default=".")
+    p.add_argument("--quick", action="store_true", help="two shapes, few rounds")
+    q = p.parse_args(argv)
+    from numba import cuda
+    gpu = cuda.get_current_device().name
+    gpu = gpu.decode() if isinstance(gpu, bytes) else gpu
+    rows = run(q.quick)
+    write(q.out, gpu, rows)
+    print(f"wrote {os.path.join(q.out, 'fusion_bench.md')}")
+    return 0 if all(r["ok"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
