@@ -44,8 +44,9 @@ config.register_flag(
 
 # Kernels (by name in dnnkit.kernels.all_kernels()) a convolutional network's training step
 # launches besides its GEMMs, with the argument types their SIGNATURES declare.
+# (no activation kernels: a step's ReLUs run inside batch norm's kernels, nn/norm.py's fusion)
 COMMON = (
-    "activation_fwd_kernel", "activation_bwd_kernel", "arith_fwd_kernel",
+    "arith_fwd_kernel",
     "batch_norm_stats_fwd_kernel", "batch_norm_finalize_fwd_kernel",
     "batch_norm_apply_fwd_kernel", "batch_norm_reduce_bwd_kernel",
     "batch_norm_finalize_bwd_kernel", "batch_norm_apply_bwd_kernel",

@@ -9,8 +9,8 @@ three starting with stride 2 (32x32 -> 4x4), global average pooling and a linear
 shortcut(x) = x, or a 1x1 strided convolution and BatchNorm (``downsample``) where the width
 or the resolution changes. The names follow torchvision's ResNet (conv1, bn1, relu, layer1.0.
 conv1, ..., layer2.0.downsample.0, fc), so state dicts and module trees line up with
-PyTorch's (the blocks' ``relu`` modules stay in the tree though the fused calls do their
-work).
+PyTorch's; the fused calls (``nn.norm_relu``) fall back to the modules' own where a hook, a
+backend pin or a BatchNorm subclass (SyncBatchNorm) asks for them.
 """
 
 from __future__ import annotations
@@ -47,10 +47,11 @@ class BasicBlock(nn.Module):
             self.downsample = None
 
     def forward(self, x: ArrayLike) -> Tensor:
-        # relu(bn1(conv1(x))) and relu(bn2(conv2(out)) + shortcut) are one op call each
-        out = self.bn1(self.conv1(x), activation="relu")
+        # relu(bn1(conv1(x))) and relu(bn2(conv2(out)) + shortcut): one op call each where
+        # the modules allow it (nn.norm_relu: no hooks, same backend, BatchNorm's own forward)
+        out = nn.norm_relu(self.bn1, self.relu, self.conv1(x))
         shortcut = x if self.downsample is None else self.downsample(x)
-        return self.bn2(self.conv2(out), activation="relu", residual=shortcut)
+        return nn.norm_relu(self.bn2, self.relu, self.conv2(out), shortcut)
 
 
 class ResNet(nn.Module):
@@ -84,7 +85,7 @@ class ResNet(nn.Module):
         self.stages = len(blocks)
 
     def forward(self, x: ArrayLike) -> Tensor:
-        x = self.bn1(self.conv1(x), activation="relu")
+        x = nn.norm_relu(self.bn1, self.relu, self.conv1(x))
         for i in range(self.stages):
             x = getattr(self, f"layer{i + 1}")(x)
         return self.fc(self.avgpool(x))

@@ -10,7 +10,7 @@
 
 from .activation import (ELU, ClippedReLU, LogSoftmax, ReLU, Sigmoid,  # noqa: F401
                          Softmax, Tanh)
-from .containers import ModuleList, Sequential  # noqa: F401
+from .containers import ModuleList, Sequential, fuses, norm_relu  # noqa: F401
 from .conv_transpose import ConvTranspose2d, ConvTranspose3d  # noqa: F401
 from .layers import (AdaptiveAvgPool2d, AvgPool2d, AvgPool3d, Conv2d, Conv3d,  # noqa: F401
                      Dropout, Embedding, Flatten, GlobalAvgPool2d, Identity, Linear, MaxPool2d,

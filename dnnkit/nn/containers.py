@@ -62,11 +62,9 @@ class ModuleList(Module):
 class Sequential(ModuleList):
     """Modules applied in order: ``Sequential(a, b, c)(x) == c(b(a(x)))``.
 
-    Fusion: a module whose ``fused_activations`` holds "relu" (the BatchNorm layers) followed
-    by a ``ReLU`` is called as ``a(x, activation="relu")`` and the ReLU module is skipped: one
-    op call instead of two each way, the same result. Not where either module has a forward
-    hook (a hook sees each module's own output), the two are pinned to different backends,
-    or a subclass overrides the forward without declaring ``fused_activations`` again."""
+    Fusion: a module followed by a ``ReLU`` that :func:`fuses` allows (a BatchNorm) is called
+    as ``a(x, activation="relu")`` and the ReLU module is skipped: one op call instead of two
+    each way, the same result."""
 
     def __init__(self, *modules: Module) -> None:
         super().__init__(modules)
@@ -76,7 +74,7 @@ class Sequential(ModuleList):
         last, i = len(items) - 1, 0
         while i <= last:
             m = items[i]
-            if i < last and _fuses(m, items[i + 1]):
+            if i < last and fuses(m, items[i + 1]):
                 x = m(x, activation="relu")
                 i += 2
                 continue
@@ -85,24 +83,33 @@ class Sequential(ModuleList):
         return x
 
 
-def _fuses(m, nxt):
-    # the exact ReLU class: a subclass may compute something else in its forward
-    return (type(nxt) is ReLU and "relu" in _takes(type(m)) and not m._forward_hooks
-            and not nxt._forward_hooks and m.backend == nxt.backend)
+def fuses(m: Module, relu: Module) -> bool:
+    """Whether ``relu(m(x))`` may run as ``m(x, activation="relu")``: ``relu`` is a plain
+    ``ReLU`` (not a subclass, whose forward may compute something else), ``m``'s class declares
+    "relu" in ``fused_activations`` for the forward that runs (a subclass overriding forward,
+    as SyncBatchNorm, takes none until it declares them again), neither module has a forward
+    hook (a hook sees its own module's output) or a forward set on the instance, and both are
+    pinned to the same backend."""
+    return (type(relu) is ReLU and "relu" in _takes(type(m)) and not m._forward_hooks
+            and not relu._forward_hooks and m.backend == relu.backend
+            and "forward" not in m.__dict__ and "forward" not in relu.__dict__)
 
 
-_TAKES: dict[type, tuple[str, ...]] = {}
+def norm_relu(norm: Module, relu: Module, x: Any, residual: Any = None) -> Any:
+    """``relu(norm(x) + residual)`` (residual None: ``relu(norm(x))``) as one op call,
+    ``norm(x, activation="relu", residual=residual)``, where :func:`fuses` allows it; else the
+    modules' own calls. A residual block's end: dnnkit.models' ResNet calls it."""
+    if fuses(norm, relu):
+        return norm(x, activation="relu", residual=residual)
+    y = norm(x)
+    return relu(y if residual is None else y + residual)
 
 
 def _takes(cls):
     """``cls.fused_activations`` where the class declaring it also defines (or inherits) the
-    forward that runs: a subclass that overrides forward (SyncBatchNorm) takes none until it
-    declares them again."""
-    out = _TAKES.get(cls)
-    if out is None:
-        mro = cls.__mro__
-        fwd = next(c for c in mro if "forward" in c.__dict__)
-        decl = next((c for c in mro if "fused_activations" in c.__dict__), None)
-        out = _TAKES[cls] = (decl.__dict__["fused_activations"]
-                             if decl is not None and issubclass(decl, fwd) else ())
-    return out
+    forward that runs; () otherwise."""
+    mro = cls.__mro__
+    fwd = next(c for c in mro if "forward" in c.__dict__)
+    decl = next((c for c in mro if "fused_activations" in c.__dict__), None)
+    return decl.__dict__["fused_activations"] if decl is not None and issubclass(decl, fwd) \
+        else ()

@@ -383,6 +383,10 @@ def _train_cudnn(x, gamma, beta, mode, epsilon, momentum, running_mean, running_
 @register("batch_norm_inference", "cudnn", supports=_supports_inference)
 def _inference_cudnn(x, gamma, beta, mean, var, mode, epsilon, stream, out=None,
                      activation=None, residual=None):
+    if residual is not None and inplace.same(out, residual):
+        # cuDNN's batch norm writes y before the residual is added: add a copy of it
+        residual = arrays.copy_into(arrays.empty_like(residual, stream), residual, stream)
+
     def write(y):   # (cuDNN rejects empty tensors; in place is not documented: through_copy)
         if x.size:
             cudnn_bn.forward_inference(x, y, gamma, beta, mean, var, mode, epsilon,

@@ -140,3 +140,48 @@ def test_a_subclass_overriding_forward_is_not_fused(rng):
         with dnnkit.trace() as t:
             nn.Sequential(cls(2), nn.ReLU())(x)
         assert ("activation" not in t.ops()) == fused
+
+
+@pytest.mark.parametrize("case", ["hook", "pin", "sync", "instance"])
+def test_resnet_blocks_fall_back_to_the_modules_own_calls(rng, case):
+    """nn.norm_relu (the blocks' fused calls) keeps the modules apart as Sequential does: a
+    hook on the BatchNorm sees its own output, a ReLU pinned elsewhere runs there, a
+    BatchNorm subclass with its own forward (SyncBatchNorm's kind) and a forward set on the
+    instance get their plain calls; the results match the fused model's."""
+    class Plain(nn.BatchNorm2d):
+        def forward(self, x):
+            return super().forward(x)
+    x = rng.standard_normal((2, 3, 8, 8)).astype(np.float32)
+    ref = models.resnet18(width=2, num_classes=3)(x).numpy()
+    model = models.resnet18(width=2, num_classes=3)
+    block = model.layer1[0]
+    seen = []
+    if case == "hook":
+        block.bn1.register_forward_hook(lambda m, i, o: seen.append(o.numpy().min()))
+    elif case == "pin":
+        block.relu.backend = "numba"
+    elif case == "sync":
+        old = block.bn1
+        block.bn1 = Plain(old.num_features)
+        block.bn1.load_state_dict(old.state_dict())
+    else:
+        block.bn1.forward = block.bn1.forward           # an instrumented instance
+    with dnnkit.trace() as t:
+        y = model(x)
+    assert t.ops().count("activation") >= 1
+    np.testing.assert_allclose(y.numpy(), ref, rtol=1e-4, atol=1e-5)
+    if case == "hook":
+        assert seen[0] < 0                                # the BatchNorm's own output
+
+
+def test_resnet_converted_to_sync_batch_norm_runs_unfused(rng):
+    """SyncBatchNorm.forward takes no activation: its blocks call the modules one by one (eval
+    mode: no process group needed) and give the plain model's output."""
+    import dnnkit.distributed as dist
+    x = rng.standard_normal((2, 3, 8, 8)).astype(np.float32)
+    plain = models.resnet18(width=1, num_classes=2).eval()
+    synced = dist.SyncBatchNorm.convert(models.resnet18(width=1, num_classes=2)).eval()
+    with dnnkit.trace() as t:
+        y = synced(x)
+    assert t.ops().count("activation") == 17 and t.ops().count("add") == 8
+    np.testing.assert_allclose(y.numpy(), plain(x).numpy(), rtol=1e-5, atol=1e-6)

@@ -90,6 +90,22 @@ def test_fused_relu_inference_in_place(rng, backend):
 
 
 @pytest.mark.parametrize("backend", backend_params())
+@pytest.mark.parametrize("into", ["x", "residual"])
+def test_residual_inference_in_place(rng, backend, into):
+    """out=x or out=residual: y = relu(bn(x) + z) written over either input (cuDNN writes y
+    before adding z, so out=residual adds a copy of z)."""
+    from numba import cuda
+    x, gamma, beta, rm, rv = _inputs(rng, (3, 2, 3, 4), "spatial", "float32")
+    z = rng.standard_normal(x.shape).astype(np.float32)
+    dx, dz = cuda.to_device(x), cuda.to_device(z)
+    out = dx if into == "x" else dz
+    dnnkit.batch_norm_inference(dx, gamma, beta, rm, rv, out=out, backend=backend,
+                                activation="relu", residual=dz)
+    ref = reference.batch_norm_inference(x, gamma, beta, rm, rv, activation="relu", residual=z)
+    assert _err(out.copy_to_host(), ref) <= 4 * REL_TOL["float32"]
+
+
+@pytest.mark.parametrize("backend", backend_params())
 @pytest.mark.parametrize("dtype", ["float16", "float32"])
 def test_repeated_fused_calls_run_their_runners(rng, dtype, backend):
     """The second and third calls of each signature are memo hits (the runners of
