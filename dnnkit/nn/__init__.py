@@ -30,5 +30,5 @@ __all__ = [
     "Dropout", "ELU", "Embedding", "Flatten", "GRU", "GlobalAvgPool2d", "Identity", "LSTM",
     "Linear", "LocalResponseNorm", "LogSoftmax", "MSELoss", "MaxPool2d", "MaxPool3d", "Module",
     "ModuleList", "NLLLoss", "Parameter", "RNN", "ReLU", "Sequential", "Sigmoid", "Softmax",
-    "SpatialTransformer", "Tanh", "convert",
+    "SpatialTransformer", "Tanh", "convert", "fuses", "norm_relu",
 ]
