@@ -90,9 +90,9 @@ def fuses(m: Module, relu: Module) -> bool:
     as SyncBatchNorm, takes none until it declares them again), neither module has a forward
     hook (a hook sees its own module's output) or a forward set on the instance, and both are
     pinned to the same backend."""
-    return (type(relu) is ReLU and "relu" in _takes(type(m)) and not m._forward_hooks
-            and not relu._forward_hooks and m.backend == relu.backend
-            and "forward" not in m.__dict__ and "forward" not in relu.__dict__)
+    return (type(relu) is ReLU and not m._forward_hooks and not relu._forward_hooks
+            and m.backend == relu.backend and "forward" not in m.__dict__
+            and "forward" not in relu.__dict__ and "relu" in _takes(type(m)))
 
 
 def norm_relu(norm: Module, relu: Module, x: Any, residual: Any = None) -> Any:
@@ -105,11 +105,20 @@ def norm_relu(norm: Module, relu: Module, x: Any, residual: Any = None) -> Any:
     return relu(y if residual is None else y + residual)
 
 
+_TAKES: dict[tuple, tuple[str, ...]] = {}
+
+
 def _takes(cls):
     """``cls.fused_activations`` where the class declaring it also defines (or inherits) the
-    forward that runs; () otherwise."""
-    mro = cls.__mro__
-    fwd = next(c for c in mro if "forward" in c.__dict__)
-    decl = next((c for c in mro if "fused_activations" in c.__dict__), None)
-    return decl.__dict__["fused_activations"] if decl is not None and issubclass(decl, fwd) \
-        else ()
+    forward that runs; () otherwise. Answered once per class, forward and declaration (the
+    key: a forward or declaration patched onto the class later is a new key), not by an MRO
+    walk on every forward call."""
+    key = (cls, cls.forward, cls.fused_activations)
+    out = _TAKES.get(key)
+    if out is None:
+        mro = cls.__mro__
+        fwd = next(c for c in mro if "forward" in c.__dict__)
+        decl = next((c for c in mro if "fused_activations" in c.__dict__), None)
+        out = _TAKES[key] = (decl.__dict__["fused_activations"]
+                             if decl is not None and issubclass(decl, fwd) else ())
+    return out

@@ -185,3 +185,19 @@ def test_resnet_converted_to_sync_batch_norm_runs_unfused(rng):
         y = synced(x)
     assert t.ops().count("activation") == 17 and t.ops().count("add") == 8
     np.testing.assert_allclose(y.numpy(), plain(x).numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_a_forward_patched_onto_the_class_later_is_seen(rng):
+    """The per-class answer is keyed by the class's forward: patching it after a fused call
+    takes the modules apart from then on."""
+    class Norm(nn.BatchNorm2d):
+        pass
+    model = nn.Sequential(Norm(2), nn.ReLU())
+    x = rng.standard_normal((2, 2, 3, 3)).astype(np.float32)
+    with dnnkit.trace() as t:
+        model(x)
+    assert "activation" not in t.ops()
+    Norm.forward = lambda self, x: nn.BatchNorm2d.forward(self, x)
+    with dnnkit.trace() as t:
+        model(x)
+    assert t.ops()[-1] == "activation"
