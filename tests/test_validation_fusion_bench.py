@@ -18,3 +18,15 @@ def test_fused_and_unfused_variants_agree(backend, pattern):
     for a, b in zip(fused, plain):
         assert np.isfinite(a).all()
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("pattern", ["train", "residual", "inference"])
+def test_the_float64_reference_matches_the_fused_variant(pattern):
+    arrs = fusion_bench.arrays_for((2, 3, 2, 4), "float32", np.random.default_rng(1))
+    ref = fusion_bench.reference(pattern, arrs)
+    fused = [o.copy_to_host() for o in fusion_bench.variants(pattern, "numba", arrs)["fused"]()]
+    assert len(ref) == len(fused)
+    assert fusion_bench.rel_error(fused, ref) < 1e-5
+    wrong = [r.copy() for r in ref]
+    wrong[-1].flat[0] += 1.0                       # the check sees one wrong value
+    assert fusion_bench.rel_error(wrong, ref) > 1e-3

@@ -12,8 +12,9 @@ Patterns (device arrays, the memo's path, as a training step calls them):
   activation.
 Shapes: the activations of ResNet-18 (CIFAR form) at batch 32 and 128, float32 and float16.
 
-Correctness first: the fused outputs (y, dx, dgamma, dbeta) against the unfused ones on the same
-backend, max |difference| over max |unfused|. Then time: each variant queued K times between
+Correctness first: the fused outputs (y, dx, dgamma, dbeta, dz) against a float64 reference
+from the same inputs, the largest normwise relative error (``check``; the unfused variant's
+beside it). Then time: each variant queued K times between
 two CUDA events on the default stream, the GPU idle when a round starts (so a host-bound
 variant shows its host time), the median of the rounds; ``host us``: wall time to queue one
 pattern. Writes DIR/fusion_bench.json and fusion_bench.md.
@@ -73,6 +74,34 @@ def variants(pattern, backend, arrs):
     return {"fused": fused, "unfused": unfused}
 
 
+def reference(pattern, arrs):
+    """The fused variant's outputs in float64 (numpy) from the same inputs: y, and for the
+    training patterns dx, dgamma, dbeta (and dz, the residual's gradient)."""
+    x, g, b, dy, rm, rv, z = (a.copy_to_host().astype(np.float64) for a in arrs)
+    c = (1, -1, 1, 1)
+    if pattern == "inference":
+        return [np.maximum((x - rm.reshape(c)) / np.sqrt(rv.reshape(c) + 1e-5) * g.reshape(c)
+                           + b.reshape(c), 0)]
+    mean = x.mean(axis=(0, 2, 3), keepdims=True)
+    invstd = 1 / np.sqrt(x.var(axis=(0, 2, 3), keepdims=True) + 1e-5)
+    xhat = (x - mean) * invstd
+    y = np.maximum(xhat * g.reshape(c) + b.reshape(c) + (z if pattern == "residual" else 0), 0)
+    gy = np.where(y > 0, dy, 0)
+    m = x.size // x.shape[1]
+    dbeta, dgamma = gy.sum(axis=(0, 2, 3)), (gy * xhat).sum(axis=(0, 2, 3))
+    dx = g.reshape(c) * invstd * (gy - dbeta.reshape(c) / m - xhat * dgamma.reshape(c) / m)
+    return [y, dx, dgamma, dbeta] + ([gy] if pattern == "residual" else [])
+
+
+def rel_error(outs, ref):
+    """The largest normwise relative error, ||a - r|| / ||r||, over the outputs. Normwise, not
+    elementwise: where the relu's input is within rounding of 0 one value of dx or dz may take
+    the other side of the kink (the unfused float16 variant rounds bn(x) before adding z, so
+    it does that for more elements than the fused one), a difference of a whole dy there."""
+    return max(float(np.linalg.norm(a - r) / max(np.linalg.norm(r), 1e-30))
+               for a, r in zip(outs, ref))
+
+
 def time_variants(fns, rounds, per_round):
     from numba import cuda
     ev, host = {n: [] for n in fns}, {n: [] for n in fns}
@@ -104,22 +133,24 @@ def run(quick):
             for pattern in ("train", "residual", "inference"):
                 for backend in ("cudnn", "numba"):
                     fns = variants(pattern, backend, arrs)
+                    ref = reference(pattern, arrs)     # (before the calls update rm, rv)
                     outs = {n: [o.copy_to_host().astype(np.float64) for o in fn()]
                             for n, fn in fns.items()}
-                    diff = max(float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-30))
-                               for a, b in zip(outs["fused"], outs["unfused"]))
+                    diff, plain = (rel_error(outs[n], ref) for n in ("fused", "unfused"))
                     ok = np.isfinite(diff) and diff <= (1e-2 if dtype == "float16" else 1e-5)
                     for fn in fns.values():           # warm-up: the memo's runners
                         fn()
                     cuda.synchronize()
                     t = time_variants(fns, rounds, per_round)
                     row = dict(dtype=dtype, shape=list(shape), pattern=pattern, backend=backend,
-                               diff=diff, ok=bool(ok), fused_ms=t["fused"][0],
+                               diff=diff, unfused_diff=plain, ok=bool(ok),
+                               fused_ms=t["fused"][0],
                                unfused_ms=t["unfused"][0], fused_host_us=t["fused"][1],
                                unfused_host_us=t["unfused"][1])
                     rows.append(row)
                     print(f"{dtype} {shape} {pattern:9s} {backend:5s} diff {diff:.1e} "
-                          f"{'ok' if ok else 'FAIL'}  GPU ms {row['fused_ms']:.4f} / "
+                          f"{'ok' if ok else 'FAIL'} (unfused {plain:.1e})  "
+                          f"GPU ms {row['fused_ms']:.4f} / "
                           f"{row['unfused_ms']:.4f}  host us {row['fused_host_us']:.1f} / "
                           f"{row['unfused_host_us']:.1f}")
     return rows
@@ -132,11 +163,12 @@ def write(out_dir, gpu, rows):
     md = [f"# Batch norm + relu, fused against apart ({gpu})", "",
           "GPU ms per pattern (median; the larger of GPU and host time when host-bound) and "
           "host us to queue it; fused / unfused.", "",
-          "| dtype | shape | pattern | backend | check | GPU ms fused | unfused | ratio | "
-          "host us fused | unfused |", "|---|---|---|---|---|---|---|---|---|---|"]
+          "| dtype | shape | pattern | backend | check | unfused | GPU ms fused | unfused | "
+          "ratio | host us fused | unfused |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         md.append(f"| {r['dtype']} | {'x'.join(map(str, r['shape']))} | {r['pattern']} | "
                   f"{r['backend']} | {r['diff']:.1e} {'ok' if r['ok'] else 'FAIL'} | "
+                  f"{r['unfused_diff']:.1e} | "
                   f"{r['fused_ms']:.4f} | {r['unfused_ms']:.4f} | "
                   f"{r['fused_ms'] / r['unfused_ms']:.2f} | {r['fused_host_us']:.1f} | "
                   f"{r['unfused_host_us']:.1f} |")
