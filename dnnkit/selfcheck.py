@@ -128,6 +128,12 @@ def _conv_cases():
                         lambda b, s, i, f=fwd: f(i[0], i[1], backend=b, stream=s, **kw),
                         lambda i, o=one: reference.conv_forward(i[0], i[1], None, o, o, o),
                         _conv_inputs(xs, ws, xb, wb, False)))
+        out.append(Case(name, ("3x3" if nd == 2 else "3x3x3") + " pad 1+relu",
+                        lambda b, s, i, f=fwd: f(i[0], i[1], backend=b, stream=s,
+                                                 activation="relu", **kw),
+                        lambda i, o=one: np.maximum(
+                            reference.conv_forward(i[0], i[1], None, o, o, o), 0),
+                        _conv_inputs(xs, ws, xb, wb, False)))
         out.append(Case(name + "_backward_data", "pad 1",
                         lambda b, s, i, f=bdata: f(i[2], i[1], i[0].shape, backend=b, stream=s,
                                                    **kw),

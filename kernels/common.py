@@ -7,7 +7,8 @@
     axis_tap      the input coordinate an output coordinate reads through one kernel tap
     axis_taps     the kernel taps of one axis that read an input coordinate (col2im, the
                   direct convolution kernels' data gradients); tap_period their step;
-                  tap_rows the row offsets of one (z, y) pair of them
+                                tap_rows the row offsets of one (z, y) pair of them
+    relu_if       the forward convolutions' and GEMM's epilogue activation (EPILOGUE)
 
 ``MAX_THREADS`` is the block size, at most, of the kernels that reduce across a block with
 these helpers (softmax's launch bound; the convolution's bias gradient).
@@ -32,6 +33,12 @@ REDUCE_MAX, REDUCE_SUM = 0, 1     # block_reduce's operations
 # reaches 80%). Indices are int64 (cuda.grid is), cast to uint64 for indexing: Numba adds a
 # negative-index fix-up to every signed index.
 UNROLL = 4
+
+# EPILOGUE: the forward convolution and GEMM kernels take one int, ``epi``, for what they do to
+# a value before storing it: bit 0 (EPI_BIAS) adds the bias, bit 1 (EPI_RELU) then applies
+# relu, y = max(y, 0), as kernels/activation.py's relu does (a NaN stays NaN). A fused relu
+# saves the activation's pass over y (a read and a write of every value).
+EPI_BIAS, EPI_RELU = 1, 2
 
 
 @inlined
@@ -140,3 +147,9 @@ def tap_rows(a, b, taps_z, taps_y, oh_, ow_, r_, s_):
     t, zo = t0 + a * qt, z0 + a * zs
     r, yo = r0 + b * qr, y0 + b * ys
     return (zo * oh_ + yo) * ow_, (t * r_ + r) * s_
+
+
+@inlined
+def relu_if(v, epi, zero):
+    """max(v, 0) when ``epi`` has EPI_RELU (a select: NaN stays NaN), else v."""
+    return zero if (epi & EPI_RELU and v <= zero) else v

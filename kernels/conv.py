@@ -21,7 +21,8 @@ col (C*T*R*S rows, nc*O columns; O = OD*OH*OW), row (c, t, r, s), column (n, od,
 from numba import cuda
 
 from .bounds import bounded_jit
-from .common import REDUCE_SUM, axis_tap, axis_taps, block_reduce, tap_period, tap_rows
+from .common import (EPI_BIAS, REDUCE_SUM, axis_tap, axis_taps, block_reduce, relu_if, tap_period,
+                     tap_rows)
 
 
 @cuda.jit(cache=True)
@@ -130,20 +131,21 @@ def conv_bias_bwd_kernel(dy, db, n, k, s, acc):
 
 
 @cuda.jit(cache=True)
-def conv_partsum_fwd_kernel(ws, out, parts, size, bias, per, k, acc):
-    """out[i] = sum_{p < parts} ws[p*size + i] (+ bias[(i // per) % k] when per > 0): the
-    partial sums of a split GEMM added in a fixed order (deterministic) and cast to out's
-    type. Serves the split-k forward (y with its bias; y flat (n, k, per)) and the split-batch
-    filter gradient (dw, per = 0). Thread mapping: grid-stride loop, one element per thread,
-    coalesced. Traffic: ws read once, out written once (bias from cache)."""
+def conv_partsum_fwd_kernel(ws, out, parts, size, bias, per, k, epi, acc):
+    """out[i] = sum_{p < parts} ws[p*size + i] (+ bias[(i // per) % k], then relu, as ``epi``
+    says: kernels/common.py's EPILOGUE): the partial sums of a split GEMM added in a fixed
+    order (deterministic) and cast to out's type. Serves the split-k forward (y with its bias
+    and activation; y flat (n, k, per)) and the split-batch filter gradient (dw, epi = 0). Thread
+    mapping: grid-stride loop, one element per thread, coalesced. Traffic: ws read once, out written
+    once (bias from cache)."""
     zero = acc[0]
     for i in range(cuda.grid(1), size, cuda.gridsize(1)):
         total = zero
         for p in range(parts):
             total += ws[p * size + i]
-        if per > 0:
+        if epi & EPI_BIAS:
             total += bias[(i // per) % k] + zero
-        out[i] = total
+        out[i] = relu_if(total, epi, zero)
 
 
 def SIGNATURES(t, acc):
@@ -155,5 +157,5 @@ def SIGNATURES(t, acc):
         "conv_im2col_fwd_kernel": (a, a, geo, int64, z),
         "conv_col2im_bwd_kernel": (z, a, geo, int64, z),
         "conv_bias_bwd_kernel": (a, a, int64, int64, int64, z),
-        "conv_partsum_fwd_kernel": (z, a, int64, int64, a, int64, int64, z),
+        "conv_partsum_fwd_kernel": (z, a, int64, int64, a, int64, int64, int64, z),
     }

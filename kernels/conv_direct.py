@@ -13,7 +13,7 @@ t'*dil for output coordinate o, t' = ksize - 1 - t for a true convolution (flip)
 from numba import cuda, int64, uint64
 
 from .bounds import bounded_jit, inlined
-from .common import axis_tap, axis_taps, tap_period, tap_rows
+from .common import EPI_BIAS, axis_tap, axis_taps, relu_if, tap_period, tap_rows
 
 
 # ---------------------------------------------------------------- depthwise (groups = C)
@@ -51,15 +51,15 @@ def _images(q, groups, n_, per_image):
         (2 * per_image if n0 + 2 < n_ else 0), (3 * per_image if n0 + 3 < n_ else 0)
 
 
-def conv_depthwise_fwd_kernel(x, w, y, bias, geo, n_, mult, use_bias, acc):
+def conv_depthwise_fwd_kernel(x, w, y, bias, geo, n_, mult, epi, acc):
     """y[n, k, o] = sum over taps of x[n, k // mult, o*stride - pad + tap'*dil] w[k, tap]
-    (+ bias[k]); tap' the tap reversed in every axis for a true convolution (flip): the flat
-    tap index T*R*S - 1 - tap. Thread mapping: x threads walk the output plane's OD*OH*OW
-    positions (grid-stride), each decoding its position and the in-bounds tap range of every
-    axis once; the grid's y the (image group, filter) pairs, DW_IMAGES images a thread
-    (grid-stride). Consecutive threads on consecutive outputs: coalesced stores and loads
-    (stride 1). Traffic: x read about once (the taps' overlap from cache), y written once,
-    w from cache."""
+    (+ bias[k]), then relu, as ``epi`` says (kernels/common.py's EPILOGUE); tap' the tap
+    reversed in every axis for a true convolution (flip): the flat tap index T*R*S - 1 - tap. Thread
+    mapping: x threads walk the output plane's OD*OH*OW positions (grid-stride), each decoding its
+    position and the in-bounds tap range of every axis once; the grid's y the (image group, filter)
+    pairs, DW_IMAGES images a thread (grid-stride). Consecutive threads on consecutive outputs:
+    coalesced stores and loads (stride 1). Traffic: x read about once (the taps' overlap from
+    cache), y written once, w from cache."""
     c_, d_, h_, w_, t_, r_, s_, od_, oh_, ow_, sd, sh, sw, pd, ph, pw, dd, dh, dw, flip = geo
     zero = acc[0]
     hw, o_, taps, k_ = h_ * w_, od_ * oh_ * ow_, t_ * r_ * s_, c_ * mult
@@ -87,15 +87,15 @@ def conv_depthwise_fwd_kernel(x, w, y, bias, geo, n_, mult, use_bias, acc):
                         a1 += (x[e + i1] + zero) * wv
                         a2 += (x[e + i2] + zero) * wv
                         a3 += (x[e + i3] + zero) * wv
-            add = bias[k] + zero if use_bias else zero
+            add = bias[k] + zero if epi & EPI_BIAS else zero
             at = (n0 * k_ + k) * o_ + p
-            y[at] = a0 + add
+            y[at] = relu_if(a0 + add, epi, zero)
             if nv > 1:
-                y[at + k_ * o_] = a1 + add
+                y[at + k_ * o_] = relu_if(a1 + add, epi, zero)
             if nv > 2:
-                y[at + 2 * k_ * o_] = a2 + add
+                y[at + 2 * k_ * o_] = relu_if(a2 + add, epi, zero)
             if nv > 3:
-                y[at + 3 * k_ * o_] = a3 + add
+                y[at + 3 * k_ * o_] = relu_if(a3 + add, epi, zero)
 
 
 def conv_depthwise_bwd_data_kernel(dy, w, dx, geo, n_, mult, acc):
@@ -277,19 +277,24 @@ def _store4(out, e, step, cv, v0, v1, v2, v3):
 
 
 @inlined
-def _store(out, at, image, step, nv, cv, s, add0, add1, add2, add3):
-    """The tile's sums s (+ add) into out: image i, item j at at + i*image + j*step, for the
-    nv images and cv items that exist (unrolled: a tuple indexed by a loop variable would
-    go through local memory)."""
-    _store4(out, at, step, cv, s[0] + add0, s[1] + add1, s[2] + add2, s[3] + add3)
+def _store(out, at, image, step, nv, cv, s, add0, add1, add2, add3, epi, zero):
+    """The tile's sums s (+ add, then relu as ``epi`` says) into out: image i, item j at
+    at + i*image + j*step, for the nv images and cv items that exist (unrolled: a tuple
+    indexed by a loop variable would go through local memory)."""
+    _store4(out, at, step, cv, relu_if(s[0] + add0, epi, zero), relu_if(s[1] + add1, epi, zero),
+            relu_if(s[2] + add2, epi, zero), relu_if(s[3] + add3, epi, zero))
     if nv > 1:
-        _store4(out, at + image, step, cv, s[4] + add0, s[5] + add1, s[6] + add2, s[7] + add3)
+        _store4(out, at + image, step, cv, relu_if(s[4] + add0, epi, zero),
+                relu_if(s[5] + add1, epi, zero), relu_if(s[6] + add2, epi, zero),
+                relu_if(s[7] + add3, epi, zero))
     if nv > 2:
-        _store4(out, at + 2 * image, step, cv, s[8] + add0, s[9] + add1, s[10] + add2,
-                s[11] + add3)
+        _store4(out, at + 2 * image, step, cv, relu_if(s[8] + add0, epi, zero),
+                relu_if(s[9] + add1, epi, zero), relu_if(s[10] + add2, epi, zero),
+                relu_if(s[11] + add3, epi, zero))
     if nv > 3:
-        _store4(out, at + 3 * image, step, cv, s[12] + add0, s[13] + add1, s[14] + add2,
-                s[15] + add3)
+        _store4(out, at + 3 * image, step, cv, relu_if(s[12] + add0, epi, zero),
+                relu_if(s[13] + add1, epi, zero), relu_if(s[14] + add2, epi, zero),
+                relu_if(s[15] + add3, epi, zero))
 
 
 @inlined
@@ -304,9 +309,10 @@ def _tile(q, tiles, per_group, groups, n_):
     return g, j0, n0, min(DW_IMAGES, n_ - n0), min(TILE, per_group - j0)
 
 
-def conv_direct_fwd_kernel(x, w, y, bias, geo, n_, cg, kg, use_bias, acc):
+def conv_direct_fwd_kernel(x, w, y, bias, geo, n_, cg, kg, epi, acc):
     """y[n, k, o] = sum over the channels c < cg of k's group g and the taps of
-    x[n, g*cg + c, o*stride - pad + tap'*dil] w[k, c, tap] (+ bias[k]). Thread mapping: one
+    x[n, g*cg + c, o*stride - pad + tap'*dil] w[k, c, tap] (+ bias[k]), then relu, as ``epi``
+    says (kernels/common.py's EPILOGUE). Thread mapping: one
     output position a thread (x), its in-bounds tap range per axis found once (``_span``);
     the grid's y the (image group, group, tile of TILE filters) tiles (grid-stride). The
     channel loop is innermost: each step moves x's and w's addresses by a constant. Traffic:
@@ -345,12 +351,13 @@ def conv_direct_fwd_kernel(x, w, y, bias, geo, n_, cg, kg, use_bias, acc):
                         e += xstep
                         u += wstep
         b1, b2, b3 = _offsets(kv, 1)
-        add0 = bias[k0] + zero if use_bias else zero
-        add1 = bias[k0 + b1] + zero if use_bias else zero
-        add2 = bias[k0 + b2] + zero if use_bias else zero
-        add3 = bias[k0 + b3] + zero if use_bias else zero
+        bias_on = epi & EPI_BIAS
+        add0 = bias[k0] + zero if bias_on else zero
+        add1 = bias[k0 + b1] + zero if bias_on else zero
+        add2 = bias[k0 + b2] + zero if bias_on else zero
+        add3 = bias[k0 + b3] + zero if bias_on else zero
         _store(y, (n0 * groups * kg + k0) * o_ + p, groups * kg * o_, o_, nv, kv, s,
-               add0, add1, add2, add3)
+               add0, add1, add2, add3, epi, zero)
 
 
 def conv_direct_bwd_data_kernel(dy, w, dx, geo, n_, cg, kg, acc):
@@ -396,7 +403,7 @@ def conv_direct_bwd_data_kernel(dy, w, dx, geo, n_, cg, kg, acc):
                         e += ostep
                         u += wstep
         _store(dx, (n0 * c_ + g * cg + c0) * dhw + p, c_ * dhw, dhw, nv, cv, s,
-               zero, zero, zero, zero)
+               zero, zero, zero, zero, 0, zero)
 
 
 # At most 128 registers (two blocks of 256 per SM; ptxas then spills 64 bytes (forward) and

@@ -1,9 +1,11 @@
 """A register-tiled, double-buffered shared-memory GEMM, specialised at compile time.
 
-    C_z[i, j] = sum_k op(A_z)[i, k] * op(B_z)[k, j] (+ bias[z1*m + i]) (+ beta * C_z[i, j])
+    C_z[i, j] = act(sum_k op(A_z)[i, k] * op(B_z)[k, j] (+ bias[z1*m + i]) (+ beta * C_z[i, j]))
 
-for i < m, j < n, k < kdim and z = (z1, z2) < (nz1, nz2). ``gemm_kernel(ta, tb, wm, wn, tx,
-ty)`` builds the kernel for one layout: a block of tx*ty threads computes a BM x BN tile of C
+for i < m, j < n, k < kdim and z = (z1, z2) < (nz1, nz2); act is relu or nothing, and the
+bias and act are applied as the int ``epi`` says (kernels/common.py's EPILOGUE).
+``gemm_kernel(ta, tb, wm, wn, tx, ty)`` builds the kernel for one layout: a block of tx*ty
+threads computes a BM x BN tile of C
 (BM = ty*wm, BN = tx*wn); thread (x, y) owns the wm x wn register tile of rows
 y*wm/2 + {0..wm/2-1} in each half of the tile's rows, and likewise columns x*wn/2 + {..} in
 each half of its columns: each fragment is two runs of consecutive words, read as vector
@@ -60,6 +62,7 @@ from numba import cuda, int64, uint64
 from numba.core.types import float16
 
 from .bounds import bounded_jit, inlined
+from .common import EPI_BIAS, relu_if
 # the tiles, re-exported: the ops read them from here
 from .gemm_tiles import (BK, CONFIGS, SMEM_ALIGN, TC_PREFIXES, config_options, pad,  # noqa: F401
                          shared_bytes, tc_mode)
@@ -282,7 +285,7 @@ def gemm_kernel(ta, tb, wm, wn, tx, ty, min_blocks=1, implicit=False, bk=BK, tc=
         def scratch(acc):
             return cuda.shared.array(0, dtype=acc.dtype, alignment=SMEM_ALIGN)
 
-    def kernel(a, b, c, bias, dims, lds, grps, batch, beta, use_bias, acc, table, cg):
+    def kernel(a, b, c, bias, dims, lds, grps, batch, beta, epi, acc, table, cg):
         # 16-byte aligned, so the fragment reads can be vector loads
         sh = scratch(acc)
         cols = cuda.shared.array(ncols, dtype=int64)
@@ -383,15 +386,16 @@ def gemm_kernel(ta, tb, wm, wn, tx, ty, min_blocks=1, implicit=False, bk=BK, tc=
                             phase = 1 - phase
                         cuda.syncthreads()
                     _store(c, z1 * c1 + z2 * c2, ldc, gc, gsc, m, n, i0 + i1, j0 + j1, c_reg,
-                           beta, bias, z1 * m, use_bias, zero)
+                           beta, bias, z1 * m, epi, zero)
 
     @inlined
-    def _store(c, off, ldc, gc, gsc, m, n, i1, j1, c_reg, beta, bias, boff, use_bias, zero):
+    def _store(c, off, ldc, gc, gsc, m, n, i1, j1, c_reg, beta, bias, boff, epi, zero):
         """C rows i1 + (i // hm)*sm + (i % hm)*um and columns j1 + (j // hn)*sn + j % hn
         (the fragment layout: hm, sm, um = wm/2, BM/2, 1 and hn, sn = wn/2, BN/2; with tensor
-        cores 2, 16, 8 and 2, 8): c = c_reg (+ bias) (+ beta*c, read only when beta != 0, so
-        an uninitialised c may hold NaN). The column offsets are computed first, so the store
-        loops unroll and c_reg stays in registers."""
+        cores 2, 16, 8 and 2, 8): c = act(c_reg (+ bias) (+ beta*c, read only when beta != 0,
+        so an uninitialised c may hold NaN)), ``epi`` as kernels/common.py's EPILOGUE says.
+        The column offsets are computed first, so the store loops unroll and c_reg stays in
+        registers."""
         hm, sm, um = (2, 16, 8) if tc else (wm // 2, bm // 2, 1)
         hn, sn = (2, 8) if tc else (wn // 2, bn // 2)
         cols = cuda.local.array(wn, dtype=int64)
@@ -402,14 +406,14 @@ def gemm_kernel(ta, tb, wm, wn, tx, ty, min_blocks=1, implicit=False, bk=BK, tc=
         for i in range(wm):
             gi = i1 + (i // hm) * sm + (i % hm) * um
             if gi < m:
-                add = bias[gi + boff] + zero if use_bias else zero
+                add = bias[gi + boff] + zero if epi & EPI_BIAS else zero
                 for j in range(wn):
                     if cols[j] >= 0:
                         at = uint64(cols[j] + gi * ldc)
                         v = c_reg[i, j] + add
                         if beta != zero:
                             v += beta * (c[at] + zero)
-                        c[at] = v
+                        c[at] = relu_if(v, epi, zero)
 
     # the variant in the kernel's name, which its mangled name carries into profilers and
     # disassemblies (otherwise every variant reads gemm_kernel::<locals>::kernel)

@@ -1,6 +1,6 @@
 """A pipelined float16 GEMM on tensor cores: asynchronous copies, ldmatrix, HMMA.
 
-    C_z[i, j] = sum_k op(A_z)[i, k] * op(B_z)[k, j] (+ bias[z1*m + i]) (+ beta * C_z[i, j])
+    C_z[i, j] = act(sum_k op(A_z)[i, k] * op(B_z)[k, j] (+ bias[z1*m + i]) (+ beta * C_z[i, j]))
 
 with kernels/gemm.py's arguments, layouts and batch offsets, for float16 A and B and float32
 accumulation; an operand's fast index may be grouped (kernels/gemm.py) where it is not k (C's
@@ -42,6 +42,7 @@ from numba import boolean, cuda, float32, int64, uint32, uint64
 from numba.core.types import float16
 
 from .bounds import bounded_jit, inlined
+from .common import EPI_BIAS, relu_if
 from .tensorcore import (address, cp_async8, cp_async16, cp_async_commit,
                          cp_async_wait0, cp_async_wait1, ldmatrix_x4, ldmatrix_x4_trans,
                          mma_f16, shared_address)
@@ -304,13 +305,13 @@ def hmma_kernel(ta, tb, bm=128, narrow=False):
 
     @inlined
     def drain(c, c_reg, out, coff, ldc, m, n, i0, j0, h, wy, wx, g, q, beta, bias, boff,
-              use_bias, zero):
+              epi, zero):
         _spill(c_reg, out, h, wy, wx, g, q)
         cuda.syncthreads()
-        _write(c, out, coff, ldc, m, n, i0, j0, h, WM, beta, bias, boff, use_bias, zero)
+        _write(c, out, coff, ldc, m, n, i0, j0, h, WM, beta, bias, boff, epi, zero)
         cuda.syncthreads()
 
-    def kernel(a, b, c, bias, dims, lds, grps, batch, beta, use_bias, acc, table, cg):
+    def kernel(a, b, c, bias, dims, lds, grps, batch, beta, epi, acc, table, cg):
         sh = _slabs()
         sbase = shared_address(sh)
         zero = acc[0]
@@ -372,10 +373,10 @@ def hmma_kernel(ta, tb, bm=128, narrow=False):
                     # 32 rows of each warp a pass, h a constant in each call (c_reg's
                     # indices stay constants: registers)
                     drain(c, c_reg, out, coff, ldc, m, n, i0, j0, 0, wy, wx, g, q, beta, bias,
-                          z1 * m, use_bias, zero)
+                          z1 * m, epi, zero)
                     if MT == 4:
                         drain(c, c_reg, out, coff, ldc, m, n, i0, j0, 1, wy, wx, g, q, beta,
-                              bias, z1 * m, use_bias, zero)
+                              bias, z1 * m, epi, zero)
 
     kernel.__name__ = kernel.__qualname__ = \
         f"gemm_{ta}{tb}_{bm}x{BN}_hmma_pipe{'_narrow' if narrow else ''}"
@@ -396,11 +397,12 @@ def _spill(c_reg, out, h, wy, wx, g, q):
 
 
 @inlined
-def _write(c, out, coff, ldc, m, n, i0, j0, h, wm, beta, bias, boff, use_bias, zero):
-    """C = ``out``'s 64 x 128 rows (+ bias) (+ beta * C, read only where beta != 0, so an
-    uninitialised C may hold NaN): thread t writes column t % 128 (C's offset ``coff``, its
-    grouped index computed once) of rows t // 128 + 2e, consecutive threads to consecutive
-    columns; staged row rs is row (rs // 32)*wm + 32h + rs % 32 of the tile."""
+def _write(c, out, coff, ldc, m, n, i0, j0, h, wm, beta, bias, boff, epi, zero):
+    """C = act(``out``'s 64 x 128 rows (+ bias) (+ beta * C, read only where beta != 0, so an
+    uninitialised C may hold NaN)), ``epi`` as kernels/common.py's EPILOGUE says: thread t writes
+    column t % 128 (C's offset ``coff``, its grouped index computed once) of rows t // 128 + 2e,
+    consecutive threads to consecutive columns; staged row rs is row (rs // 32)*wm + 32h + rs % 32
+    of the tile."""
     t = cuda.threadIdx.x
     col = t & 127
     if j0 + col < n:
@@ -409,12 +411,12 @@ def _write(c, out, coff, ldc, m, n, i0, j0, h, wm, beta, bias, boff, use_bias, z
             gi = i0 + (rs >> 5) * wm + 32 * h + (rs & 31)
             if gi < m:
                 v = out[uint64(rs * CP + col)]
-                if use_bias:
+                if epi & EPI_BIAS:
                     v += bias[gi + boff] + zero
                 at = uint64(coff + gi * ldc)
                 if beta != zero:
                     v += beta * (c[at] + zero)
-                c[at] = v
+                c[at] = relu_if(v, epi, zero)
 
 
 LAYOUTS = ((0, 0), (1, 0), (0, 1))

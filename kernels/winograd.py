@@ -34,6 +34,7 @@ rows 2*ty - ph .. 2*ty - ph + 3 (0 outside x: padding) and output rows 2*ty, 2*t
 from numba import cuda, float32, int64, uint32
 
 from .bounds import inlined
+from .common import EPI_BIAS, relu_if
 
 
 @inlined
@@ -158,8 +159,9 @@ def winograd_input_fwd_kernel(x, v, dims, scale, acc):
 
 
 @cuda.jit(cache=True)
-def winograd_output_fwd_kernel(m, y, bias, dims, use_bias, unscale, acc):
-    """y's 2x2 tile p of channel k = A^T (unscale M[., k, p]) A (+ bias[k]); the tile's rows
+def winograd_output_fwd_kernel(m, y, bias, dims, epi, unscale, acc):
+    """y's 2x2 tile p of channel k = A^T (unscale M[., k, p]) A (+ bias[k], then relu, as
+    ``epi`` says: kernels/common.py's EPILOGUE); the tile's rows
     and columns past the output (OH, OW odd) are not written. dims = (K, OH, OW, TH, TW, P,
     ps). Thread mapping: x walks tiles (the 16 loads coalesced), y the channels (grid-stride),
     the tile decoded once; 32-bit indices (winograd_input_fwd_kernel). Traffic: M read once,
@@ -179,12 +181,13 @@ def winograd_output_fwd_kernel(m, y, bias, dims, use_bias, unscale, acc):
                 t[0, b], t[1, b] = _at(t[0, b], t[1, b], t[2, b], t[3, b])
             for a in range(2):
                 t[a, 0], t[a, 1] = _at(t[a, 0], t[a, 1], t[a, 2], t[a, 3])
-            add = bias[k] + zero if use_bias else zero
+            add = bias[k] + zero if epi & EPI_BIAS else zero
             base = uint32(uint32(n * uint32(k_) + uint32(k)) * plane + corner)
             for a in range(2):
                 for b in range(2):
                     if uint32(a) < rows and uint32(b) < cols:
-                        y[uint32(base + uint32(a) * uint32(ow) + uint32(b))] = t[a, b] + add
+                        y[uint32(base + uint32(a) * uint32(ow) + uint32(b))] = relu_if(
+                            t[a, b] + add, epi, zero)
 
 
 @cuda.jit(cache=True)

@@ -101,6 +101,8 @@ def conv_repr(m: Module, defaults: dict[str, Any]) -> str:
 
 
 class _ConvNd(Module):
+    fused_activations = ("relu",)       # what forward's activation= takes (nn.Sequential)
+
     def __init__(self, nd: int, in_channels: int, out_channels: int, kernel_size: Size,
                  stride: Size, padding: Padding, dilation: Size, groups: int, bias: bool,
                  dtype: DType, seed: int | None, mode: str, algo: str | None,
@@ -124,9 +126,12 @@ class _ConvNd(Module):
     def extra_repr(self) -> str:
         return conv_repr(self, {"dilation": (1,) * self.nd, "groups": 1})
 
-    def forward(self, x: ArrayLike) -> Tensor:
+    def forward(self, x: ArrayLike, activation: str | None = None) -> Tensor:
+        """conv(x) (+ bias), then max(that, 0) with ``activation="relu"``, in one op call
+        (``nn.Sequential`` fuses a convolution followed by a ReLU this way)."""
         x = as_input(type(self).__name__, x, self.weight.dtype)
-        return self._op(x, self.weight, self.bias, **self.conv, backend=self.backend)
+        return self._op(x, self.weight, self.bias, **self.conv, backend=self.backend,
+                        activation=activation)
 
 
 class Conv2d(_ConvNd):

@@ -13,6 +13,7 @@ from . import (activation as _activation, conv as _conv,
 from . import rnn_cudnn as _rnn_cudnn  # noqa: F401  (registers the cuDNN RNN)
 from . import batchnorm_cases as _batchnorm_cases   # (imports the family, ops/batchnorm.py)
 from . import batchnorm_eval_grad as _batchnorm_eval_grad  # noqa: F401  (a gradient rule)
+from . import conv_grad as _conv_grad  # noqa: F401  (the convolutions' gradient rules)
 from . import batchnorm_runners as _batchnorm_runners  # noqa: F401  (the memo's runners)
 from . import embedding as _embedding, global_pool as _global_pool, loss as _loss
 from . import matmul as _matmul

@@ -29,8 +29,7 @@ import functools
 import math
 
 from .. import arrays, device
-from ..cudnn import conv as cconv
-from ..autograd import gradient
+from ..cudnn import activation as cudnn_act, conv as cconv
 from ..dispatch import public_op
 from ..hints import ArrayLike, Backend, Padding, Shape, Size, Stream
 from ..registry import binder, register
@@ -42,7 +41,8 @@ from . import conv_args, conv_numba, conv_prepared, split
 def conv2d(x: ArrayLike, w: ArrayLike, bias: ArrayLike | None = None, *, stride: Size = 1,
            padding: Padding = 0, dilation: Size = 1, groups: int = 1, mode: str = "cross",
            algo: str | None = None, precision: str | None = None, stream: Stream = None,
-           backend: Backend | None = None) -> conv_args.ConvForwardArgs:
+           backend: Backend | None = None,
+           activation: str | None = None) -> conv_args.ConvForwardArgs:
     """2-D convolution of x (N, C, H, W) with w (K, C/groups, R, S), plus bias (K,) or None;
     returns y (N, K, OH, OW), O = (I + 2p - d(k - 1) - 1) // s + 1 per spatial dim.
 
@@ -50,27 +50,30 @@ def conv2d(x: ArrayLike, w: ArrayLike, bias: ArrayLike | None = None, *, stride:
 
     with t' = t for mode "cross" and the reversed tap for "conv". float16, float32 or float64.
     {CONV_OPTIONS}
+    {CONV_ACTIVATION}
     {CONV_ALGO_FWD}
     {CONV_PRECISION}
     {CONV_RAISES}"""
     return conv_args.forward_args("conv2d", 2, x, w, bias, stride, padding, dilation, groups,
-                                  mode, algo, precision, stream)
+                                  mode, algo, precision, stream, activation)
 
 
 @public_op("conv3d")
 def conv3d(x: ArrayLike, w: ArrayLike, bias: ArrayLike | None = None, *, stride: Size = 1,
            padding: Padding = 0, dilation: Size = 1, groups: int = 1, mode: str = "cross",
            algo: str | None = None, precision: str | None = None, stream: Stream = None,
-           backend: Backend | None = None) -> conv_args.ConvForwardArgs:
+           backend: Backend | None = None,
+           activation: str | None = None) -> conv_args.ConvForwardArgs:
     """3-D convolution of x (N, C, D, H, W) with w (K, C/groups, T, R, S), plus bias (K,) or
     None; returns y (N, K, OD, OH, OW), O = (I + 2p - d(k - 1) - 1) // s + 1 per spatial dim:
     :func:`conv2d`'s sum over three spatial dims. float16, float32 or float64.
     {CONV_OPTIONS}
+    {CONV_ACTIVATION}
     {CONV_ALGO_FWD}
     {CONV_PRECISION}
     {CONV_RAISES}"""
     return conv_args.forward_args("conv3d", 3, x, w, bias, stride, padding, dilation, groups,
-                                  mode, algo, precision, stream)
+                                  mode, algo, precision, stream, activation)
 
 
 @public_op("conv2d_backward_data")
@@ -179,9 +182,9 @@ def _five(a, shape5):
 
 # ---------------------------------------------------------------- Numba
 
-def _numba_forward(x, w, bias, geom, opts, stream):
+def _numba_forward(x, w, bias, geom, opts, stream, activation=None):
     y, algo = conv_numba.forward(_five(x, geom.x_shape), _five(w, geom.w_shape), bias, geom,
-                                 stream, conv_numba.gemm_math(opts))
+                                 stream, conv_numba.gemm_math(opts), activation == "relu")
     note_algo(algo)
     return arrays.reshaped(y, geom.user_shape(geom.y_shape))
 
@@ -245,7 +248,7 @@ def _cudnn_supports(geom, opts):
 _supported = {}     # _cudnn_supports' answers: it runs on every call
 
 
-def _cudnn_supports_forward(x, w, bias, geom, opts, stream):
+def _cudnn_supports_forward(x, w, bias, geom, opts, stream, activation=None):
     return _cudnn_supports(geom, opts)
 
 
@@ -281,7 +284,7 @@ def _cudnn_kw(opts, direction, stream):
                 stream=device.stream_pointer(stream))
 
 
-def _cudnn_forward(x, w, bias, geom, opts, stream):
+def _cudnn_forward(x, w, bias, geom, opts, stream, activation=None):
     y = arrays.cuda_empty(geom.user_shape(geom.y_shape), x.dtype, stream)
     if y.size:
         # an empty sum (no input channels, or an empty input padded out to a y): y = bias
@@ -295,6 +298,8 @@ def _cudnn_forward(x, w, bias, geom, opts, stream):
                 note_algo(cconv.forward(xp, w, yp, g, **kw))
             if bias is not None:
                 cconv.add_bias(yp, bias, g, device.stream_pointer(stream))
+            if activation is not None:        # in place (cuDNN allows x == y)
+                cudnn_act.forward(yp, yp, activation, 0.0, device.stream_pointer(stream))
     return y
 
 
@@ -335,18 +340,22 @@ def _bind(d, geom, opts, stream):
     return cconv.bind(d, geom, opts["dtype"], **_cudnn_kw(opts, d.name, stream))
 
 
-def _bind_cudnn_forward(x, w, bias, geom, opts, stream):
+def _bind_cudnn_forward(x, w, bias, geom, opts, stream, activation=None):
     if not _bindable(geom):
         return None
     run = _bind(cconv.FWD, geom, opts, stream)
     alloc = arrays.allocator(geom.user_shape(geom.y_shape), x.dtype, stream)
     sp = device.stream_pointer(stream)
+    act = None if activation is None else cudnn_act.bind(
+        False, math.prod(geom.y_shape), x.dtype, activation, 0.0, sp)
 
-    def forward(x, w, bias, geom, opts, stream):
+    def forward(x, w, bias, geom, opts, stream, activation=None):
         y = alloc()
         note_algo(run(x, w, y))
         if bias is not None:
             cconv.add_bias(y, bias, geom, sp)
+        if act is not None:
+            act(y, y)
         return y
     return forward
 
@@ -411,50 +420,3 @@ register("conv_backward_bias", "cudnn", supports=_cudnn_bias_supports,
 
 __all__ = ["conv2d", "conv3d", "conv2d_backward_data", "conv3d_backward_data",
            "conv2d_backward_filter", "conv3d_backward_filter", "conv_backward_bias"]
-
-
-# ---------------------------------------------------------------- autograd
-
-def _geometry(g):
-    """The recorded call's geometry and options, as the other convolutions take them."""
-    return dict(stride=g.stride, padding=g.padding, dilation=g.dilation, groups=g.groups,
-                mode=g.mode, precision=g.precision, backend=g.backend, stream=g.stream)
-
-
-def _conv_grad(backward_data, backward_filter):
-    """The gradient rule of conv2d / conv3d: the data and filter gradients by the backward
-    convolutions with the forward's geometry, the bias gradient by conv_backward_bias."""
-    def rule(g, dy):
-        kw = _geometry(g)
-        grads = {}
-        if g.needs("x"):
-            grads["x"] = backward_data(dy, g.w, tuple(g.x.shape), **kw)
-        if g.needs("w"):
-            grads["w"] = backward_filter(g.x, dy, tuple(g.w.shape), **kw)
-        if g.needs("bias"):
-            grads["bias"] = conv_backward_bias(dy, backend=g.backend, stream=g.stream)
-        return grads
-    return rule
-
-
-gradient("conv2d")(_conv_grad(conv2d_backward_data, conv2d_backward_filter))
-gradient("conv3d")(_conv_grad(conv3d_backward_data, conv3d_backward_filter))
-
-
-def _backward_data_grad(forward, backward_filter):
-    """The gradient rule of conv2d/3d_backward_data (dx from dy and w; linear in each), for an
-    upstream gradient ``gx`` of dx's shape: d dy = the forward convolution of gx with w, d w =
-    the filter gradient with gx as the input and dy as the output gradient. (The transposed
-    convolutions, ops/conv_transpose.py, are these ops: their gradients come from here.)"""
-    def rule(g, gx):
-        kw, grads = _geometry(g), {}
-        if g.needs("dy"):
-            grads["dy"] = forward(gx, g.w, **kw)
-        if g.needs("w"):
-            grads["w"] = backward_filter(gx, g.dy, tuple(g.w.shape), **kw)
-        return grads
-    return rule
-
-
-gradient("conv2d_backward_data")(_backward_data_grad(conv2d, conv2d_backward_filter))
-gradient("conv3d_backward_data")(_backward_data_grad(conv3d, conv3d_backward_filter))

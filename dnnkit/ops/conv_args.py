@@ -24,6 +24,11 @@ class ConvForwardArgs(typing.NamedTuple):
     geom: ConvGeom
     opts: dict
     stream: object
+    activation: object = None     # None or one of ACTIVATIONS, applied after the bias
+
+
+# activation=: None or one of these (fused into the forward convolution)
+ACTIVATIONS = ("relu",)
 
 
 class ConvBackwardDataArgs(typing.NamedTuple):
@@ -231,7 +236,7 @@ def _inputs(op, nd, stream, **named):
 
 
 def forward_args(op, nd, x, w, bias, stride, padding, dilation, groups, mode, algo, precision,
-                 stream):
+                 stream, activation=None):
     (x, w), s = _inputs(op, nd, stream, x=x, w=w)
     geom = make_geom(op, nd, x.shape, w.shape, stride, padding, dilation, groups, mode)
     if bias is not None:
@@ -239,8 +244,9 @@ def forward_args(op, nd, x, w, bias, stride, padding, dilation, groups, mode, al
         if bias.shape[0] != w.shape[0] or bias.dtype != x.dtype:
             raise ValueError(f"{op}: bias must be ({w.shape[0]},) {x.dtype}; got "
                              f"{tuple(bias.shape)} {bias.dtype}")
+    act = None if activation is None else choice(op, "activation", activation, ACTIVATIONS)
     return ConvForwardArgs(x, w, bias, geom, resolve_opts(op, "fwd", x.dtype, algo, precision),
-                           s)
+                           s, act)
 
 
 def backward_data_args(op, nd, dy, w, x_shape, stride, padding, dilation, groups, mode, algo,

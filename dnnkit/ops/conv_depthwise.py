@@ -18,7 +18,7 @@ chunks of kernels/conv_direct.py DW_TAPS, each part's sums kept apart and added 
 
 from .. import arrays, device
 from ..launch import flat, launch
-from . import conv_launch
+from . import conv_launch, gemm
 
 
 def _kernels():
@@ -53,15 +53,15 @@ def _sizes(geom):
     return n, c, k, k // c, out
 
 
-def forward(x, w, bias, geom, geo, y, stream):
-    """y = the depthwise convolution of x with w (+ bias), into ``y``; ``geo``: kernels/
+def forward(x, w, bias, geom, geo, y, stream, relu=False):
+    """y = the depthwise convolution of x with w (+ bias) (then relu), into ``y``; ``geo``: kernels/
     conv.py's geometry tuple of ``geom``."""
     n, _, k, mult, out = _sizes(geom)
     grid, threads = conv_launch.columns_grid(out, _groups(n) * k)
     yf = flat(y)
     launch(_kernels().conv_depthwise_fwd_kernel, grid, threads, stream,
            (flat(x), flat(w), yf, yf if bias is None else flat(bias), geo, n, mult,
-            int(bias is not None), arrays.acc_array(x.dtype)))
+            gemm.epilogue(bias is not None, relu), arrays.acc_array(x.dtype)))
     return y
 
 
@@ -107,5 +107,5 @@ def backward_filter(x, dy, geom, geo, dw, stream):
            kern.conv_direct.DW_TAPS * threads * acc.dtype.itemsize)
     dwf = flat(dw)
     launch(kern.conv_partsum_fwd_kernel, *arrays.grid_1d(dw.size, conv_launch.elem_threads()),
-           stream, (ws, dwf, parts, dw.size, dwf, 0, k, acc))
+           stream, (ws, dwf, parts, dw.size, dwf, 0, k, 0, acc))
     return dw

@@ -19,7 +19,7 @@ forwards of grouped ones. The filter gradient keeps the GEMM path.
 
 from .. import arrays
 from ..launch import flat, launch
-from . import conv_depthwise, conv_launch
+from . import conv_depthwise, conv_launch, gemm
 from .conv_tuning import settings
 
 # The rule's bounds on the channels (and, forward, filters) per group, from the H100 sweep in
@@ -80,8 +80,9 @@ def grid(positions, n, groups, per_group):
     return (-(-positions // threads), min(tiles, MAX_GRID_ROWS)), threads
 
 
-def forward(x, w, bias, geom, geo, y, stream):
-    """y = conv(x, w) (+ bias) into ``y``; ``geo``: kernels/conv.py's geometry tuple."""
+def forward(x, w, bias, geom, geo, y, stream, relu=False):
+    """y = conv(x, w) (+ bias) (then relu) into ``y``; ``geo``: kernels/conv.py's geometry
+    tuple."""
     n = geom.x_shape[0]
     g, cg, kg = _per_group(geom)
     out = geom.out_spatial[0] * geom.out_spatial[1] * geom.out_spatial[2]
@@ -89,7 +90,7 @@ def forward(x, w, bias, geom, geo, y, stream):
     yf = flat(y)
     launch(_kernels().conv_direct_fwd_kernel, grid_, threads, stream,
            (flat(x), flat(w), yf, yf if bias is None else flat(bias), geo, n, cg, kg,
-            int(bias is not None), arrays.acc_array(x.dtype)))
+            gemm.epilogue(bias is not None, relu), arrays.acc_array(x.dtype)))
     return y
 
 

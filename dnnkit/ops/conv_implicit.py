@@ -89,7 +89,7 @@ def implicit_forward(geom, sz):
             else implicit_operand(geom, sz))
 
 
-def implicit_forward_gemm(sz, conv, x, w, y, bias, math):
+def implicit_forward_gemm(sz, conv, x, w, y, bias, math, relu=False):
     """(arguments, keywords) of the forward's one GEMM, implicit: B = im2col(x) read in place
     (kernels/gemm.py), column j = (n, o) of every image at once, group g's channels from
     g*Cg*D*H*W; C's column j at (j // O)*K*O + j % O."""
@@ -97,7 +97,7 @@ def implicit_forward_gemm(sz, conv, x, w, y, bias, math):
     return (("00", flat_arg(w), flat_arg(x), flat_arg(y), (sz.kg, sz.n * o, sz.rows),
              (sz.rows, 0, o), gemm.PLAIN * 2 + (o, ko),
              (sz.groups, 1, sz.kg * sz.rows, 0, sz.image // sz.groups, 0, sz.kg * o, 0)),
-            dict(bias=None if bias is None else flat_arg(bias), conv=conv, math=math))
+            dict(bias=None if bias is None else flat_arg(bias), conv=conv, math=math, relu=relu))
 
 
 

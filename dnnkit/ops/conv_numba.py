@@ -129,25 +129,27 @@ def gemm_math(opts):
     return "tf32" if tf32 else "3xtf32"
 
 
-def forward(x, w, bias, geom, stream, math="3xtf32"):
-    """(y, the algorithm's name): y = conv(x, w) (+ bias), shaped geom.y_shape. ``math``:
+def forward(x, w, bias, geom, stream, math="3xtf32", relu=False):
+    """(y, the algorithm's name): y = conv(x, w) (+ bias), then relu when ``relu`` (in each
+    algorithm's last pass: kernels/common.py's EPILOGUE), shaped geom.y_shape. ``math``:
     float32's tensor-core products (``gemm_math``)."""
     y = arrays.cuda_empty(geom.y_shape, x.dtype, stream)
     sz = ConvSizes(geom, x.dtype.itemsize)
     if sz.empty():
-        if y.size:       # a sum over no input channels: y = 0 (+ bias)
-            _fill_bias(y, bias, sz, stream)
+        if y.size:       # a sum over no input channels: y = 0 (+ bias) (then relu)
+            _fill_bias(y, bias, sz, stream, relu)
         return y, "im2col+gemm"
     if conv_depthwise.applies(geom):
         geo = _kernel_geo(geom)
-        return conv_depthwise.forward(x, w, bias, geom, geo, y, stream), "depthwise"
+        return conv_depthwise.forward(x, w, bias, geom, geo, y, stream, relu), "depthwise"
     if conv_winograd.pays(geom, x.dtype):
-        return conv_winograd.forward(x, w, bias, geom, y, stream, math), "winograd"
+        return conv_winograd.forward(x, w, bias, geom, y, stream, math, relu), "winograd"
     if conv_direct.pays(geom, "fwd"):
-        return conv_direct.forward(x, w, bias, geom, _kernel_geo(geom), y, stream), "direct"
+        return conv_direct.forward(x, w, bias, geom, _kernel_geo(geom), y, stream, relu), \
+            "direct"
     conv = implicit_forward(geom, sz)
     if conv is not None:
-        args, kw = implicit_forward_gemm(sz, conv, x, w, y, bias, math)
+        args, kw = implicit_forward_gemm(sz, conv, x, w, y, bias, math, relu)
         gemm.gemm(*args, stream=stream, **kw)
         return y, "implicit_gemm"
     col = None if sz.pointwise else arrays.cuda_empty(
@@ -172,11 +174,11 @@ def forward(x, w, bias, geom, stream, math="3xtf32"):
                   (sz.kg, nc * o, kp), (sz.rows, ldb, o), gemm.PLAIN + gb + (o, ko),
                   (sz.groups, parts, sz.kg * sz.rows, kp, b1, kp * ldb, sz.kg * o, y.size),
                   bias=None if bias is None or ws is not None else flat_arg(bias),
-                  stream=stream, math=math)
+                  stream=stream, math=math, relu=relu and ws is None)
     if ws is not None:
         _elementwise(_kernels().conv_partsum_fwd_kernel, y.size, stream,
-                     (ws, yf, parts, y.size, yf if bias is None else flat_arg(bias),
-                      0 if bias is None else o, sz.k, acc))
+                     (ws, yf, parts, y.size, yf if bias is None else flat_arg(bias), o, sz.k,
+                      gemm.epilogue(bias is not None, relu), acc))
     return y, "im2col+gemm"
 
 
@@ -208,14 +210,16 @@ def k_parts(sz, part_bytes):
                            settings.col_budget_bytes // max(1, part_bytes)))
 
 
-def _fill_bias(y, bias, sz, stream):
-    """y = bias broadcast over (n, spatial), or 0: the partial-sum kernel over 0 parts."""
-    if bias is None:
+def _fill_bias(y, bias, sz, stream, relu):
+    """y = bias broadcast over (n, spatial) (then relu), or 0: the partial-sum kernel over 0
+    parts."""
+    if bias is None:                      # (relu(0) = 0)
         arrays.zero_fill(y, stream)
         return
     acc = arrays.acc_array(y.dtype)
     _elementwise(_kernels().conv_partsum_fwd_kernel, y.size, stream,
-                 (acc, flat_arg(y), 0, y.size, flat_arg(bias), sz.out, sz.k, acc))
+                 (acc, flat_arg(y), 0, y.size, flat_arg(bias), sz.out, sz.k,
+                  gemm.epilogue(True, relu), acc))
 
 
 def backward_data(dy, w, geom, stream, math="3xtf32"):
@@ -374,7 +378,7 @@ def backward_filter(x, dy, geom, stream, math="3xtf32"):
                   (sz.groups, p, sz.kg * o, per * ko, b1, b2, sz.kg * sz.rows, dw.size),
                   beta=0.0 if i == 0 else 1.0, stream=stream, math=math)
     _elementwise(_kernels().conv_partsum_fwd_kernel, dw.size, stream,
-                 (ws, flat_arg(dw), parts * sub, dw.size, flat_arg(dw), 0, 1, acc))
+                 (ws, flat_arg(dw), parts * sub, dw.size, flat_arg(dw), 0, 1, 0, acc))
     return dw, "im2col+gemm"
 
 
@@ -393,7 +397,7 @@ def _implicit_filter(x, dy, dw, conv, sz, acc, stream, math):
               (sz.groups, parts, sz.kg * o, per * ko, sz.image // sz.groups, per * sz.image,
                sz.kg * sz.rows, dw.size), stream=stream, conv=conv, math=math)
     _elementwise(_kernels().conv_partsum_fwd_kernel, dw.size, stream,
-                 (ws, flat_arg(dw), parts, dw.size, flat_arg(dw), 0, 1, acc))
+                 (ws, flat_arg(dw), parts, dw.size, flat_arg(dw), 0, 1, 0, acc))
     return dw
 
 

@@ -31,7 +31,7 @@ def _sizes(geom, dtype, opts, itemsize, direction):
     return sz, math
 
 
-def bind_forward(x, w, bias, geom, opts, stream, note):
+def bind_forward(x, w, bias, geom, opts, stream, activation=None, *, note):
     """The forward's runner where it is the implicit GEMM; None elsewhere. ``note(algo)``:
     ops/conv.py's algorithm note for traces."""
     got = _sizes(geom, x.dtype, opts, x.dtype.itemsize, "fwd")
@@ -40,11 +40,11 @@ def bind_forward(x, w, bias, geom, opts, stream, note):
         return None
     sz, math = got
     # the output's place is held by x until a call writes its own y there (same flat type)
-    args, kw = implicit_forward_gemm(sz, conv, x, w, x, bias, math)
+    args, kw = implicit_forward_gemm(sz, conv, x, w, x, bias, math, activation == "relu")
     launch = gemm.prepared(*args, **kw)
     alloc = arrays.allocator(geom.user_shape(geom.y_shape), x.dtype, stream)
 
-    def forward(x, w, bias, geom, opts, stream):
+    def forward(x, w, bias, geom, opts, stream, activation=None):
         y = alloc()
         launch.set_flat(0, w)
         launch.set_flat(1, x)

@@ -176,7 +176,7 @@ def _input(x, v, t, pad, n0, nc, ps, stream):
            (At(arrays.flat(x), n0 * image), v, dims, _scales(x.dtype)[0], acc))
 
 
-def _run_forward(x, w, bias, out, t, pad, flip, transpose, stream, math):
+def _run_forward(x, w, bias, out, t, pad, flip, transpose, stream, math, relu=False):
     """out = the stride-1 3x3 correlation of x (t.cin channels) with the filters (reversed
     when ``flip``; w[c, k] read as filter (k, c) when ``transpose``), padding ``pad``."""
     acc = arrays.acc_array(x.dtype)
@@ -197,7 +197,8 @@ def _run_forward(x, w, bias, out, t, pad, flip, transpose, stream, math):
         launch(_kernels().winograd_output_fwd_kernel, _grid(p, k), _threads(), stream,
                (m, At(outf, n0 * oimage),
                 outf if bias is None else arrays.flat(bias),
-                (k,) + tuple(t.hw_out) + (t.th, t.tw, p, ps), int(bias is not None),
+                (k,) + tuple(t.hw_out) + (t.th, t.tw, p, ps),
+                gemm.epilogue(bias is not None, relu),
                 _scales(x.dtype)[1], acc))
     return out
 
@@ -207,13 +208,13 @@ def _spatial(geom):
     return tuple(geom.x_shape[3:]), tuple(geom.out_spatial[1:]), tuple(geom.padding[1:])
 
 
-def forward(x, w, bias, geom, y, stream, math="3xtf32"):
-    """y = conv(x, w) (+ bias) by Winograd, into ``y`` (``applies(geom)`` must hold);
-    ``math``: float32's products (ops/gemm.py)."""
+def forward(x, w, bias, geom, y, stream, math="3xtf32", relu=False):
+    """y = conv(x, w) (+ bias) (then relu) by Winograd, into ``y`` (``applies(geom)`` must
+    hold); ``math``: float32's products (ops/gemm.py)."""
     hw, ohw, pad = _spatial(geom)
     acc = arrays.acc_array(x.dtype)
     t = Tiles(geom.x_shape[0], geom.x_shape[1], hw, geom.w_shape[0], ohw, acc.dtype.itemsize)
-    return _run_forward(x, w, bias, y, t, pad, geom.flip, False, stream, math)
+    return _run_forward(x, w, bias, y, t, pad, geom.flip, False, stream, math, relu)
 
 
 def backward_data(dy, w, geom, dx, stream, math="3xtf32"):

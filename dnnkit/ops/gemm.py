@@ -3,7 +3,7 @@
 ``gemm(layout, a, b, c, dims, lds, grps, batch, beta=, bias=, stream=)`` computes, for every
 batch entry z = (z1, z2),
 
-    C_z = op(A_z) . op(B_z) (+ bias[z1*m:]) (+ beta * C_z)
+    C_z = op(A_z) . op(B_z) (+ bias[z1*m:]) (+ beta * C_z), then relu when ``relu=True``
 
 on flat device arrays, with layout "00" (A m x k and B k x n both row-major), "10" (A stored
 k x m: transposed) or "01" (B stored n x k: transposed); ``dims`` = (m, n, k), ``lds`` = the
@@ -94,28 +94,28 @@ MATHS = ("3xtf32", "tf32")
 
 
 def gemm(layout, a, b, c, dims, lds, grps, batch, *, beta=0.0, bias=None, stream, site=None,
-         conv=None, math="3xtf32"):
+         conv=None, math="3xtf32", relu=False):
     """Launch kernels/gemm.py's kernel for ``layout`` (see its docstring for the arguments).
     a, b, c, bias: flat device arrays or ``launch.At`` offsets into them. ``site``: a
     ``launch.Site`` for a loop's repeated call with arguments of unchanging types. ``conv``:
     (table, cg) of the implicit convolution (B read from x as its im2col matrix; layout 00).
     ``math``: float32's tensor-core products, "3xtf32" or "tf32" (module docstring)."""
     kernel, grid, block, shared, args = _launch_of(layout, a, b, c, dims, lds, grps, batch,
-                                                   beta, bias, conv, math)
+                                                   beta, bias, conv, math, relu)
     (site or launch)(kernel, grid, block, stream, args, shared)
 
 
 def prepared(layout, a, b, c, dims, lds, grps, batch, *, beta=0.0, bias=None, conv=None,
-             math="3xtf32"):
+             math="3xtf32", relu=False):
     """``gemm``'s launch as a ``launch.Prepared`` (a runner's, packed once): arguments 0, 1,
     2 and 3 are a, b, c and the bias (a when there is none: the kernel reads it only with a
     bias), to be replaced with ``set_flat`` per call; ``prepared(stream)`` launches."""
     kernel, grid, block, shared, args = _launch_of(layout, a, b, c, dims, lds, grps, batch,
-                                                   beta, bias, conv, math)
+                                                   beta, bias, conv, math, relu)
     return Prepared(kernel, grid, block, args, shared)
 
 
-def _launch_of(layout, a, b, c, dims, lds, grps, batch, beta, bias, conv, math):
+def _launch_of(layout, a, b, c, dims, lds, grps, batch, beta, bias, conv, math, relu):
     """(kernel, grid, block, shared bytes, arguments) of one GEMM, its plan remembered."""
     # A's and B's k plain where k is their fast index (the pipelined float16 kernel's
     # condition: layout 00's A, 01's A and B)
@@ -140,7 +140,17 @@ def _launch_of(layout, a, b, c, dims, lds, grps, batch, beta, bias, conv, math):
     table, cg = conv or dummy
     return kernel, grid, block, shared, (
         a, b, c, a if bias is None else bias, dims, lds, grps, batch, acc.dtype.type(beta),
-        int(bias is not None), acc, table, cg)
+        epilogue(bias is not None, relu), acc, table, cg)
+
+
+# kernels/common.py's EPILOGUE bits (tests/kernels check they agree): what the forward
+# convolution and GEMM kernels do to a value before its store
+EPI_BIAS, EPI_RELU = 1, 2
+
+
+def epilogue(has_bias, relu):
+    """The kernels' ``epi`` int: + bias, then relu."""
+    return (EPI_BIAS if has_bias else 0) | (EPI_RELU if relu else 0)
 
 
 def tensor_cores(dtype):

@@ -52,4 +52,5 @@ def gemm_parts(layout, a, b, c, dims, lds, p, *, bias=None, stream, math="3xtf32
     threads = conv_launch.elem_threads()
     # out[i] = sum_z ws[z*m*n + i] (+ bias[i % n]: per 1, k n)
     launch(conv_partsum_fwd_kernel, arrays.grid_1d(m * n, threads)[0], threads, stream,
-           (ws, c, p, m * n, c if bias is None else bias, 0 if bias is None else 1, n, acc))
+           (ws, c, p, m * n, c if bias is None else bias, 1, n,
+            gemm.epilogue(bias is not None, False), acc))

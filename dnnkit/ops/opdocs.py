@@ -34,6 +34,10 @@ SHARED = {
 one per spatial dim, >= 1. ``padding``: an int or one per spatial dim, >= 0, or "valid" (0),
 "full" ((k-1)*d) or "half" (((k-1)*d + 1) // 2: "same" for odd kernels). ``groups``: a
 positive int dividing C and K.""",
+    "CONV_ACTIVATION": """\
+``activation``: None (default) or "relu": y = max(y, 0) after the bias, in the same call (the
+gradient then takes dy through relu's slope from y). On the Numba kernels the relu happens in
+the pass that writes y; on cuDNN the op makes cudnnActivationForward's call on y in place.""",
     "CONV_ALGO_FWD": _algos("fwd"),
     "CONV_ALGO_BWD_DATA": _algos("bwd_data"),
     "CONV_ALGO_BWD_FILTER": _algos("bwd_filter"),
@@ -43,8 +47,8 @@ positive int dividing C and K.""",
     "CONV_RAISES": """\
 Raises ValueError for a bad stride, padding, dilation, groups, mode, algo or precision, a
 filter window without taps, channels that do not match, a dilated kernel larger than the
-padded input or a bias that is not (K,); TypeError for mixed dtypes or sizes that are not
-ints.""",
+padded input, a bias that is not (K,) or an activation not listed; TypeError for mixed
+dtypes or sizes that are not ints.""",
     "POOL_MODES": """\
 ``mode``: "max" (default: the window's maximum; NaN propagates), "max_deterministic" (the
 same; on cuDNN its deterministic backward), "average_inc_pad" (alias "average": the sum over

@@ -60,7 +60,8 @@ def _grid_backward_numba(dgrid, stream):
                (arrays.flat(dgrid), part, n, oh, ow, parts, acc), 6 * t * acc.dtype.itemsize)
         # dtheta = the parts added in order (the split GEMMs' partial-sum kernel; no bias)
         out = arrays.flat(dtheta)
-        _launch(conv_partsum_fwd_kernel, n * 6, stream, (part, out, parts, n * 6, out, 0, 1, acc))
+        _launch(conv_partsum_fwd_kernel, n * 6, stream,
+                (part, out, parts, n * 6, out, 0, 1, 0, acc))
     return dtheta
 
 

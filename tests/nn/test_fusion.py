@@ -201,3 +201,39 @@ def test_a_forward_patched_onto_the_class_later_is_seen(rng):
     with dnnkit.trace() as t:
         model(x)
     assert t.ops()[-1] == "activation"
+
+
+@pytest.mark.parametrize("backend", backend_params())
+@pytest.mark.parametrize("nd", [2, 3])
+def test_sequential_fuses_conv_relu_with_the_same_results(rng, backend, nd):
+    """Conv (with its bias) + ReLU as one conv call (activation="relu"), forward and backward
+    equal to the modules one by one."""
+    conv = nn.Conv2d if nd == 2 else nn.Conv3d
+
+    def build():
+        return nn.Sequential(conv(2, 3, 3, padding=1, seed=4), nn.ReLU(),
+                             conv(3, 2, 1, seed=5), nn.ReLU())
+    fused, plain = build(), build()
+    for m in (fused, plain):
+        nn.convert(m, backend)
+    x = rng.standard_normal((2, 2) + (4,) * nd).astype(np.float32)
+    dy = rng.standard_normal((2, 2) + (4,) * nd).astype(np.float32)
+    yf, gf, ops_f = _run(fused, x, dy)
+    yp, gp, ops_p = _run(plain, x, dy, one_by_one=True)
+    op = f"conv{nd}d"
+    assert ops_f == [op, op]
+    assert ops_p == [op, "activation", op, "activation"]
+    assert yf.min() == 0
+    np.testing.assert_allclose(yf, yp, rtol=1e-6, atol=1e-6)
+    for a, b in zip(gf, gp):
+        assert np.isfinite(a).all()
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_conv_layer_takes_activation(rng):
+    m = nn.Conv2d(2, 3, 3, padding=1, seed=2)
+    x = rng.standard_normal((1, 2, 4, 4)).astype(np.float32)
+    y, plain = m(x, activation="relu").numpy(), m(x).numpy()
+    np.testing.assert_array_equal(y, np.maximum(plain, 0))
+    with pytest.raises(ValueError, match="activation"):
+        m(x, activation="gelu")
