@@ -149,11 +149,15 @@ def _gemm_family(kernel):
 
 
 def _config_family(name):
+    """The tile family of a GEMM variant's name; the fused relu's variants are a family of
+    their own (``tc_relu``), compiled ahead only after one of them was."""
     cfg = name[len("gemm_00_"):-len("_kernel")]
-    for suffix in ("_implicit", "_acc"):
+    relu = cfg.endswith("_relu")
+    for suffix in ("_relu", "_implicit", "_acc"):
         cfg = cfg[:-len(suffix)] if cfg.endswith(suffix) else cfg
     family, _, size = cfg.rpartition("_")
-    return family if size in ("large", "small", "tiny") else cfg      # "sim": its own
+    family = family if size in ("large", "small", "tiny") else cfg      # "sim": its own
+    return family + "_relu" if relu else family
 
 
 def _workers(n):

@@ -8,7 +8,7 @@
     axis_taps     the kernel taps of one axis that read an input coordinate (col2im, the
                   direct convolution kernels' data gradients); tap_period their step;
                                 tap_rows the row offsets of one (z, y) pair of them
-    relu_if       the forward convolutions' and GEMM's epilogue activation (EPILOGUE)
+    relu_floor, clip  the forward convolutions' and GEMM's epilogue relu (EPILOGUE)
 
 ``MAX_THREADS`` is the block size, at most, of the kernels that reduce across a block with
 these helpers (softmax's launch bound; the convolution's bias gradient).
@@ -16,7 +16,7 @@ these helpers (softmax's launch bound; the convolution's bias gradient).
 
 import math
 
-from numba import cuda, uint64
+from numba import cuda, float32, uint64
 
 from .bounds import inlined
 
@@ -150,6 +150,16 @@ def tap_rows(a, b, taps_z, taps_y, oh_, ow_, r_, s_):
 
 
 @inlined
-def relu_if(v, epi, zero):
-    """max(v, 0) when ``epi`` has EPI_RELU (a select: NaN stays NaN), else v."""
-    return zero if (epi & EPI_RELU and v <= zero) else v
+def relu_floor(epi, zero):
+    """What ``clip`` clips to: 0 when ``epi`` has EPI_RELU, else -inf, which clips nothing."""
+    return zero if epi & EPI_RELU else zero + float32(-math.inf)
+
+
+@inlined
+def clip(v, lo):
+    """max(v, lo) that keeps NaN (a select, as kernels/activation.py's relu): the epilogue's
+    relu with lo = relu_floor(epi, zero) computed once. One select with a loop-invariant
+    operand, not a test of the flag per value: the GEMM's store loops then stay as they are
+    unrolled (a test of the flag in the loop had LLVM duplicate it, and the large tiles'
+    stores no longer unrolled: c_reg went to the stack)."""
+    return lo if v <= lo else v

@@ -21,8 +21,8 @@ col (C*T*R*S rows, nc*O columns; O = OD*OH*OW), row (c, t, r, s), column (n, od,
 from numba import cuda
 
 from .bounds import bounded_jit
-from .common import (EPI_BIAS, REDUCE_SUM, axis_tap, axis_taps, block_reduce, relu_if, tap_period,
-                     tap_rows)
+from .common import (EPI_BIAS, REDUCE_SUM, axis_tap, axis_taps, block_reduce, clip, relu_floor,
+                     tap_period, tap_rows)
 
 
 @cuda.jit(cache=True)
@@ -139,13 +139,14 @@ def conv_partsum_fwd_kernel(ws, out, parts, size, bias, per, k, epi, acc):
     mapping: grid-stride loop, one element per thread, coalesced. Traffic: ws read once, out written
     once (bias from cache)."""
     zero = acc[0]
+    lo = relu_floor(epi, zero)
     for i in range(cuda.grid(1), size, cuda.gridsize(1)):
         total = zero
         for p in range(parts):
             total += ws[p * size + i]
         if epi & EPI_BIAS:
             total += bias[(i // per) % k] + zero
-        out[i] = relu_if(total, epi, zero)
+        out[i] = clip(total, lo)
 
 
 def SIGNATURES(t, acc):

@@ -13,7 +13,7 @@ t'*dil for output coordinate o, t' = ksize - 1 - t for a true convolution (flip)
 from numba import cuda, int64, uint64
 
 from .bounds import bounded_jit, inlined
-from .common import EPI_BIAS, axis_tap, axis_taps, relu_if, tap_period, tap_rows
+from .common import EPI_BIAS, axis_tap, axis_taps, clip, relu_floor, tap_period, tap_rows
 
 
 # ---------------------------------------------------------------- depthwise (groups = C)
@@ -62,6 +62,7 @@ def conv_depthwise_fwd_kernel(x, w, y, bias, geo, n_, mult, epi, acc):
     cache), y written once, w from cache."""
     c_, d_, h_, w_, t_, r_, s_, od_, oh_, ow_, sd, sh, sw, pd, ph, pw, dd, dh, dw, flip = geo
     zero = acc[0]
+    lo = relu_floor(epi, zero)
     hw, o_, taps, k_ = h_ * w_, od_ * oh_ * ow_, t_ * r_ * s_, c_ * mult
     img = c_ * d_ * hw
     quads = -(-n_ // DW_IMAGES) * k_
@@ -89,13 +90,13 @@ def conv_depthwise_fwd_kernel(x, w, y, bias, geo, n_, mult, epi, acc):
                         a3 += (x[e + i3] + zero) * wv
             add = bias[k] + zero if epi & EPI_BIAS else zero
             at = (n0 * k_ + k) * o_ + p
-            y[at] = relu_if(a0 + add, epi, zero)
+            y[at] = clip(a0 + add, lo)
             if nv > 1:
-                y[at + k_ * o_] = relu_if(a1 + add, epi, zero)
+                y[at + k_ * o_] = clip(a1 + add, lo)
             if nv > 2:
-                y[at + 2 * k_ * o_] = relu_if(a2 + add, epi, zero)
+                y[at + 2 * k_ * o_] = clip(a2 + add, lo)
             if nv > 3:
-                y[at + 3 * k_ * o_] = relu_if(a3 + add, epi, zero)
+                y[at + 3 * k_ * o_] = clip(a3 + add, lo)
 
 
 def conv_depthwise_bwd_data_kernel(dy, w, dx, geo, n_, mult, acc):
@@ -277,24 +278,24 @@ def _store4(out, e, step, cv, v0, v1, v2, v3):
 
 
 @inlined
-def _store(out, at, image, step, nv, cv, s, add0, add1, add2, add3, epi, zero):
-    """The tile's sums s (+ add, then relu as ``epi`` says) into out: image i, item j at
+def _store(out, at, image, step, nv, cv, s, add0, add1, add2, add3, lo):
+    """The tile's sums s (+ add, then clipped at ``lo``: relu_floor) into out: image i, item j at
     at + i*image + j*step, for the nv images and cv items that exist (unrolled: a tuple
     indexed by a loop variable would go through local memory)."""
-    _store4(out, at, step, cv, relu_if(s[0] + add0, epi, zero), relu_if(s[1] + add1, epi, zero),
-            relu_if(s[2] + add2, epi, zero), relu_if(s[3] + add3, epi, zero))
+    _store4(out, at, step, cv, clip(s[0] + add0, lo), clip(s[1] + add1, lo),
+            clip(s[2] + add2, lo), clip(s[3] + add3, lo))
     if nv > 1:
-        _store4(out, at + image, step, cv, relu_if(s[4] + add0, epi, zero),
-                relu_if(s[5] + add1, epi, zero), relu_if(s[6] + add2, epi, zero),
-                relu_if(s[7] + add3, epi, zero))
+        _store4(out, at + image, step, cv, clip(s[4] + add0, lo),
+                clip(s[5] + add1, lo), clip(s[6] + add2, lo),
+                clip(s[7] + add3, lo))
     if nv > 2:
-        _store4(out, at + 2 * image, step, cv, relu_if(s[8] + add0, epi, zero),
-                relu_if(s[9] + add1, epi, zero), relu_if(s[10] + add2, epi, zero),
-                relu_if(s[11] + add3, epi, zero))
+        _store4(out, at + 2 * image, step, cv, clip(s[8] + add0, lo),
+                clip(s[9] + add1, lo), clip(s[10] + add2, lo),
+                clip(s[11] + add3, lo))
     if nv > 3:
-        _store4(out, at + 3 * image, step, cv, relu_if(s[12] + add0, epi, zero),
-                relu_if(s[13] + add1, epi, zero), relu_if(s[14] + add2, epi, zero),
-                relu_if(s[15] + add3, epi, zero))
+        _store4(out, at + 3 * image, step, cv, clip(s[12] + add0, lo),
+                clip(s[13] + add1, lo), clip(s[14] + add2, lo),
+                clip(s[15] + add3, lo))
 
 
 @inlined
@@ -357,7 +358,7 @@ def conv_direct_fwd_kernel(x, w, y, bias, geo, n_, cg, kg, epi, acc):
         add2 = bias[k0 + b2] + zero if bias_on else zero
         add3 = bias[k0 + b3] + zero if bias_on else zero
         _store(y, (n0 * groups * kg + k0) * o_ + p, groups * kg * o_, o_, nv, kv, s,
-               add0, add1, add2, add3, epi, zero)
+               add0, add1, add2, add3, relu_floor(epi, zero))
 
 
 def conv_direct_bwd_data_kernel(dy, w, dx, geo, n_, cg, kg, acc):
@@ -403,7 +404,7 @@ def conv_direct_bwd_data_kernel(dy, w, dx, geo, n_, cg, kg, acc):
                         e += ostep
                         u += wstep
         _store(dx, (n0 * c_ + g * cg + c0) * dhw + p, c_ * dhw, dhw, nv, cv, s,
-               zero, zero, zero, zero, 0, zero)
+               zero, zero, zero, zero, relu_floor(0, zero))
 
 
 # At most 128 registers (two blocks of 256 per SM; ptxas then spills 64 bytes (forward) and

@@ -1,18 +1,16 @@
 """A register-tiled, double-buffered shared-memory GEMM, specialised at compile time.
 
-    C_z[i, j] = act(sum_k op(A_z)[i, k] * op(B_z)[k, j] (+ bias[z1*m + i]) (+ beta * C_z[i, j]))
+    C_z[i, j] = act(sum_k op(A_z)[i, k] * op(B_z)[k, j] (+ bias[z1*m + i])) (+ beta * C_z[i, j])
 
-for i < m, j < n, k < kdim and z = (z1, z2) < (nz1, nz2); act is relu or nothing, and the
-bias and act are applied as the int ``epi`` says (kernels/common.py's EPILOGUE).
-``gemm_kernel(ta, tb, wm, wn, tx, ty)`` builds the kernel for one layout: a block of tx*ty
-threads computes a BM x BN tile of C
-(BM = ty*wm, BN = tx*wn); thread (x, y) owns the wm x wn register tile of rows
-y*wm/2 + {0..wm/2-1} in each half of the tile's rows, and likewise columns x*wn/2 + {..} in
-each half of its columns: each fragment is two runs of consecutive words, read as vector
-loads (ld.shared.v4 for 8 x 8), a warp's reads of A are broadcasts and its reads of B cover
-consecutive banks. Every constant (layout, tile, thread
-count) is a compile-time constant, so the register tile stays in registers and the index
-arithmetic folds.
+for i < m, j < n, k < kdim and z = (z1, z2) < (nz1, nz2); the bias where the int ``epi`` says
+(kernels/common.py's EPILOGUE), act a relu in the ``relu`` variants (compile time), else
+nothing. ``gemm_kernel(ta, tb, wm, wn, tx, ty)`` builds the kernel for one layout: a block of
+tx*ty threads computes a BM x BN tile of C (BM = ty*wm, BN = tx*wn); thread (x, y) owns the wm
+x wn register tile of rows y*wm/2 + {0..wm/2-1} in each half of the tile's rows, and likewise
+columns x*wn/2 + {..} in each half of its columns: each fragment is two runs of consecutive
+words, read as vector loads (ld.shared.v4 for 8 x 8), a warp's reads of A are broadcasts and
+its reads of B cover consecutive banks. Every constant (layout, tile, thread count) is a
+compile-time constant, so the register tile stays in registers and the index arithmetic folds.
 
 Operands. Each of A, B, C has a *fast* index, the one contiguous in memory, which may be
 *grouped*: index x lives at (x // grp) * gstride + x % grp (grp >= the dimension: plain). This
@@ -62,7 +60,7 @@ from numba import cuda, int64, uint64
 from numba.core.types import float16
 
 from .bounds import bounded_jit, inlined
-from .common import EPI_BIAS, relu_if
+from .common import EPI_BIAS
 # the tiles, re-exported: the ops read them from here
 from .gemm_tiles import (BK, CONFIGS, SMEM_ALIGN, TC_PREFIXES, config_options, pad,  # noqa: F401
                          shared_bytes, tc_mode)
@@ -228,7 +226,8 @@ def _koffset(k, grp, gstride):
 
 
 @functools.lru_cache(maxsize=None)
-def gemm_kernel(ta, tb, wm, wn, tx, ty, min_blocks=1, implicit=False, bk=BK, tc=False):
+def gemm_kernel(ta, tb, wm, wn, tx, ty, min_blocks=1, implicit=False, bk=BK, tc=False,
+                relu=False):
     """The kernel for layout (ta, tb) with a (wm x wn)-per-thread tile and (tx, ty) threads.
     Staging needs NT = tx*ty threads to divide evenly: NT % BK == 0 for a k-fast operand, and
     NT % tile == 0 for the other (tile = BM or BN), with NT | BK*tile. ``min_blocks``: blocks
@@ -237,8 +236,10 @@ def gemm_kernel(ta, tb, wm, wn, tx, ty, min_blocks=1, implicit=False, bk=BK, tc=
     the slab depth (even; below, BK stands for it). ``tc``: the products on tensor cores
     (``tc_mode``: "3xtf32" or "tf32" for float32 data, "f16" for float16 data;
     kernels/tensorcore.py; float32 accumulation only): warp w of the 8 computes a
-    (wm*8) x (wn*4) piece of the tile, fragment layouts of ``mma.m16n8k8`` / ``m16n8k16``."""
+    (wm*8) x (wn*4) piece of the tile, fragment layouts of ``mma.m16n8k8`` / ``m16n8k16``.
+    ``relu``: C = relu(the product + bias), decided at compile time (``_store``)."""
     BK = bk     # noqa: N806 -- the closures below take it as a compile-time constant
+    store_bias = not relu       # a relu variant adds the bias before its relu (_store)
     mode = tc_mode(tc)
     tc, pairs = mode is not None, mode == "f16"     # pairs: float16 slabs in k pairs
     PAD = pad(tc)  # noqa: N806
@@ -392,10 +393,11 @@ def gemm_kernel(ta, tb, wm, wn, tx, ty, min_blocks=1, implicit=False, bk=BK, tc=
     def _store(c, off, ldc, gc, gsc, m, n, i1, j1, c_reg, beta, bias, boff, epi, zero):
         """C rows i1 + (i // hm)*sm + (i % hm)*um and columns j1 + (j // hn)*sn + j % hn
         (the fragment layout: hm, sm, um = wm/2, BM/2, 1 and hn, sn = wn/2, BN/2; with tensor
-        cores 2, 16, 8 and 2, 8): c = act(c_reg (+ bias) (+ beta*c, read only when beta != 0,
-        so an uninitialised c may hold NaN)), ``epi`` as kernels/common.py's EPILOGUE says.
-        The column offsets are computed first, so the store loops unroll and c_reg stays in
-        registers."""
+        cores 2, 16, 8 and 2, 8): c = c_reg (+ bias, as epi's EPI_BIAS says) (+ beta*c, read
+        only when beta != 0). A ``relu`` variant takes c_reg + bias through relu in registers
+        first (NaN stays; beta's term comes after it: no caller mixes them): a select in the
+        store loop kept the large tiles' stores from unrolling (c_reg on the stack). Column
+        offsets come first, so the store loops unroll and c_reg stays in registers."""
         hm, sm, um = (2, 16, 8) if tc else (wm // 2, bm // 2, 1)
         hn, sn = (2, 8) if tc else (wn // 2, bn // 2)
         cols = cuda.local.array(wn, dtype=int64)
@@ -403,22 +405,30 @@ def gemm_kernel(ta, tb, wm, wn, tx, ty, min_blocks=1, implicit=False, bk=BK, tc=
             gj = j1 + (j // hn) * sn + j % hn
             q, r = _split(gj, gc)
             cols[j] = off + q * gsc + r if gj < n else -1
+        if relu:
+            for i in range(wm):
+                gi = min(i1 + (i // hm) * sm + (i % hm) * um, m - 1)   # (rows past m unused)
+                add = bias[gi + boff] + zero if epi & EPI_BIAS else zero
+                for j in range(wn):
+                    v = c_reg[i, j] + add
+                    c_reg[i, j] = zero if v <= zero else v
         for i in range(wm):
             gi = i1 + (i // hm) * sm + (i % hm) * um
             if gi < m:
-                add = bias[gi + boff] + zero if epi & EPI_BIAS else zero
+                add = bias[gi + boff] + zero if store_bias and epi & EPI_BIAS else zero
                 for j in range(wn):
                     if cols[j] >= 0:
                         at = uint64(cols[j] + gi * ldc)
                         v = c_reg[i, j] + add
                         if beta != zero:
                             v += beta * (c[at] + zero)
-                        c[at] = relu_if(v, epi, zero)
+                        c[at] = v
 
     # the variant in the kernel's name, which its mangled name carries into profilers and
     # disassemblies (otherwise every variant reads gemm_kernel::<locals>::kernel)
     kernel.__name__ = kernel.__qualname__ = (f"gemm_{ta}{tb}_{bm}x{bn}_{mode or 'fma'}"
-                                             f"{'_implicit' if implicit else ''}")
+                                             f"{'_implicit' if implicit else ''}"
+                                             f"{'_relu' if relu else ''}")
     return bounded_jit(kernel, nt, min_blocks)
 
 
@@ -429,6 +439,10 @@ VARIANTS = {f"gemm_{ta}{tb}_{cfg}_kernel": gemm_kernel(ta, tb, *CONFIGS[cfg],
 VARIANTS.update({f"gemm_0{tb}_{cfg}_implicit_kernel":
                  gemm_kernel(0, tb, *CONFIGS[cfg], implicit=True, **config_options(cfg))
                  for tb in (0, 1) for cfg in CONFIGS})
+# The fused relu's variants: the convolution's forward (00, plain and implicit), linear (01).
+VARIANTS.update({f"gemm_{ta}{tb}_{cfg}{'_implicit' * imp}_relu_kernel": gemm_kernel(
+    ta, tb, *CONFIGS[cfg], implicit=imp, relu=True, **config_options(cfg))
+    for ta, tb, imp in ((0, 0, False), (0, 1, False), (0, 0, True)) for cfg in CONFIGS})
 # The split-k forward (ops/conv_numba.py) writes layout 00's C into an accumulation-type
 # workspace: the same kernels again under these names, so that the PTX checks compile them
 # with that signature too (float16 data, float32 C; float32-only variants need none).
@@ -452,6 +466,7 @@ def SIGNATURES(t, acc):
     # (the *_acc names) a workspace in the accumulation type, as its gradients (10, 01) do.
     # bias is read in the data type.
     def c(name):
-        return a if name.startswith("gemm_00") and not name.endswith("_acc_kernel") else z
+        return a if (name.startswith("gemm_00") and not name.endswith("_acc_kernel")
+                     or name.endswith("_relu_kernel")) else z
     return {name: (a, a, c(name), a) + ints + (acc, int64, z) + conv for name in VARIANTS
             if str(t) in ONLY_DTYPES.get(name, (str(t),))}

@@ -42,7 +42,7 @@ from numba import boolean, cuda, float32, int64, uint32, uint64
 from numba.core.types import float16
 
 from .bounds import bounded_jit, inlined
-from .common import EPI_BIAS, relu_if
+from .common import EPI_BIAS, clip, relu_floor
 from .tensorcore import (address, cp_async8, cp_async16, cp_async_commit,
                          cp_async_wait0, cp_async_wait1, ldmatrix_x4, ldmatrix_x4_trans,
                          mma_f16, shared_address)
@@ -405,6 +405,7 @@ def _write(c, out, coff, ldc, m, n, i0, j0, h, wm, beta, bias, boff, epi, zero):
     of the tile."""
     t = cuda.threadIdx.x
     col = t & 127
+    lo = relu_floor(epi, zero)
     if j0 + col < n:
         for e in range(64 * BN // THREADS):
             rs = (t >> 7) + 2 * e
@@ -416,7 +417,7 @@ def _write(c, out, coff, ldc, m, n, i0, j0, h, wm, beta, bias, boff, epi, zero):
                 at = uint64(coff + gi * ldc)
                 if beta != zero:
                     v += beta * (c[at] + zero)
-                c[at] = relu_if(v, epi, zero)
+                c[at] = clip(v, lo)
 
 
 LAYOUTS = ((0, 0), (1, 0), (0, 1))

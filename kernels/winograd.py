@@ -34,7 +34,7 @@ rows 2*ty - ph .. 2*ty - ph + 3 (0 outside x: padding) and output rows 2*ty, 2*t
 from numba import cuda, float32, int64, uint32
 
 from .bounds import inlined
-from .common import EPI_BIAS, relu_if
+from .common import EPI_BIAS, clip, relu_floor
 
 
 @inlined
@@ -168,6 +168,7 @@ def winograd_output_fwd_kernel(m, y, bias, dims, epi, unscale, acc):
     y written once."""
     k_, oh, ow, th, tw, p_, ps = dims
     zero = acc[0]
+    lo = relu_floor(epi, zero)
     t = cuda.local.array((4, 4), dtype=acc.dtype)
     plane, stride = uint32(oh * ow), uint32(k_ * ps)
     for p in range(cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x, p_,
@@ -186,8 +187,8 @@ def winograd_output_fwd_kernel(m, y, bias, dims, epi, unscale, acc):
             for a in range(2):
                 for b in range(2):
                     if uint32(a) < rows and uint32(b) < cols:
-                        y[uint32(base + uint32(a) * uint32(ow) + uint32(b))] = relu_if(
-                            t[a, b] + add, epi, zero)
+                        y[uint32(base + uint32(a) * uint32(ow) + uint32(b))] = clip(
+                            t[a, b] + add, lo)
 
 
 @cuda.jit(cache=True)

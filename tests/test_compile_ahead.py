@@ -44,8 +44,12 @@ def test_common_is_what_recorded_steps_launch_with_their_signatures(dtype):
 def test_a_gemm_variant_names_its_family():
     fam, names = compile_ahead._gemm_family(gemm.VARIANTS["gemm_01_tc_small_kernel"])
     assert fam == "tc"
-    assert set(names) == {n for n in gemm.VARIANTS if "_tc_" in n}
+    assert set(names) == {n for n in gemm.VARIANTS if "_tc_" in n and "_relu" not in n}
     assert "gemm_00_tc_large_implicit_kernel" in names and len(names) == 15
+    # the fused relu's variants: a family of their own (a model without them compiles none)
+    fam, names = compile_ahead._gemm_family(gemm.VARIANTS["gemm_00_tc_small_implicit_relu_kernel"])
+    assert fam == "tc_relu" and len(names) == 9
+    assert set(names) == {n for n in gemm.VARIANTS if "_tc_" in n and n.endswith("_relu_kernel")}
     fam, names = compile_ahead._gemm_family(gemm.VARIANTS["gemm_10_large_kernel"])
     assert fam == "" and "gemm_00_tiny_implicit_kernel" in names
     assert not any("_tc_" in n or "_sim_" in n or "hmma" in n for n in names)
@@ -147,7 +151,9 @@ def test_a_first_compile_starts_the_data_types_kernels_and_a_launch_waits_for_it
     assert names[0].startswith("gemm_") and names[1] == compile_ahead.COMMON[0]
     assert len({(id(_kernels()[e.name]), e.argtypes) for e in job.entries}) == len(names)
     assert job.env["CUDA_VISIBLE_DEVICES"] == "GPU-test"
-    assert {n for n in gemm.VARIANTS if "_tc_" in n} - {"gemm_00_tc_small_kernel"} < set(names)
+    tc = {n for n in gemm.VARIANTS if "_tc_" in n and "_relu" not in n}
+    assert tc - {"gemm_00_tc_small_kernel"} < set(names)
+    assert not any("_relu" in n for n in names)
     # a launch waits for its own entry, not for the whole job
     early, last = names[2], names[-1]
     assert compile_ahead.wait(_kernels()[early], signatures("float32")[early]) == \

@@ -62,9 +62,10 @@ class ModuleList(Module):
 class Sequential(ModuleList):
     """Modules applied in order: ``Sequential(a, b, c)(x) == c(b(a(x)))``.
 
-    Fusion: a module followed by a ``ReLU`` that :func:`fuses` allows (a BatchNorm, a Conv2d
-    or a Conv3d) is called as ``a(x, activation="relu")`` and the ReLU module is skipped: one
-    op call instead of two forward (the gradient makes the same calls), the same result."""
+    Fusion: a module followed by a ``ReLU`` that :func:`fuses` allows (a BatchNorm, a Conv2d,
+    a Conv3d or a Linear) is called as ``a(x, activation="relu")`` and the ReLU module is
+    skipped: one op call instead of two forward (and, for a BatchNorm, backward), the same
+    result."""
 
     def __init__(self, *modules: Module) -> None:
         super().__init__(modules)

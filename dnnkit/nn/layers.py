@@ -162,6 +162,8 @@ class Linear(Module):
     """y = x W^T + b for x (..., in_features): ``dnnkit.linear``, weight (out_features,
     in_features) as PyTorch's, bias (out_features,)."""
 
+    fused_activations = ("relu",)       # what forward's activation= takes (nn.Sequential)
+
     def __init__(self, in_features: int, out_features: int, bias: bool = True, *,
                  dtype: DType = "float32", seed: int | None = None) -> None:
         super().__init__()
@@ -179,9 +181,11 @@ class Linear(Module):
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
                 f"bias={self.bias is not None}")
 
-    def forward(self, x: ArrayLike) -> Tensor:
+    def forward(self, x: ArrayLike, activation: str | None = None) -> Tensor:
+        """x W^T + b, then max(that, 0) with ``activation="relu"``, in one op call
+        (``nn.Sequential`` fuses a Linear followed by a ReLU this way)."""
         x = as_input("Linear", x, self.weight.dtype)
-        return ops.linear(x, self.weight, self.bias, backend=self.backend)
+        return ops.linear(x, self.weight, self.bias, backend=self.backend, activation=activation)
 
 
 class Flatten(Module):

@@ -127,7 +127,7 @@ def _launch_of(layout, a, b, c, dims, lds, grps, batch, beta, bias, conv, math, 
     low = (lds[0] | lds[1] | dims[0] | dims[1] | dims[2] | grps[0] | grps[1] | grps[2]
            | grps[3] | batch[2] | batch[3] | batch[4] | batch[5]) & 7
     key = (layout, dims, batch[0], batch[1], a.dtype, device.device_id(), conv is not None,
-           TENSOR_CORES, math, plain, low == 4)
+           TENSOR_CORES, math, plain, low == 4, relu)
     plan = _plans.get(key)
     if plan is None:
         if math not in MATHS:
@@ -135,7 +135,7 @@ def _launch_of(layout, a, b, c, dims, lds, grps, batch, beta, bias, conv, math, 
         if len(_plans) >= 4096:
             _plans.clear()
         plan = _plans[key] = _plan(layout, dims, batch, a.dtype, conv is not None, math, plain,
-                                   key[-1])
+                                   low == 4, relu)
     kernel, grid, block, shared, acc, dummy = plan
     table, cg = conv or dummy
     return kernel, grid, block, shared, (
@@ -179,7 +179,7 @@ def tc_prefix(dtype, math="3xtf32"):
     return "tf32" if math == "tf32" else "tc"
 
 
-def _plan(layout, dims, batch, dtype, implicit, math, plain, narrow=False):
+def _plan(layout, dims, batch, dtype, implicit, math, plain, narrow=False, relu=False):
     from ..kernels.gemm import CG_LEN, CONFIGS, VARIANTS, config_options, shared_bytes
     m, n, _ = dims
     name, grid = launch_grid(m, n, batch[0] * batch[1])
@@ -194,12 +194,16 @@ def _plan(layout, dims, batch, dtype, implicit, math, plain, narrow=False):
         bm = 128 if name == "large" else 64
         grid = (-(-n // hmma.BN), min(-(-m // bm), 65535), grid[2])
         name = f"gemm_{layout}_hmma{bm}{'n' if narrow else ''}_kernel"
-        return (hmma.VARIANTS[name], grid, (hmma.THREADS, 1),
+        return (hmma.VARIANTS[name], grid, (hmma.THREADS, 1),      # (its relu: epi's bit)
                 hmma.shared_bytes(bm), acc, dummy)
     if prefix is not None:
         name = f"{prefix}_{name}"   # the same tiles (kernels/gemm.py CONFIGS)
     wm, wn, tx, ty, _ = CONFIGS[name]
-    kernel = VARIANTS[f"gemm_{layout}_{name}_implicit_kernel" if implicit else
-                      f"gemm_{layout}_{name}_kernel"]
+    # kernels/gemm.py's relu is a variant (compile time): the forward convolution's and
+    # linear's layouts have one
+    variant = f"gemm_{layout}_{name}{'_implicit' if implicit else ''}{'_relu' if relu else ''}"
+    if variant + "_kernel" not in VARIANTS:
+        raise ValueError(f"gemm: no kernel {variant}_kernel (a relu on layout {layout})")
+    kernel = VARIANTS[variant + "_kernel"]
     return (kernel, grid, (tx, ty),
             shared_bytes(wm, wn, tx, ty, acc.dtype.itemsize, **config_options(name)), acc, dummy)

@@ -33,8 +33,9 @@ def parts(m, n, k, dtype):
     return conv_launch.fill_parts(m, n, 1, k, top)
 
 
-def gemm_parts(layout, a, b, c, dims, lds, p, *, bias=None, stream, math="3xtf32"):
-    """c (m x n, row-major with ldc = n, flat) = op(a) . op(b) (+ bias[j] on column j) as ``p``
+def gemm_parts(layout, a, b, c, dims, lds, p, *, bias=None, stream, math="3xtf32", relu=False):
+    """c (m x n, row-major with ldc = n, flat) = op(a) . op(b) (+ bias[j] on column j) (then
+    relu when ``relu``, in the sum's pass) as ``p``
     k-slices (``parts``); ``layout``, ``dims`` and the leading dimensions of a and b as
     ops/gemm.py's ``gemm`` takes them (plain, ungrouped indices)."""
     m, n, k = dims
@@ -53,4 +54,4 @@ def gemm_parts(layout, a, b, c, dims, lds, p, *, bias=None, stream, math="3xtf32
     # out[i] = sum_z ws[z*m*n + i] (+ bias[i % n]: per 1, k n)
     launch(conv_partsum_fwd_kernel, arrays.grid_1d(m * n, threads)[0], threads, stream,
            (ws, c, p, m * n, c if bias is None else bias, 1, n,
-            gemm.epilogue(bias is not None, False), acc))
+            gemm.epilogue(bias is not None, relu), acc))

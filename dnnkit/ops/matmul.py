@@ -47,12 +47,14 @@ import numpy as np
 from .. import arrays, config, device
 from ..launch import flat as flat_arg
 from ..autograd import gradient
-from ..cudnn import loader, matmul as cudnn_matmul
+from ..cudnn import activation as cudnn_act, loader, matmul as cudnn_matmul
 from ..dispatch import public_op
 from ..hints import ArrayLike, Backend, Stream
 from ..registry import NoCudnnCall, register
 from ..tracing import note_algo
 from . import gemm, gemm_split, split
+from .activation import activation_backward
+from .args import choice
 from .conv import conv_backward_bias
 
 _TOL = {"float16": (1e-2, 1e-3), "float32": (1e-4, 1e-6), "float64": (1e-11, 1e-13)}
@@ -119,6 +121,7 @@ class LinearArgs(NamedTuple):
     bias: object
     geom: LinearGeom
     stream: object
+    activation: object = None     # None or "relu", applied after the bias
 
 
 def _flag(op, name, v):
@@ -171,12 +174,15 @@ def matmul(a: ArrayLike, b: ArrayLike, transpose_a: bool = False, transpose_b: b
 
 @public_op("linear")
 def linear(x: ArrayLike, weight: ArrayLike, bias: ArrayLike | None = None, *,
-           stream: Stream = None, backend: Backend | None = None) -> LinearArgs:
+           stream: Stream = None, backend: Backend | None = None,
+           activation: str | None = None) -> LinearArgs:
     """Affine map ``y = x @ weight.T + bias``: x (..., in), weight (out, in) (PyTorch's layout),
     bias (out,) or None (default); returns y (..., out), every leading axis of x a row of one
     matrix product. One dtype for all (float16, float32 or float64).
-    Raises ValueError when x's last axis is not ``in``, weight is not 2-D, bias is not (out,) or
-    x is 0-d; TypeError for mixed dtypes."""
+    ``activation``: None (default) or "relu": y = max(y, 0) after the bias, in the same call
+    (on the Numba GEMM in the pass that stores y; on cuDNN an activation call on y in place).
+    Raises ValueError when x's last axis is not ``in``, weight is not 2-D, bias is not (out,),
+    x is 0-d or the activation is not listed; TypeError for mixed dtypes."""
     op = "linear"
     s = arrays.as_stream(stream)
     x = arrays.device_input(op, "x", x, s)
@@ -195,8 +201,9 @@ def linear(x: ArrayLike, weight: ArrayLike, bias: ArrayLike | None = None, *,
         if bias.shape[0] != out_f:
             raise ValueError(f"{op}: bias has shape {tuple(bias.shape)} but weight "
                              f"{tuple(weight.shape)} gives {out_f} output features")
+    act = None if activation is None else choice(op, "activation", activation, ("relu",))
     return LinearArgs(x, weight, bias, LinearGeom(math.prod(xs[:-1]), in_f, out_f,
-                                                  xs[:-1] + (out_f,)), s)
+                                                  xs[:-1] + (out_f,)), s, act)
 
 
 # ---------------------------------------------------------------- Numba
@@ -233,23 +240,24 @@ def _matmul_numba(a, b, geom, stream):
 
 
 @register("linear", "numba", tolerance=_TOL)
-def _linear_numba(x, weight, bias, geom, stream):
+def _linear_numba(x, weight, bias, geom, stream, activation=None):
     y = arrays.cuda_empty(geom.y_shape, x.dtype, stream)
     if not y.size:
         return y
     note_algo("gemm")
     r, i, o = geom.rows, geom.in_f, geom.out_f
+    relu = activation == "relu"       # (in the store of each algorithm below: the epilogue)
     fx, fw, fy = flat_arg(x), flat_arg(weight), flat_arg(y)
     p = gemm_split.parts(r, o, i, x.dtype)
     if p > 1:               # few output tiles, a long k: k-slices summed, the bias with them
         gemm_split.gemm_parts("01", fx, fw, fy, (r, o, i), (i, i, o), p, bias=bias,
-                              stream=stream)
+                              stream=stream, relu=relu)
     elif bias is None:      # y (r x o) = x (r x i) . W^T
         gemm.gemm("01", fx, fw, fy, (r, o, i), (i, i, o), gemm.PLAIN * 3, gemm.NO_BATCH,
-                  stream=stream)
+                  stream=stream, relu=relu)
     else:                   # y^T (o x r) = W . x^T + bias per row, stored as y
         gemm.gemm("01", fw, fx, fy, (o, r, i), (i, i, 1), gemm.PLAIN * 2 + (1, o),
-                  gemm.NO_BATCH, bias=bias, stream=stream)
+                  gemm.NO_BATCH, bias=bias, stream=stream, relu=relu)
     return y
 
 
@@ -291,7 +299,7 @@ def _linear_tensors(geom):
     return ((1, r, i), (1, i, o), (1, r, o)), ((r * i, i, 1), (o * i, 1, i), (r * o, o, 1))
 
 
-def _cudnn_linear_supports(x, weight, bias, geom, stream):
+def _cudnn_linear_supports(x, weight, bias, geom, stream, activation=None):
     return _cudnn_reason(*_linear_tensors(geom), x.dtype, stream)
 
 
@@ -312,7 +320,7 @@ def _matmul_cudnn(a, b, geom, stream):
 
 
 @register("linear", "cudnn", supports=_cudnn_linear_supports, tolerance=_TOL)
-def _linear_cudnn(x, weight, bias, geom, stream):
+def _linear_cudnn(x, weight, bias, geom, stream, activation=None):
     y = arrays.cuda_empty(geom.y_shape, x.dtype, stream)
     if not y.size:
         return y
@@ -322,6 +330,8 @@ def _linear_cudnn(x, weight, bias, geom, stream):
         _cudnn_run(x, weight, y, *_linear_tensors(geom), stream)
     if bias is not None:
         cudnn_matmul.add_bias(y, bias, geom.rows, geom.out_f, device.stream_pointer(stream))
+    if activation is not None:        # in place (cuDNN allows x == y)
+        cudnn_act.forward(y, y, activation, 0.0, device.stream_pointer(stream))
     return y
 
 
@@ -358,9 +368,17 @@ def _matmul_grad(g, dy):
     return out
 
 
-@gradient("linear")
+def _linear_reads(args):
+    """The outputs linear's rule reads: y when a relu was fused (its slope), else none."""
+    return (0,) if args.get("activation") else ()
+
+
+@gradient("linear", reads_out=_linear_reads)
 def _linear_grad(g, dy):
     x, w, bias = g.x, g.weight, g.bias
+    if g.activation is not None:      # dy through relu's slope, read from y
+        dy = activation_backward(g.out, g.out, dy, g.activation, backend=g.backend,
+                                 stream=g.stream)
     rows, out_f = math.prod(tuple(x.shape)[:-1]), w.shape[0]
     kw = dict(backend=g.backend, stream=g.stream)
     dy2 = arrays.reshaped(dy, (rows, out_f))

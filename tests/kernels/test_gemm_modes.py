@@ -51,8 +51,8 @@ def test_each_tensor_core_variant_is_declared_for_its_one_data_type():
     for prefix, (_, dtype) in gemm.TC_PREFIXES.items():
         names = [n for n in gemm.VARIANTS if f"_{prefix}_" in n]
         # three layouts and two implicit ones per tile of three (and the float16 split-k
-        # names)
-        assert len(names) == 3 * 5 + (3 if dtype == "float16" else 0), (prefix, names)
+        # names), and the fused relu's three (00, 00 implicit, 01)
+        assert len(names) == 3 * 8 + (3 if dtype == "float16" else 0), (prefix, names)
         for n in names:
             assert gemm.ONLY_DTYPES[n] == (dtype,)
             assert [dt for dt in sigs if n in sigs[dt]] == [dtype]
