@@ -7,7 +7,7 @@
     axis_tap      the input coordinate an output coordinate reads through one kernel tap
     axis_taps     the kernel taps of one axis that read an input coordinate (col2im, the
                   direct convolution kernels' data gradients); tap_period their step;
-                                tap_rows the row offsets of one (z, y) pair of them
+                  tap_rows the row offsets of one (z, y) pair of them
     relu_floor, clip  the forward convolutions' and GEMM's epilogue relu (EPILOGUE)
 
 ``MAX_THREADS`` is the block size, at most, of the kernels that reduce across a block with

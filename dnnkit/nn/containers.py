@@ -98,28 +98,32 @@ def fuses(m: Module, relu: Module) -> bool:
 
 def norm_relu(norm: Module, relu: Module, x: Any, residual: Any = None) -> Any:
     """``relu(norm(x) + residual)`` (residual None: ``relu(norm(x))``) as one op call,
-    ``norm(x, activation="relu", residual=residual)``, where :func:`fuses` allows it; else the
-    modules' own calls. A residual block's end: dnnkit.models' ResNet calls it."""
+    ``norm(x, activation="relu", residual=residual)``, where :func:`fuses` allows it and (with
+    a residual) ``norm``'s class takes one (``fused_residual``: the batch-norm layers); else
+    the modules' own calls. A residual block's end: dnnkit.models' ResNet calls it."""
     if fuses(norm, relu):
-        return norm(x, activation="relu", residual=residual)
+        if residual is None:
+            return norm(x, activation="relu")
+        if _takes(type(norm), "fused_residual"):
+            return norm(x, activation="relu", residual=residual)
     y = norm(x)
     return relu(y if residual is None else y + residual)
 
 
-_TAKES: dict[tuple, tuple[str, ...]] = {}
+_TAKES: dict[tuple, Any] = {}
 
 
-def _takes(cls):
-    """``cls.fused_activations`` where the class declaring it also defines (or inherits) the
-    forward that runs; () otherwise. Answered once per class, forward and declaration (the
-    key: a forward or declaration patched onto the class later is a new key), not by an MRO
-    walk on every forward call."""
-    key = (cls, cls.forward, cls.fused_activations)
+def _takes(cls, attr="fused_activations"):
+    """``cls.<attr>`` (``fused_activations`` or ``fused_residual``) where the class declaring
+    it also defines (or inherits) the forward that runs; Module's default (none) otherwise.
+    Answered once per class, forward and declaration (the key: a forward or declaration
+    patched onto the class later is a new key), not by an MRO walk on every forward call."""
+    key = (cls, cls.forward, attr, getattr(cls, attr))
     out = _TAKES.get(key)
     if out is None:
         mro = cls.__mro__
         fwd = next(c for c in mro if "forward" in c.__dict__)
-        decl = next((c for c in mro if "fused_activations" in c.__dict__), None)
-        out = _TAKES[key] = (decl.__dict__["fused_activations"]
-                             if decl is not None and issubclass(decl, fwd) else ())
+        decl = next((c for c in mro if attr in c.__dict__), None)
+        out = _TAKES[key] = (decl.__dict__[attr] if decl is not None and issubclass(decl, fwd)
+                             else Module.__dict__[attr])
     return out

@@ -81,6 +81,9 @@ class Module:
     #: the activations ``forward(x, activation=...)`` fuses (nn.Sequential reads it; a subclass
     #: overriding forward declares it again); none here
     fused_activations: tuple[str, ...] = ()
+    #: whether that forward also takes ``residual=`` (added before the activation:
+    #: nn.norm_relu's one call); the batch-norm layers do
+    fused_residual: bool = False
 
     def __init__(self) -> None:
         object.__setattr__(self, "_parameters", {})

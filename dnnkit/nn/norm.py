@@ -88,6 +88,7 @@ class _BatchNorm(Module):
         return arrays.constant(np.ones(c), pdt), arrays.constant(np.zeros(c), pdt)
 
     fused_activations = ("relu",)       # what forward's activation= takes (nn.Sequential)
+    fused_residual = True               # and residual= (nn.norm_relu)
 
     def forward(self, x: ArrayLike, activation: str | None = None,
                 residual: ArrayLike | None = None) -> Tensor:

@@ -10,9 +10,10 @@ tuple, or Theano's border modes ``"valid"`` (0), ``"full"`` ((k-1)*d) and ``"hal
 ``(I + 2p - d(k-1) - 1) // s + 1``.
 
 Empty dimensions (both backends, PyTorch's rules): N = 0 or K = 0 gives empty outputs; C = 0
-gives y = bias (or 0), a sum over nothing, and empty dx, dw; an empty input padded out to a
-window gives y = bias; a gradient that sums nothing (dw of an empty batch, dx without filters,
-db of an empty dy) is 0; a filter window of 0 taps (w (K, C, 0, 0)) is a ValueError.
+gives y = bias (or 0; with activation="relu", relu of it), a sum over nothing, and empty dx,
+dw; an empty input padded out to a window gives y = bias (likewise); a gradient that sums
+nothing (dw of an empty batch, dx without filters, db of an empty dy) is 0; a filter window of
+0 taps (w (K, C, 0, 0)) is a ValueError.
 
 Backends: Numba (im2col + tiled GEMM, col2im gather for the data gradient; ops/conv_numba.py)
 and cuDNN (cudnnConvolutionForward/BackwardData/BackwardFilter/BackwardBias; cudnn/conv.py;

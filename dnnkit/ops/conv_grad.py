@@ -8,6 +8,7 @@ from .activation import activation_backward
 from .conv import (conv2d, conv2d_backward_data, conv2d_backward_filter, conv3d,
                    conv3d_backward_data, conv3d_backward_filter, conv_backward_bias)
 
+
 def _geometry(g):
     """The recorded call's geometry and options, as the other convolutions take them."""
     return dict(stride=g.stride, padding=g.padding, dilation=g.dilation, groups=g.groups,

@@ -30,8 +30,8 @@ an upstream gradient G of dx's shape:
     d w  = conv_backward_filter(G, dy, w.shape)     (G in the role of the input x, dy of dy)
 
 with the same stride, padding, dilation, groups and mode; the rule is registered beside
-``conv2d_backward_data`` and ``conv3d_backward_data`` (ops/conv.py), so a transposed convolution
-is differentiable wrt x and w. The bias gradient, the sum of dy per channel, is ``add``'s rule
+``conv2d_backward_data`` and ``conv3d_backward_data`` (ops/conv_grad.py), so a transposed
+convolution is differentiable wrt x and w. The bias gradient, the sum of dy per channel, is ``add``'s rule
 (``sum_to``); the zero rows of a large output_padding drop out in ``concatenate``'s (split).
 tests/ops/test_conv_transpose.py checks all three by finite differences in float64.
 """

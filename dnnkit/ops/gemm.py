@@ -143,8 +143,8 @@ def _launch_of(layout, a, b, c, dims, lds, grps, batch, beta, bias, conv, math, 
         epilogue(bias is not None, relu), acc, table, cg)
 
 
-# kernels/common.py's EPILOGUE bits (tests/kernels check they agree): what the forward
-# convolution and GEMM kernels do to a value before its store
+# kernels/common.py's EPILOGUE bits (tests/ops/test_conv_relu.py checks they agree): what the
+# forward convolution and GEMM kernels do to a value before its store
 EPI_BIAS, EPI_RELU = 1, 2
 
 

@@ -237,3 +237,31 @@ def test_conv_layer_takes_activation(rng):
     np.testing.assert_array_equal(y, np.maximum(plain, 0))
     with pytest.raises(ValueError, match="activation"):
         m(x, activation="gelu")
+
+
+@pytest.mark.parametrize("with_residual", [False, True])
+def test_norm_relu_with_a_convolution(rng, with_residual):
+    """A convolution fuses the relu but takes no residual (``fused_residual`` False): norm_relu
+    calls it with the relu alone, and with a residual falls back to the modules' calls."""
+    conv = nn.Conv2d(2, 3, 3, padding=1, seed=3)
+    x = rng.standard_normal((1, 2, 4, 4)).astype(np.float32)
+    z = rng.standard_normal((1, 3, 4, 4)).astype(np.float32) if with_residual else None
+    with dnnkit.trace() as t:
+        y = nn.norm_relu(conv, nn.ReLU(), x, residual=z)
+    want = conv(x).numpy() + (0 if z is None else z)
+    np.testing.assert_allclose(y.numpy(), np.maximum(want, 0), rtol=1e-6, atol=1e-6)
+    assert t.ops() == (["conv2d", "add", "activation"] if with_residual else ["conv2d"])
+
+
+def test_a_subclass_overriding_forward_takes_no_residual():
+    """``fused_residual`` follows the forward that runs, as ``fused_activations`` does."""
+    from dnnkit.nn import containers
+
+    class Plain(nn.BatchNorm2d):
+        fused_activations = ("relu",)
+
+        def forward(self, x, activation=None):
+            return super().forward(x, activation=activation)
+    assert containers._takes(nn.BatchNorm2d, "fused_residual") is True
+    assert containers._takes(Plain, "fused_residual") is False
+    assert containers._takes(nn.Conv2d, "fused_residual") is False

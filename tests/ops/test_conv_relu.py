@@ -18,6 +18,8 @@ ALGOS = {
                  dict(padding=1)),
     "column": (dict(implicit=False, direct=False, winograd=False), (2, 3, 5, 6), (4, 3, 3, 2),
                dict(stride=2, padding=1)),
+    "pointwise": (dict(implicit=False, direct=False, winograd=False), (2, 3, 4, 5),
+                  (4, 3, 1, 1), dict()),
     "split_k": (dict(implicit=False, direct=False, winograd=False, split_k=3), (2, 6, 4, 5),
                 (4, 3, 3, 3), dict(padding=1, groups=2)),
     "direct": (dict(direct=True, winograd=False), (2, 4, 5, 5), (6, 2, 3, 3),
