@@ -157,9 +157,9 @@ def relu_floor(epi, zero):
 
 @inlined
 def clip(v, lo):
-    """max(v, lo) that keeps NaN (a select, as kernels/activation.py's relu): the epilogue's
-    relu with lo = relu_floor(epi, zero) computed once. One select with a loop-invariant
-    operand, not a test of the flag per value: the GEMM's store loops then stay as they are
-    unrolled (a test of the flag in the loop had LLVM duplicate it, and the large tiles'
-    stores no longer unrolled: c_reg went to the stack)."""
+    """max(v, lo) that keeps NaN (a select, as kernels/activation.py's relu): relu with lo = 0,
+    and the epilogues' relu with lo = relu_floor(epi, zero) computed once, one select with a
+    loop-invariant operand rather than a test of the flag per value. (kernels/gemm.py's
+    register-tiled GEMM takes its relu at compile time instead: even this select in its store
+    loop cost the large tiles their unrolled stores.)"""
     return lo if v <= lo else v

@@ -133,11 +133,11 @@ def conv_bias_bwd_kernel(dy, db, n, k, s, acc):
 @cuda.jit(cache=True)
 def conv_partsum_fwd_kernel(ws, out, parts, size, bias, per, k, epi, acc):
     """out[i] = sum_{p < parts} ws[p*size + i] (+ bias[(i // per) % k], then relu, as ``epi``
-    says: kernels/common.py's EPILOGUE): the partial sums of a split GEMM added in a fixed
-    order (deterministic) and cast to out's type. Serves the split-k forward (y with its bias
-    and activation; y flat (n, k, per)) and the split-batch filter gradient (dw, epi = 0). Thread
-    mapping: grid-stride loop, one element per thread, coalesced. Traffic: ws read once, out written
-    once (bias from cache)."""
+    says: kernels/common.py's EPILOGUE): the partial sums of a split GEMM added in a fixed order
+    (deterministic) and cast to out's type. Serves the split-k forward (y with its bias and
+    activation; y flat (n, k, per)) and the split-batch filter gradient (dw, epi = 0). Thread
+    mapping: grid-stride loop, one element per thread, coalesced. Traffic: ws read once, out
+    written once (bias from cache)."""
     zero = acc[0]
     lo = relu_floor(epi, zero)
     for i in range(cuda.grid(1), size, cuda.gridsize(1)):

@@ -52,14 +52,14 @@ def _images(q, groups, n_, per_image):
 
 
 def conv_depthwise_fwd_kernel(x, w, y, bias, geo, n_, mult, epi, acc):
-    """y[n, k, o] = sum over taps of x[n, k // mult, o*stride - pad + tap'*dil] w[k, tap]
-    (+ bias[k]), then relu, as ``epi`` says (kernels/common.py's EPILOGUE); tap' the tap
-    reversed in every axis for a true convolution (flip): the flat tap index T*R*S - 1 - tap. Thread
-    mapping: x threads walk the output plane's OD*OH*OW positions (grid-stride), each decoding its
-    position and the in-bounds tap range of every axis once; the grid's y the (image group, filter)
-    pairs, DW_IMAGES images a thread (grid-stride). Consecutive threads on consecutive outputs:
-    coalesced stores and loads (stride 1). Traffic: x read about once (the taps' overlap from
-    cache), y written once, w from cache."""
+    """y[n, k, o] = sum over taps of x[n, k // mult, o*stride - pad + tap'*dil] w[k, tap] (+
+    bias[k]), then relu, as ``epi`` says (kernels/common.py's EPILOGUE); tap' the tap reversed
+    in every axis for a true convolution (flip): the flat tap index T*R*S - 1 - tap. Thread
+    mapping: x threads walk the output plane's OD*OH*OW positions (grid-stride), each decoding
+    its position and the in-bounds tap range of every axis once; the grid's y the (image group,
+    filter) pairs, DW_IMAGES images a thread (grid-stride). Consecutive threads on consecutive
+    outputs: coalesced stores and loads (stride 1). Traffic: x read about once (the taps'
+    overlap from cache), y written once, w from cache."""
     c_, d_, h_, w_, t_, r_, s_, od_, oh_, ow_, sd, sh, sw, pd, ph, pw, dd, dh, dw, flip = geo
     zero = acc[0]
     lo = relu_floor(epi, zero)
@@ -279,8 +279,8 @@ def _store4(out, e, step, cv, v0, v1, v2, v3):
 
 @inlined
 def _store(out, at, image, step, nv, cv, s, add0, add1, add2, add3, lo):
-    """The tile's sums s (+ add, then clipped at ``lo``: relu_floor) into out: image i, item j at
-    at + i*image + j*step, for the nv images and cv items that exist (unrolled: a tuple
+    """The tile's sums s (+ add, then clipped at ``lo``: relu_floor) into out: image i, item
+    j at at + i*image + j*step, for the nv images and cv items that exist (unrolled: a tuple
     indexed by a loop variable would go through local memory)."""
     _store4(out, at, step, cv, clip(s[0] + add0, lo), clip(s[1] + add1, lo),
             clip(s[2] + add2, lo), clip(s[3] + add3, lo))

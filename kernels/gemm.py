@@ -60,7 +60,7 @@ from numba import cuda, int64, uint64
 from numba.core.types import float16
 
 from .bounds import bounded_jit, inlined
-from .common import EPI_BIAS
+from .common import EPI_BIAS, clip
 # the tiles, re-exported: the ops read them from here
 from .gemm_tiles import (BK, CONFIGS, SMEM_ALIGN, TC_PREFIXES, config_options, pad,  # noqa: F401
                          shared_bytes, tc_mode)
@@ -410,8 +410,7 @@ def gemm_kernel(ta, tb, wm, wn, tx, ty, min_blocks=1, implicit=False, bk=BK, tc=
                 gi = min(i1 + (i // hm) * sm + (i % hm) * um, m - 1)   # (rows past m unused)
                 add = bias[gi + boff] + zero if epi & EPI_BIAS else zero
                 for j in range(wn):
-                    v = c_reg[i, j] + add
-                    c_reg[i, j] = zero if v <= zero else v
+                    c_reg[i, j] = clip(c_reg[i, j] + add, zero)
         for i in range(wm):
             gi = i1 + (i // hm) * sm + (i % hm) * um
             if gi < m:

@@ -344,3 +344,20 @@ def _activation_grad(g, dy):
                                          stream=g.stream)}
     return {"x": activation_backward(g.x, g.out, dy, g.mode, g.coef, backend=g.backend,
                                      stream=g.stream)}
+
+
+# ---------------------------------------------------------------- fused activations
+
+def fused_reads(args):
+    """``reads_out`` of the gradient rule of an op with a fused ``activation=`` (the
+    convolutions, linear): y when one was fused (its slope), else no output."""
+    return (0,) if args.get("activation") else ()
+
+
+def through_fused(g, dy):
+    """dy through the recorded call's fused activation, its slope read from the op's output y
+    (relu's is the same from y as from its input), or dy when none was fused."""
+    if g.activation is None:
+        return dy
+    return activation_backward(g.out, g.out, dy, g.activation, backend=g.backend,
+                               stream=g.stream)

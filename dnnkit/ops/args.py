@@ -36,6 +36,18 @@ def choice(op, name, value, allowed, *, also=()):
     raise ValueError(f"{op}: {name} must be one of {shown}; got {value!r}")
 
 
+# The activations an op fuses after its own result (``activation=``: None or one of these):
+# batch norm, the convolutions, linear.
+FUSED_ACTIVATIONS = ("relu",)
+
+
+def fused_activation(op, activation):
+    """None, or ``activation`` when it is one of FUSED_ACTIVATIONS (ValueError naming the op
+    and the value otherwise)."""
+    return None if activation is None else choice(op, "activation", activation,
+                                                  FUSED_ACTIVATIONS)
+
+
 def shape_tuple(op, name, shape, rank):
     """``shape`` (a sequence of ``rank`` ints >= 0: ints or NumPy integers, not bools, floats
     or strings) as a tuple of ints; TypeError / ValueError naming the op, the argument and the

@@ -48,11 +48,10 @@ from ..dispatch import public_op
 from ..hints import ArrayLike, Backend, OpOutput, Stream
 from ..registry import register
 from . import inplace
-from .args import choice
+from .args import choice, fused_activation
 from .batchnorm_numba import ncs
 
 MODES = ("spatial", "per-activation")
-ACTIVATIONS = ("relu",)     # activation=: None or one of these
 CUDNN_MIN_EPSILON = 1e-5
 
 
@@ -114,10 +113,6 @@ def _check(op, mode, epsilon):
         raise ValueError(f"{op}: epsilon must be positive and finite (it keeps 1/sqrt(var + "
                          f"epsilon) finite for a constant channel); got {epsilon!r}")
     return eps
-
-
-def _activation(op, activation):
-    return None if activation is None else choice(op, "activation", activation, ACTIVATIONS)
 
 
 def _residual(op, z, x, stream):
@@ -192,7 +187,7 @@ def _train_args(x: ArrayLike, gamma: ArrayLike, beta: ArrayLike, *, mode: str = 
                 residual: ArrayLike | None = None) -> BatchNormTrainArgs:
     op = "batch_norm_train"
     eps = _check(op, mode, epsilon)
-    act = _activation(op, activation)
+    act = fused_activation(op, activation)
     mom = _check_momentum(op, momentum)
     s = arrays.as_stream(stream)
     x = _x(op, x, s)
@@ -282,7 +277,7 @@ def batch_norm_inference(x: ArrayLike, gamma: ArrayLike, beta: ArrayLike, mean: 
     wrong dtype."""
     op = "batch_norm_inference"
     eps = _check(op, mode, epsilon)
-    act = _activation(op, activation)
+    act = fused_activation(op, activation)
     s = arrays.as_stream(stream)
     x = _x(op, x, s)
     p = [_param(op, name, a, x, mode, s) for name, a in
@@ -317,7 +312,7 @@ def batch_norm_backward(x: ArrayLike, dy: ArrayLike, gamma: ArrayLike, saved_mea
     shape, an activation without y or an empty batch; TypeError for arrays of the wrong dtype."""
     op = "batch_norm_backward"
     eps = _check(op, mode, epsilon)
-    act = _activation(op, activation)
+    act = fused_activation(op, activation)
     s = arrays.as_stream(stream)
     x = _x(op, x, s)
     dy = arrays.device_input(op, "dy", dy, s)

@@ -13,7 +13,7 @@ import numpy as np
 
 from .. import arrays, config, device
 from ..geometry import ConvGeom
-from .args import choice, int_tuple, shape_tuple
+from .args import choice, fused_activation, int_tuple, shape_tuple
 
 
 class ConvForwardArgs(typing.NamedTuple):
@@ -24,11 +24,7 @@ class ConvForwardArgs(typing.NamedTuple):
     geom: ConvGeom
     opts: dict
     stream: object
-    activation: object = None     # None or one of ACTIVATIONS, applied after the bias
-
-
-# activation=: None or one of these (fused into the forward convolution)
-ACTIVATIONS = ("relu",)
+    activation: object = None     # None or one of args.FUSED_ACTIVATIONS, after the bias
 
 
 class ConvBackwardDataArgs(typing.NamedTuple):
@@ -244,7 +240,7 @@ def forward_args(op, nd, x, w, bias, stride, padding, dilation, groups, mode, al
         if bias.shape[0] != w.shape[0] or bias.dtype != x.dtype:
             raise ValueError(f"{op}: bias must be ({w.shape[0]},) {x.dtype}; got "
                              f"{tuple(bias.shape)} {bias.dtype}")
-    act = None if activation is None else choice(op, "activation", activation, ACTIVATIONS)
+    act = fused_activation(op, activation)
     return ConvForwardArgs(x, w, bias, geom, resolve_opts(op, "fwd", x.dtype, algo, precision),
                            s, act)
 

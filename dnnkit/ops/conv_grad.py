@@ -4,7 +4,7 @@ the transposed convolutions of ops/conv_transpose.py differentiate through these
 Registered on import (ops/__init__.py)."""
 
 from ..autograd import gradient
-from .activation import activation_backward
+from .activation import fused_reads, through_fused
 from .conv import (conv2d, conv2d_backward_data, conv2d_backward_filter, conv3d,
                    conv3d_backward_data, conv3d_backward_filter, conv_backward_bias)
 
@@ -21,11 +21,7 @@ def _conv_grad(backward_data, backward_filter):
     fused relu first takes dy through its slope from y (activation_backward with x = y: relu's
     slope is the same read from its output)."""
     def rule(g, dy):
-        kw = _geometry(g)
-        grads = {}
-        if g.activation is not None:
-            y = g.out
-            dy = activation_backward(y, y, dy, g.activation, backend=g.backend, stream=g.stream)
+        kw, grads, dy = _geometry(g), {}, through_fused(g, dy)
         if g.needs("x"):
             grads["x"] = backward_data(dy, g.w, tuple(g.x.shape), **kw)
         if g.needs("w"):
@@ -36,13 +32,10 @@ def _conv_grad(backward_data, backward_filter):
     return rule
 
 
-def _reads(args):
-    """The outputs the forward's rule reads: y when a relu was fused (its slope), else none."""
-    return (0,) if args.get("activation") else ()
-
-
-gradient("conv2d", reads_out=_reads)(_conv_grad(conv2d_backward_data, conv2d_backward_filter))
-gradient("conv3d", reads_out=_reads)(_conv_grad(conv3d_backward_data, conv3d_backward_filter))
+gradient("conv2d", reads_out=fused_reads)(_conv_grad(conv2d_backward_data,
+                                                     conv2d_backward_filter))
+gradient("conv3d", reads_out=fused_reads)(_conv_grad(conv3d_backward_data,
+                                                     conv3d_backward_filter))
 
 
 def _backward_data_grad(forward, backward_filter):

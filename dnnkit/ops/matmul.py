@@ -53,8 +53,8 @@ from ..hints import ArrayLike, Backend, Stream
 from ..registry import NoCudnnCall, register
 from ..tracing import note_algo
 from . import gemm, gemm_split, split
-from .activation import activation_backward
-from .args import choice
+from .activation import fused_reads, through_fused
+from .args import fused_activation
 from .conv import conv_backward_bias
 
 _TOL = {"float16": (1e-2, 1e-3), "float32": (1e-4, 1e-6), "float64": (1e-11, 1e-13)}
@@ -201,7 +201,7 @@ def linear(x: ArrayLike, weight: ArrayLike, bias: ArrayLike | None = None, *,
         if bias.shape[0] != out_f:
             raise ValueError(f"{op}: bias has shape {tuple(bias.shape)} but weight "
                              f"{tuple(weight.shape)} gives {out_f} output features")
-    act = None if activation is None else choice(op, "activation", activation, ("relu",))
+    act = fused_activation(op, activation)
     return LinearArgs(x, weight, bias, LinearGeom(math.prod(xs[:-1]), in_f, out_f,
                                                   xs[:-1] + (out_f,)), s, act)
 
@@ -368,17 +368,9 @@ def _matmul_grad(g, dy):
     return out
 
 
-def _linear_reads(args):
-    """The outputs linear's rule reads: y when a relu was fused (its slope), else none."""
-    return (0,) if args.get("activation") else ()
-
-
-@gradient("linear", reads_out=_linear_reads)
+@gradient("linear", reads_out=fused_reads)
 def _linear_grad(g, dy):
-    x, w, bias = g.x, g.weight, g.bias
-    if g.activation is not None:      # dy through relu's slope, read from y
-        dy = activation_backward(g.out, g.out, dy, g.activation, backend=g.backend,
-                                 stream=g.stream)
+    x, w, bias, dy = g.x, g.weight, g.bias, through_fused(g, dy)
     rows, out_f = math.prod(tuple(x.shape)[:-1]), w.shape[0]
     kw = dict(backend=g.backend, stream=g.stream)
     dy2 = arrays.reshaped(dy, (rows, out_f))
