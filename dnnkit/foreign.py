@@ -111,14 +111,15 @@ def call(run, args, kw, backend):
         d["stream"] = d["key"] = None
 
 
-def torch_view(t, stream):
+def torch_view(t, stream, owned=True):
     """A Numba view of CUDA ``torch.Tensor`` ``t`` for an op on raw stream ``stream``, ordered
     after the tensor's producer (PyTorch's current stream of its device) where that differs:
     :func:`as_array`'s answer for one PyTorch tensor without its general dispatch (dnnkit.torch
     views several hundred tensors a training step, on PyTorch's current stream). ``t`` may
     require grad: the view only reads its memory (an autograd.Function's inputs need no
-    detached copy)."""
-    v, producer = _torch(t, stream, {}, True)
+    detached copy). ``owned=False``: the view does not hold ``t`` (for a view kept on ``t``
+    itself, which must not make a reference cycle; whoever uses it holds ``t``)."""
+    v, producer = _torch(t, stream, {}, True, owned)
     if producer is not None and producer != stream:
         device.stream_wait(stream, producer)
     return v
@@ -168,7 +169,7 @@ def torch_stream(dev):
     return int(torch.cuda.current_stream(dev).cuda_stream)
 
 
-def _torch(a, consumer, waited, grad_ok=False):
+def _torch(a, consumer, waited, grad_ok=False, owned=True):
     dev = a.get_device()
     if dev < 0:
         return np.asarray(a), None       # a CPU tensor: a host input (NumPy's view of it)
@@ -180,14 +181,17 @@ def _torch(a, consumer, waited, grad_ok=False):
     if t is None:
         dt = (_torch_dtypes or _torch_dtype_table()).get(a.dtype)
         if dt is None:      # bfloat16 and the like: PyTorch's interface gives its answer
-            return _cai(a.detach() if a.requires_grad else a, consumer, waited)
+            v, producer = _cai(a.detach() if a.requires_grad else a, consumer, waited)
+            if not owned:
+                v.gpu_data.__dict__["_owner"] = None
+            return v, producer
         isz = dt.itemsize
         t = _template(key, a.data_ptr(), tuple(a.shape), tuple(s * isz for s in a.stride()),
                       dt, dev)
     producer = waited.get(("torch", dev))
     if producer is None:
         producer = waited[("torch", dev)] = torch_stream(dev)
-    return _view(t, a), producer
+    return _view(t, a if owned else None), producer
 
 
 def _torch_dtype_table():

@@ -25,7 +25,7 @@ import torch
 from .. import ops
 
 from . import bridge
-from .bridge import keep, kept, op_backend, pooled, stream_of, tensor, view
+from .bridge import held, keep, kept, op_backend, pooled, stream_of, tensor, view
 
 try:        # the custom operators, what torch.compile traces (PyTorch >= 2.4)
     from . import library_norm
@@ -62,7 +62,7 @@ class BatchNormTrain(torch.autograd.Function):
         rm = rv = None
         if running_mean is not None:
             # views of PyTorch's buffers: the op writes the updated statistics into them
-            rm, rv = view(running_mean, s), view(running_var, s)
+            rm, rv = held(running_mean, s), held(running_var, s)
         xv = view(x, s)
         y, mean, invstd = ops.batch_norm_train(xv, g, be, epsilon=eps, momentum=momentum,
                                                   running_mean=rm, running_var=rv, backend=b,
@@ -100,8 +100,8 @@ class BatchNormEval(torch.autograd.Function):
         s = stream_of(x)
         b = op_backend(backend)
         g, be = _gamma_beta(x, weight, bias, s)
-        y = ops.batch_norm_inference(view(x, s), g, be, view(running_mean, s),
-                                        view(running_var, s), epsilon=eps, backend=b, stream=s)
+        y = ops.batch_norm_inference(view(x, s), g, be, held(running_mean, s),
+                                        held(running_var, s), epsilon=eps, backend=b, stream=s)
         ctx.save_for_backward(x, weight, running_mean, running_var)
         ctx.eps, ctx.backend, ctx.g = eps, b, g
         return tensor(y, x)
