@@ -207,6 +207,19 @@ def profile(torch, name, batch, steps=20):
     return 0
 
 
+def cuda_torch(tool):
+    """PyTorch set up as the benches compare (TF32 off; cuDNN's heuristics choose the
+    algorithms on both sides, as dnnkit's dnn.benchmark is off by default: the same kernels,
+    as train_bench compares), or None (said on stderr) without a CUDA GPU."""
+    import torch
+    if not torch.cuda.is_available():
+        print(f"{tool}: needs PyTorch with a CUDA GPU", file=sys.stderr)
+        return None
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.benchmark = False
+    return torch
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="few rounds (a smoke run)")
@@ -216,14 +229,9 @@ def main(argv=None):
                     help="instead of timing: cProfile 20 steps of this variant at the first "
                     "batch size (the host path; read its shares, not its milliseconds)")
     args = ap.parse_args(argv)
-    import torch
-    if not torch.cuda.is_available():
-        print("torch_bench: needs PyTorch with a CUDA GPU", file=sys.stderr)
+    torch = cuda_torch("torch_bench")
+    if torch is None:
         return 2
-    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
-    # cuDNN's heuristics choose the algorithms on both sides (dnnkit's dnn.benchmark is off by
-    # default): the same kernels, as train_bench compares
-    torch.backends.cudnn.benchmark = False
     warm, rounds, per_round = (3, 3, 5) if args.quick else (10, 15, 20)
     gpu = torch.cuda.get_device_name()
     if args.profile:
