@@ -13,7 +13,8 @@ synchronises the host with the producer's stream. Here a view is made from a tem
 itself (``data_ptr()``, ``shape``, ``stride()``, ``dtype``: C calls) instead of through its
 ``__cuda_array_interface__`` property, which is written in Python. Each call gets its own view
 object holding the foreign array: the memory stays alive as long as the view, or an output view
-or an autograd node made from it, does.
+or an autograd node made from it, does (dnnkit.torch's views kept from call to call are the
+one exception: ``torch_view(owned=False)``).
 
 Streams (docs/interop.md). The op runs on ``stream=`` when it is given, else on this thread's
 current stream (``dnnkit.stream``), else -- when a PyTorch tensor is among the arguments -- on
@@ -117,8 +118,8 @@ def torch_view(t, stream, owned=True):
     :func:`as_array`'s answer for one PyTorch tensor without its general dispatch (dnnkit.torch
     views several hundred tensors a training step, on PyTorch's current stream). ``t`` may
     require grad: the view only reads its memory (an autograd.Function's inputs need no
-    detached copy). ``owned=False``: the view does not hold ``t`` (for a view kept on ``t``
-    itself, which must not make a reference cycle; whoever uses it holds ``t``)."""
+    detached copy). ``owned=False``: the view does not hold ``t`` (dnnkit.torch's views kept
+    from call to call, bridge.held: whoever uses one holds ``t``)."""
     v, producer = _torch(t, stream, {}, True, owned)
     if producer is not None and producer != stream:
         device.stream_wait(stream, producer)

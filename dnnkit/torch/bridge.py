@@ -1,7 +1,8 @@
 """PyTorch tensors in and out of dnnkit's ops: views, streams, the backend name.
 
 In: a CUDA ``torch.Tensor`` becomes a Numba view of the same memory (dnnkit/foreign.py: a
-template per buffer, ~1 us, the view holding the tensor alive); the op runs on PyTorch's
+template per buffer, ~1 us, the view holding the tensor alive, except the kept views of
+parameters and statistics below); the op runs on PyTorch's
 current stream of that device, passed as ``stream=`` (a raw handle read by one C call), so the
 work is ordered with PyTorch's own kernels and nothing waits. Tensors are made contiguous (a
 no-op when they are); one that requires grad is viewed as it is (the view reads its memory).
@@ -81,7 +82,7 @@ def stream_of(t):
 def view(t, stream):
     """Tensor ``t`` (or None) as an op argument: a Numba view of its memory ordered on
     ``stream``, or on the simulator a NumPy view of the CPU tensor. A ``Parameter``'s view is
-    kept on it (:func:`held`)."""
+    kept from call to call (:func:`held`)."""
     if t is None:
         return None
     if type(t) is _Parameter and stream is not None:
@@ -113,13 +114,17 @@ def held(t, stream):
     step -- kept for the next call on ``stream`` while the tensor lives and keeps its
     address, shape and strides (a parameter replaced through ``.data`` or resized gets a new
     view). The kept view does not hold the tensor (the tensor would then never die, or with
-    the view kept on it, only when the garbage collector runs); every op call that reads it
-    holds the tensor itself. A new view cost 3.8 us in a loop on an NVIDIA H200 host (8 in a
+    the view kept on it, only when the garbage collector runs): an op call that reads it holds
+    the tensor itself, and a Function that keeps it for its backward keeps the tensor beside
+    it (saved-tensor hooks may hand the backward a copy instead of the tensor). A new view cost 3.8 us in a loop on an NVIDIA H200 host (8 in a
     training step), a kept one is a dict lookup and a key (0.6 us on the CI machine); a
     converted ResNet-18 views ~100 parameters and statistics a step."""
     if stream is None or t is None:      # (the simulator: NumPy views, nothing kept)
         return view(t, stream)
-    key = (stream, t.data_ptr(), t.shape, t.stride())
+    # (the strides count elements, and .half() or .to() of a module swaps its parameters'
+    # memory, which PyTorch's allocator can hand back at the same address: the dtype is part
+    # of the key; raw stream 0 names every device's legacy stream: so is the device)
+    key = (stream, t.data_ptr(), t.shape, t.stride(), t.dtype, t.get_device())
     i = id(t)
     e = _HELD.get(i)
     if e is not None and e[1] == key and e[0]() is t:
@@ -230,12 +235,17 @@ try:
 except ImportError:     # a PyTorch without them: every call takes fn.apply
     _c_apply = None
 _applies = {}           # Function class -> its C apply, or None (then fn.apply)
+# PyTorch's Python apply as imported: a class that overrides it, or a patched one (an
+# instrumented torch.autograd.Function.apply), takes fn.apply
+_function_dict = torch.autograd.Function.__dict__
+_python_apply = _function_dict["apply"]
 
 
 def _apply_of(fn):
     ap = None
     if _c_apply is not None and _transforms_active is not None and \
-            fn.setup_context is torch.autograd.Function.setup_context:
+            fn.setup_context is torch.autograd.Function.setup_context and \
+            getattr(fn.apply, "__func__", None) is _python_apply.__func__:
         ap = _c_apply.__get__(None, fn)
     _applies[fn] = ap
     return ap
@@ -250,7 +260,7 @@ def function(fn, *args):
     ap = _applies.get(fn, 0)
     if ap == 0:
         ap = _apply_of(fn)
-    if ap is None or _transforms_active():
+    if ap is None or _transforms_active() or _function_dict["apply"] is not _python_apply:
         return fn.apply(*args)
     return ap(*[_unwrap_if_dead(a) if isinstance(a, _Tensor) else a for a in args])
 

@@ -69,7 +69,7 @@ class BatchNormTrain(torch.autograd.Function):
                                                   stream=s)
         ctx.save_for_backward(x, weight)
         keep(ctx, s, (xv,), (x,))
-        ctx.saved = (mean, invstd, g)
+        ctx.saved = (mean, invstd, g, weight)   # g may be weight's kept view: not holding it
         ctx.eps, ctx.backend = eps, b
         return tensor(y, x)
 
@@ -77,7 +77,7 @@ class BatchNormTrain(torch.autograd.Function):
     @pooled
     def backward(ctx, dy):
         x, weight = ctx.saved_tensors
-        mean, invstd, g = ctx.saved
+        mean, invstd, g, _ = ctx.saved
         s = stream_of(dy)
         (xv,) = kept(ctx, s, x)
         dx, dgamma, dbeta = ops.batch_norm_backward(xv, view(dy, s), g, mean,
@@ -103,7 +103,7 @@ class BatchNormEval(torch.autograd.Function):
         y = ops.batch_norm_inference(view(x, s), g, be, held(running_mean, s),
                                         held(running_var, s), epsilon=eps, backend=b, stream=s)
         ctx.save_for_backward(x, weight, running_mean, running_var)
-        ctx.eps, ctx.backend, ctx.g = eps, b, g
+        ctx.eps, ctx.backend, ctx.g = eps, b, (g, weight)      # (as BatchNormTrain's)
         return tensor(y, x)
 
     @staticmethod
@@ -124,7 +124,7 @@ class BatchNormEval(torch.autograd.Function):
         g, xv = view(dy, s), view(x, s)
         dx = dgamma = dbeta = None
         if ctx.needs_input_grad[0]:
-            scale = ops.multiply(r, ops.reshape(ctx.g, bshape, **kw), **kw)
+            scale = ops.multiply(r, ops.reshape(ctx.g[0], bshape, **kw), **kw)
             dx = tensor(ops.multiply(g, scale, **kw), x)
         if weight is not None and ctx.needs_input_grad[1]:
             xhat = ops.multiply(ops.subtract(xv, ops.reshape(view(rm, s), bshape,

@@ -44,7 +44,12 @@ def test_a_parameter_is_viewed_once_per_stream_and_address(made):
     assert v3 is not v2 and len(made) == 3
     with torch.no_grad():
         p.data = p.data.reshape(3, 4)                       # same memory, new shape
-    assert bridge.view(p, S2) is not v3 and len(made) == 4
+    v4 = bridge.view(p, S2)
+    assert v4 is not v3 and len(made) == 4
+    q = torch.nn.Parameter(torch.ones(4), requires_grad=False)
+    w = bridge.view(q, S)
+    q.data = q.data.view(torch.int32)       # same memory, shape and strides, another dtype
+    assert bridge.view(q, S) is not w and len(made) == 6
 
 
 def test_plain_tensors_are_viewed_each_call_unless_held(made):
@@ -114,3 +119,62 @@ def test_function_takes_the_c_apply_where_the_python_one_adds_nothing():
     # a Function with setup_context (functorch-ready) keeps PyTorch's apply
     z = bridge.function(_WithSetup, torch.ones(2, requires_grad=True))
     assert bridge._applies[_WithSetup] is None and torch.equal(z.detach(), torch.full((2,), 2.))
+
+
+class _OwnApply(torch.autograd.Function):
+    calls = 0
+
+    @staticmethod
+    def forward(ctx, x):
+        return x * 3
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 3
+
+    @classmethod
+    def apply(cls, *args):
+        cls.calls += 1
+        return super().apply(*args)
+
+
+def test_an_overridden_or_patched_apply_is_called(monkeypatch):
+    x = torch.ones(2, requires_grad=True)
+    bridge.function(_OwnApply, x)
+    assert _OwnApply.calls == 1 and bridge._applies[_OwnApply] is None
+    seen = []
+    py_apply = torch.autograd.Function.apply.__func__
+
+    def patched(cls, *args, **kw):
+        seen.append(cls)
+        return py_apply(cls, *args, **kw)
+    monkeypatch.setattr(torch.autograd.Function, "apply", classmethod(patched))
+    bridge.function(Conv, torch.randn(1, 2, 4, 4, dtype=torch.float64, device=DEVICE),
+                    torch.randn(3, 2, 3, 3, dtype=torch.float64, device=DEVICE), None, 2,
+                    (1, 1), (1, 1), (1, 1), 1, "numba")
+    assert seen == [Conv]
+
+
+def test_pytorchs_python_apply_does_what_bridge_function_repeats():
+    """A canary: bridge.function stands in for torch.autograd.Function.apply's Python body
+    (setup_context's default arguments, the functorch check, dead wrappers unwrapped). A
+    PyTorch whose apply reads other names may do more: read it and update bridge.function."""
+    code = torch.autograd.Function.apply.__func__.__code__
+    assert set(code.co_names) <= {
+        "_is_setup_context_defined", "setup_context", "forward", "torch", "_C",
+        "_are_functorch_transforms_active", "_functorch", "utils", "unwrap_dead_wrappers",
+        "super", "apply", "RuntimeError", "custom_function_call"}, code.co_names
+
+
+def test_batch_norm_keeps_its_weight_beside_the_view_it_keeps_for_the_backward():
+    """The scale's view may be a kept one, which does not hold the weight; saved-tensor hooks
+    may hand the backward a copy instead of the weight: the Function holds it."""
+    import dnnkit.torch as dt
+    m = torch.nn.BatchNorm2d(3).to(DEVICE, torch.float64)
+    dt.convert(m, "numba")
+    x = torch.randn(2, 3, 2, 2, dtype=torch.float64, device=DEVICE, requires_grad=True)
+    y = m(x)
+    assert y.grad_fn.saved[3] is m.weight
+    m.eval()
+    y = m(x)
+    assert y.grad_fn.g[1] is m.weight
