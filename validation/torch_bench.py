@@ -10,7 +10,9 @@ cudnn.benchmark off, as dnnkit's dnn.benchmark by default: the same kernels); a 
 forward, cross-entropy, backward and SGD with momentum 0.9 (PyTorch's optimizer in every
 variant: only the layers differ). Variants:
 ``torch`` (unconverted, PyTorch's cuDNN), ``dnnkit-cudnn`` and ``dnnkit-numba`` (deep copies
-converted to that backend), and for reference the step captured as a CUDA graph and replayed,
+converted to that backend), ``dnnkit-cudnn-fused`` and ``dnnkit-numba-fused`` (converted, then
+``dnnkit.torch.fuse``: each batch norm with its relu and residual add in one call), and for
+reference the step captured as a CUDA graph and replayed,
 ``torch+graph`` (``torch.cuda.graph``) and ``dnnkit-cudnn+graph`` (``dnnkit.torch.graph``).
 First a check: the loss of the first step of each converted copy against PyTorch's, and of
 each graph's first replay against PyTorch's eager step at that point (1e-3 relative). Then
@@ -33,8 +35,9 @@ import sys
 import time
 import traceback
 
-VARIANTS = ("torch", "dnnkit-cudnn", "dnnkit-numba")
-TARGETS = {"dnnkit-cudnn": 1.1, "dnnkit-numba": 1.5}
+VARIANTS = ("torch", "dnnkit-cudnn", "dnnkit-numba", "dnnkit-cudnn-fused", "dnnkit-numba-fused")
+TARGETS = {"dnnkit-cudnn": 1.1, "dnnkit-numba": 1.5, "dnnkit-cudnn-fused": 1.1,
+           "dnnkit-numba-fused": 1.5}
 # whole steps captured with torch.cuda.graph (dnnkit.torch.graph for the converted model) after
 # WARM_STEPS eager steps on a side stream, replayed: PyTorch's own and the cuDNN-converted one
 GRAPHED = ("torch+graph", "dnnkit-cudnn+graph")
@@ -73,6 +76,8 @@ def variants(torch, batch):
             report = dt.convert(m, name.split("-")[1])
             if report.skipped:
                 raise RuntimeError(f"{name}: layers left to PyTorch:\n{report}")
+            if name.endswith("-fused"):
+                m = dt.fuse(m)        # (a GraphModule of the same modules and Parameters)
         out[name] = trainer(torch, m)
     return out, x, y
 

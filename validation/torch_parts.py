@@ -1,6 +1,6 @@
 """Where a converted model's training step spends the host's time, part by part.
 
-    python -m validation.torch_parts [--backend cudnn|numba] [--batch 32] [--steps 40]
+    python -m validation.torch_parts [--backend cudnn|numba] [--batch 32] [--steps 40] [--fuse]
 
 torch_bench's ResNet-18 (CIFAR, PyTorch's loss and SGD), converted to dnnkit, is run for a few
 warm-up steps and then ``--steps`` steps without a host wait, with perf_counter stamps summed
@@ -193,6 +193,8 @@ def main(argv=None):
     ap.add_argument("--backend", default="cudnn", choices=("auto", "cudnn", "numba"))
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--fuse", action="store_true",
+                    help="the converted model through dnnkit.torch.fuse")
     args = ap.parse_args(argv)
     from validation.torch_bench import build, cuda_torch
     torch = cuda_torch("torch_parts")
@@ -201,12 +203,14 @@ def main(argv=None):
     import dnnkit.torch as dt
     model, x, y = build(torch, args.batch)
     dt.convert(model, args.backend)
+    if args.fuse:
+        model = dt.fuse(model)
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     parts, plain, stamped = measure(torch, model, torch.nn.CrossEntropyLoss(), opt, x, y,
                                     args.steps, sync=torch.cuda.synchronize)
     gpu = torch.cuda.get_device_name()
-    print(table(f"dnnkit.torch ResNet-18 b{args.batch} {args.backend}, {gpu}: host time by "
-                f"part", parts))
+    print(table(f"dnnkit.torch ResNet-18 b{args.batch} {args.backend}"
+                f"{' fused' if args.fuse else ''}, {gpu}: host time by part", parts))
     print(f"\nhost ms a step: {plain:.3f} without the stamps, {stamped:.3f} with them")
     return 0
 

@@ -10,6 +10,8 @@
 - ``compare(model, *inputs, loss_fn=None, ...)``: PyTorch's kernels against dnnkit's, layer by
   layer (dnnkit/torch/compare.py);
 - ``graph(cuda_graph)``: ``torch.cuda.graph`` for a converted model (dnnkit/torch/graph.py);
+- ``fuse(model)``: a converted model's batch norms with the relu and residual add after them
+  in one call each, as a ``torch.fx.GraphModule`` (dnnkit/torch/fuse.py);
 - the differentiable functions: ``conv``-family ``torch.autograd.Function`` classes
   (functions.py, functions_norm.py, functions_rnn.py) and ``activation``, ``softmax``,
   ``log_softmax``, ``dropout``, ``affine_grid``, ``grid_sample``, ``spatial_transformer``.
@@ -34,6 +36,7 @@ from .functions import (AffineGrid, Conv, ConvTranspose, GridSample, Linear,  # 
 from .functions_norm import (Activation, BatchNormEval, BatchNormTrain, Dropout,  # noqa: E402
                              Softmax, activation, dropout, log_softmax, softmax)
 from .functions_rnn import RNN  # noqa: E402
+from .fuse import fuse  # noqa: E402
 from .graph import graph  # noqa: E402
 
 TORCH_VERSION = torch.__version__      # the PyTorch this package runs with
@@ -41,4 +44,5 @@ TORCH_VERSION = torch.__version__      # the PyTorch this package runs with
 __all__ = ["Activation", "AffineGrid", "BatchNormEval", "BatchNormTrain", "Comparison", "Conv",
            "ConvTranspose", "Dropout", "GridSample", "Linear", "Pool", "RNN", "Report",
            "Softmax", "activation", "affine_grid", "compare", "convert", "converted",
-           "dropout", "graph", "grid_sample", "log_softmax", "softmax", "spatial_transformer"]
+           "dropout", "fuse", "graph", "grid_sample", "log_softmax", "softmax",
+           "spatial_transformer"]

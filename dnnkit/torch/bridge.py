@@ -116,9 +116,10 @@ def held(t, stream):
     view). The kept view does not hold the tensor (the tensor would then never die, or with
     the view kept on it, only when the garbage collector runs): an op call that reads it holds
     the tensor itself, and a Function that keeps it for its backward keeps the tensor beside
-    it (saved-tensor hooks may hand the backward a copy instead of the tensor). A new view cost 3.8 us in a loop on an NVIDIA H200 host (8 in a
-    training step), a kept one is a dict lookup and a key (0.6 us on the CI machine); a
-    converted ResNet-18 views ~100 parameters and statistics a step."""
+    it (saved-tensor hooks may hand the backward a copy instead of the tensor). A new view
+    cost 3.8 us in a loop on an NVIDIA H200 host (8 in a training step), a kept one is a dict
+    lookup and a key (0.6 us on the CI machine); a converted ResNet-18 views ~100 parameters
+    and statistics a step."""
     if stream is None or t is None:      # (the simulator: NumPy views, nothing kept)
         return view(t, stream)
     # (the strides count elements, and .half() or .to() of a module swaps its parameters'

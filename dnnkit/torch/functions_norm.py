@@ -49,13 +49,36 @@ def _gamma_beta(x, weight, bias, s):
     return g, b
 
 
+def _fused(residual, activation, s):
+    """The fused-tail keywords of the batch-norm ops (none for a plain call: the memo's
+    signature stays the plain call's)."""
+    if residual is None and activation is None:
+        return {}
+    return dict(activation=activation, residual=view(residual, s))
+
+
+def _save(ctx, s, x, weight, xv, y, out, activation, *more):
+    """What a batch-norm Function's backward reads: saved x, weight, with a fused relu the
+    output (its sign is relu's slope; else None) and ``more``; kept x's view (and the
+    output's array)."""
+    if activation is None:
+        ctx.save_for_backward(x, weight, None, *more)
+        keep(ctx, s, (xv,), (x,))
+    else:
+        ctx.save_for_backward(x, weight, out, *more)
+        keep(ctx, s, (xv, y), (x, out))
+
+
 class BatchNormTrain(torch.autograd.Function):
     """``BatchNormTrain.apply(x, weight, bias, running_mean, running_var, eps, momentum,
-    backend)``: batch statistics; the running ones (or None) updated in place."""
+    backend, residual=None, activation=None)``: batch statistics; the running ones (or None)
+    updated in place. ``residual`` (x's shape) is added and ``activation`` ("relu") applied
+    in the same op call, relu(bn(x) + residual) (dnnkit.torch.fuse)."""
 
     @staticmethod
     @pooled
-    def forward(ctx, x, weight, bias, running_mean, running_var, eps, momentum, backend):
+    def forward(ctx, x, weight, bias, running_mean, running_var, eps, momentum, backend,
+                residual=None, activation=None):
         s = stream_of(x)
         b = op_backend(backend)
         g, be = _gamma_beta(x, weight, bias, s)
@@ -66,52 +89,72 @@ class BatchNormTrain(torch.autograd.Function):
         xv = view(x, s)
         y, mean, invstd = ops.batch_norm_train(xv, g, be, epsilon=eps, momentum=momentum,
                                                   running_mean=rm, running_var=rv, backend=b,
-                                                  stream=s)
-        ctx.save_for_backward(x, weight)
-        keep(ctx, s, (xv,), (x,))
+                                                  stream=s, **_fused(residual, activation, s))
+        out = tensor(y, x)
+        _save(ctx, s, x, weight, xv, y, out, activation)
         ctx.saved = (mean, invstd, g, weight)   # g may be weight's kept view: not holding it
-        ctx.eps, ctx.backend = eps, b
-        return tensor(y, x)
+        ctx.eps, ctx.backend, ctx.fused = eps, b, (activation, residual is not None)
+        return out
 
     @staticmethod
     @pooled
     def backward(ctx, dy):
-        x, weight = ctx.saved_tensors
+        saved = ctx.saved_tensors
+        x, weight = saved[0], saved[1]
         mean, invstd, g, _ = ctx.saved
+        act, res = ctx.fused
         s = stream_of(dy)
-        (xv,) = kept(ctx, s, x)
-        dx, dgamma, dbeta = ops.batch_norm_backward(xv, view(dy, s), g, mean,
-                                                       invstd, epsilon=ctx.eps,
-                                                       backend=ctx.backend, stream=s)
+        if act is None:
+            (xv,) = kept(ctx, s, x)
+            tail = {"residual": True} if res else {}
+        else:
+            xv, yv = kept(ctx, s, x, saved[2])
+            tail = dict(activation=act, y=yv, residual=res)
+        grads = ops.batch_norm_backward(xv, view(dy, s), g, mean, invstd, epsilon=ctx.eps,
+                                        backend=ctx.backend, stream=s, **tail)
         affine = weight is not None
-        return (tensor(dx, x) if ctx.needs_input_grad[0] else None,
-                tensor(dgamma, weight) if affine and ctx.needs_input_grad[1] else None,
-                tensor(dbeta, weight) if affine and ctx.needs_input_grad[2] else None,
-                None, None, None, None, None)
+        return (tensor(grads[0], x) if ctx.needs_input_grad[0] else None,
+                tensor(grads[1], weight) if affine and ctx.needs_input_grad[1] else None,
+                tensor(grads[2], weight) if affine and ctx.needs_input_grad[2] else None,
+                None, None, None, None, None,
+                tensor(grads[3], x) if res and ctx.needs_input_grad[8] else None, None)
 
 
 class BatchNormEval(torch.autograd.Function):
-    """``BatchNormEval.apply(x, weight, bias, running_mean, running_var, eps, backend)``:
-    normalisation by the given statistics (no gradient reaches them)."""
+    """``BatchNormEval.apply(x, weight, bias, running_mean, running_var, eps, backend,
+    residual=None, activation=None)``: normalisation by the given statistics (no gradient
+    reaches them); ``residual`` and ``activation`` as BatchNormTrain's."""
 
     @staticmethod
     @pooled
-    def forward(ctx, x, weight, bias, running_mean, running_var, eps, backend):
+    def forward(ctx, x, weight, bias, running_mean, running_var, eps, backend,
+                residual=None, activation=None):
         s = stream_of(x)
         b = op_backend(backend)
         g, be = _gamma_beta(x, weight, bias, s)
-        y = ops.batch_norm_inference(view(x, s), g, be, held(running_mean, s),
-                                        held(running_var, s), epsilon=eps, backend=b, stream=s)
-        ctx.save_for_backward(x, weight, running_mean, running_var)
+        xv = view(x, s)
+        y = ops.batch_norm_inference(xv, g, be, held(running_mean, s), held(running_var, s),
+                                     epsilon=eps, backend=b, stream=s,
+                                     **_fused(residual, activation, s))
+        out = tensor(y, x)
+        _save(ctx, s, x, weight, xv, y, out, activation, running_mean, running_var)
         ctx.eps, ctx.backend, ctx.g = eps, b, (g, weight)      # (as BatchNormTrain's)
-        return tensor(y, x)
+        ctx.fused = (activation, residual is not None)
+        return out
 
     @staticmethod
     @pooled
     def backward(ctx, dy):
-        x, weight, rm, rv = ctx.saved_tensors
+        x, weight, y, rm, rv = ctx.saved_tensors
+        act, res = ctx.fused
         s = stream_of(dy)
         kw = dict(backend=ctx.backend, stream=s)
+        if act is None:
+            (xv,) = kept(ctx, s, x)
+            g = view(dy, s)
+        else:       # dy through relu's slope first (1 where y > 0)
+            xv, yv = kept(ctx, s, x, y)
+            g = ops.activation_backward(yv, yv, view(dy, s), act, 0.0, **kw)
         c = x.shape[1]
         bshape = (1, c) + (1,) * (x.dim() - 2)
         axes = (0,) + tuple(range(2, x.dim()))
@@ -121,7 +164,6 @@ class BatchNormEval(torch.autograd.Function):
         # r = 1/sqrt(var + eps): batch_norm_inference of x = 1 with mean 0, gamma 1, beta 0
         r = ops.reshape(ops.batch_norm_inference(one, ones, zeros, zeros, view(rv, s),
                                                        epsilon=ctx.eps, **kw), bshape, **kw)
-        g, xv = view(dy, s), view(x, s)
         dx = dgamma = dbeta = None
         if ctx.needs_input_grad[0]:
             scale = ops.multiply(r, ops.reshape(ctx.g[0], bshape, **kw), **kw)
@@ -132,7 +174,10 @@ class BatchNormEval(torch.autograd.Function):
             dgamma = tensor(ops.sum(ops.multiply(g, xhat, **kw), axes, **kw), weight)
         if weight is not None and ctx.needs_input_grad[2]:
             dbeta = tensor(ops.sum(g, axes, **kw), weight)
-        return dx, dgamma, dbeta, None, None, None, None
+        dz = None
+        if res and ctx.needs_input_grad[7]:     # d(bn(x) + z)/dz: dy (through relu's slope)
+            dz = dy if act is None else tensor(g, x)
+        return dx, dgamma, dbeta, None, None, None, None, dz, None
 
 
 def _as_4d(x, dim):

@@ -249,7 +249,24 @@ def bn_unsupported(m):
 
 
 class _DnnBatchNorm(_Dnn):
-    def forward(self, x):
+    def forward(self, x, residual=None, activation=None):
+        """PyTorch's batch norm; with ``residual`` and/or ``activation="relu"`` (what
+        dnnkit.torch.fuse passes), relu(bn(x) + residual) in one op call. A residual of
+        another shape, dtype or device than x's, and the custom operators' path
+        (``torch.compile``), take PyTorch's add and relu after the batch norm instead."""
+        if residual is not None or activation is not None:
+            if activation not in (None, "relu"):
+                raise ValueError(f"{type(self).__name__}: activation must be None or 'relu'; "
+                                 f"got {activation!r}")
+            if _custom(self) or (residual is not None and (
+                    residual.shape != x.shape or residual.dtype != x.dtype or
+                    residual.device != x.device)):
+                y = self._bn(x, None, None)
+                y = y if residual is None else y + residual
+                return y if activation is None else torch.relu(y)
+        return self._bn(x, residual, activation)
+
+    def _bn(self, x, residual, activation):
         self._check_input_dim(x)
         factor = 0.0 if self.momentum is None else self.momentum
         if self.training and self.track_running_stats and self.num_batches_tracked is not None:
@@ -266,12 +283,19 @@ class _DnnBatchNorm(_Dnn):
                                                             self.eps, factor,
                                                             self.dnnkit_backend)
             return bridge.function(BatchNormTrain, x, self.weight, self.bias, rm, rv, self.eps,
-                                   factor, self.dnnkit_backend)
+                                   factor, self.dnnkit_backend, residual, activation)
         if _custom(self):
             return library_norm.batch_norm_eval(x, self.weight, self.bias, self.running_mean,
                                                 self.running_var, self.eps, self.dnnkit_backend)
         return bridge.function(BatchNormEval, x, self.weight, self.bias, self.running_mean,
-                               self.running_var, self.eps, self.dnnkit_backend)
+                               self.running_var, self.eps, self.dnnkit_backend, residual,
+                               activation)
+
+
+def takes_fused_tail(module):
+    """Whether ``module``'s forward takes ``residual=`` and ``activation=`` (a converted batch
+    norm: dnnkit/torch/fuse.py)."""
+    return isinstance(module, _DnnBatchNorm)
 
 
 class DnnBatchNorm1d(_DnnBatchNorm, nn.BatchNorm1d):

@@ -1,0 +1,119 @@
+"""``fuse(model)``: a converted model's batch norms with the relu (and the residual add) after
+them in one op call each.
+
+A ResNet block written in PyTorch ends ``relu(bn(conv(x)))`` and ``relu(bn(conv(y)) + z)``:
+converted (dnnkit/torch/convert.py), that is two or three autograd Functions and as many op
+calls each way, where dnnkit's batch norm takes the add and the relu in the same call
+(``batch_norm_train(..., residual=z, activation="relu")``, dnnkit/ops/batchnorm.py). A converted
+step's host time goes per Function (docs/torch.md, Speed), so fewer of them is the lever.
+
+Which calls follow which is in the model's ``forward`` code, not in its modules, so ``fuse``
+traces the model with ``torch.fx`` and rewrites the graph: a call of a converted batch norm
+whose output goes only to a relu -- ``nn.ReLU`` (converted or not, in place or not),
+``F.relu``, ``torch.relu``, ``.relu()`` -- or only to an add (``+``, ``torch.add``, ``.add``
+without ``alpha``) whose output goes only to such a relu, becomes one call of that batch norm
+with ``residual=`` and ``activation="relu"``. It returns the ``torch.fx.GraphModule``: the same
+submodules (so the same Parameters and buffers, the same state-dict keys; an optimizer made on
+the model's parameters trains it), only the graph differs. The model itself is not changed.
+A batch norm whose residual turns out at run time not to match x (shape, dtype, device) adds
+and applies the relu with PyTorch's ops instead (modules.py); a relu whose input has other
+users, or an add with another operand pattern, is left as it is (``fused.dnnkit_fused`` lists
+what was fused). ``convert(model, "torch")`` does not reach the fused graph's calls: fuse the
+converted model again after converting it anew.
+"""
+
+from __future__ import annotations
+
+import operator
+
+import torch
+from torch import nn
+
+from .modules import ORIGINAL, takes_fused_tail
+
+_RELU_FUNCTIONS = (torch.relu, torch.relu_, torch.nn.functional.relu)
+_RELU_METHODS = ("relu", "relu_")
+_ADD_FUNCTIONS = (operator.add, torch.add)
+
+
+def fuse(model: nn.Module) -> torch.fx.GraphModule:
+    """``model`` (converted by dnnkit.torch.convert) traced by ``torch.fx`` with each
+    batch-norm call and the relu (and residual add) after it fused into one call (module
+    docstring). Raises TypeError naming the reason when ``torch.fx`` cannot trace the model
+    (data-dependent control flow, for instance); nothing is changed then."""
+    from torch import fx
+
+    class Tracer(fx.Tracer):
+        # converted modules are calls in the graph, as PyTorch's own layers are (fx would
+        # trace into their forwards, which hand tensors' memory to Numba)
+        def is_leaf_module(self, m, qualname):
+            return type(m) in ORIGINAL or super().is_leaf_module(m, qualname)
+    try:
+        tracer = Tracer()
+        graph = tracer.trace(model)
+        gm = fx.GraphModule(tracer.root, graph, type(model).__name__)
+    except Exception as e:      # noqa: BLE001 - fx raises many kinds; all mean "cannot trace"
+        raise TypeError(f"dnnkit.torch.fuse: torch.fx cannot trace {type(model).__name__} "
+                        f"({type(e).__name__}: {e}); its layers still run converted, unfused")\
+            from e
+    modules = dict(gm.named_modules())
+    done = []
+    for node in list(gm.graph.nodes):
+        if not _is_relu(node, modules):
+            continue
+        src = node.args[0]
+        found = _bn_and_residual(src, modules)
+        if found is None:
+            continue
+        bn, residual = found
+        kwargs = {"activation": "relu"} if residual is None else \
+            {"residual": residual, "activation": "relu"}
+        # inserted where the relu's input was made: the residual exists there (a block's
+        # shortcut is often traced after its second batch norm)
+        with gm.graph.inserting_before(src):
+            new = gm.graph.call_module(bn.target, bn.args, kwargs)
+        node.replace_all_uses_with(new)
+        gm.graph.erase_node(node)
+        if src is not bn:
+            gm.graph.erase_node(src)
+        gm.graph.erase_node(bn)
+        done.append(f"{bn.target}{' + add' if residual is not None else ''} + relu")
+    gm.graph.lint()
+    gm.recompile()
+    gm.dnnkit_fused = tuple(done)
+    return gm
+
+
+def _is_relu(node, modules):
+    if node.op == "call_module":
+        return isinstance(modules.get(node.target), nn.ReLU) and len(node.args) == 1 and \
+            not node.kwargs
+    if node.op == "call_function" and node.target in _RELU_FUNCTIONS:
+        return len(node.args) == 1 and set(node.kwargs) <= {"inplace"}
+    return node.op == "call_method" and node.target in _RELU_METHODS and \
+        len(node.args) == 1 and not node.kwargs
+
+
+def _is_bn(node, modules):
+    """A plain call of a converted batch norm (x only) whose output has one user."""
+    return isinstance(node, torch.fx.Node) and node.op == "call_module" and \
+        takes_fused_tail(modules.get(node.target)) and len(node.args) == 1 and \
+        not node.kwargs and len(node.users) == 1
+
+
+def _bn_and_residual(src, modules):
+    """(the batch-norm node, the residual node or None) when ``src``, a relu's input, is a
+    fusable batch norm or an add of one and another tensor; else None."""
+    if not isinstance(src, torch.fx.Node) or len(src.users) != 1:
+        return None
+    if _is_bn(src, modules):
+        return src, None
+    add = (src.op == "call_function" and src.target in _ADD_FUNCTIONS) or \
+        (src.op == "call_method" and src.target == "add")
+    if not add or len(src.args) != 2 or src.kwargs:
+        return None
+    a, b = src.args
+    for bn, z in ((a, b), (b, a)):
+        if _is_bn(bn, modules) and isinstance(z, torch.fx.Node) and z is not bn:
+            return bn, z
+    return None
