@@ -147,6 +147,12 @@ class BatchNormEval(torch.autograd.Function):
     def backward(ctx, dy):
         x, weight, y, rm, rv = ctx.saved_tensors
         act, res = ctx.fused
+        if x.dtype != rv.dtype:     # (dnnkit's own gradient rule says the same)
+            raise RuntimeError(
+                f"dnnkit.torch batch norm in eval mode: the gradient of {x.dtype} data with "
+                f"{rv.dtype} statistics is not supported (dnnkit's element-wise ops take one "
+                f"dtype); freeze the layer (requires_grad False on its input and parameters), "
+                f"train it in train mode, or exclude it from convert()")
         s = stream_of(dy)
         kw = dict(backend=ctx.backend, stream=s)
         if act is None:

@@ -12,14 +12,23 @@ traces the model with ``torch.fx`` and rewrites the graph: a call of a converted
 whose output goes only to a relu -- ``nn.ReLU`` (converted or not, in place or not),
 ``F.relu``, ``torch.relu``, ``.relu()`` -- or only to an add (``+``, ``torch.add``, ``.add``
 without ``alpha``) whose output goes only to such a relu, becomes one call of that batch norm
-with ``residual=`` and ``activation="relu"``. It returns the ``torch.fx.GraphModule``: the same
-submodules (so the same Parameters and buffers, the same state-dict keys; an optimizer made on
-the model's parameters trains it), only the graph differs. The model itself is not changed.
-A batch norm whose residual turns out at run time not to match x (shape, dtype, device) adds
-and applies the relu with PyTorch's ops instead (modules.py); a relu whose input has other
-users, or an add with another operand pattern, is left as it is (``fused.dnnkit_fused`` lists
-what was fused). ``convert(model, "torch")`` does not reach the fused graph's calls: fuse the
-converted model again after converting it anew.
+with ``residual=`` and ``activation="relu"``. It returns the ``torch.fx.GraphModule``, which
+holds the very modules its graph calls (so the model's Parameters and buffers: an optimizer
+made on the model's parameters trains it, and their state-dict keys are the model's); as any
+fx trace, it keeps no module the forward never calls, its containers are plain Modules, and
+Python control flow (``if self.training:`` in a module that is not a leaf) is fixed as it was
+traced. The model itself is not changed.
+
+Left as they are: a relu whose input has other users, an add with another operand pattern,
+and a pair with anything in between that the move of the batch-norm call to the add could
+change -- an in-place op, another call of the same batch norm, a read of its attributes -- or
+with hooks on the batch norm or the ReLU module (a hook would see the fused output or never
+fire; hooks registered after ``fuse`` see the fused output). ``fused.dnnkit_fused`` lists what
+was fused. A residual that turns out at run time not to match x (not a tensor, or another
+shape, dtype or device) is added with the relu by PyTorch's ops after the batch norm instead
+(modules.py). ``convert(model, "torch")`` and ``compare`` do not fit the fused graph's calls
+(PyTorch's batch norm takes no residual): compare the unfused model, and fuse again after
+converting anew.
 """
 
 from __future__ import annotations
@@ -66,6 +75,9 @@ def fuse(model: nn.Module) -> torch.fx.GraphModule:
         if found is None:
             continue
         bn, residual = found
+        if not _movable(gm.graph, bn, src, modules) or _hooked(modules[bn.target]) or (
+                node.op == "call_module" and _hooked(modules[node.target])):
+            continue
         kwargs = {"activation": "relu"} if residual is None else \
             {"residual": residual, "activation": "relu"}
         # inserted where the relu's input was made: the residual exists there (a block's
@@ -81,7 +93,48 @@ def fuse(model: nn.Module) -> torch.fx.GraphModule:
     gm.graph.lint()
     gm.recompile()
     gm.dnnkit_fused = tuple(done)
+    # (kept by GraphModule's deepcopy, which rebuilds the module without other attributes)
+    gm.meta.setdefault("_user_preserved_attributes", {})["dnnkit_fused"] = gm.dnnkit_fused
     return gm
+
+
+def _movable(graph, bn, src, modules):
+    """Whether the batch-norm call ``bn`` can move down to ``src`` (its add, or itself):
+    nothing in between is in place, calls that batch norm again or reads its attributes
+    (its running statistics change at the call)."""
+    between, on = [], False
+    for n in graph.nodes:
+        if n is src:
+            break
+        if on:
+            between.append(n)
+        on = on or n is bn
+    for n in between:
+        target = str(n.target)
+        if n.op == "call_module" and (n.target == bn.target or
+                                      getattr(modules.get(n.target), "inplace", False)):
+            return False
+        if n.op == "get_attr" and target.startswith(bn.target + "."):
+            return False
+        if n.op in ("call_function", "call_method") and (
+                n.kwargs.get("inplace") or _in_place_name(n.target)):
+            return False
+    return True
+
+
+def _in_place_name(target):
+    name = target if isinstance(target, str) else getattr(target, "__name__", "")
+    return (name.endswith("_") and not name.endswith("__")) or \
+        (name.startswith("i") and getattr(operator, name, None) is target)
+
+
+def _hooked(module):
+    """Whether ``module`` has hooks of its own, or any module has global ones."""
+    names = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
+    if any(getattr(module, n, None) for n in names):
+        return True
+    glob = torch.nn.modules.module
+    return any(getattr(glob, "_global" + n, None) for n in names)
 
 
 def _is_relu(node, modules):

@@ -251,16 +251,16 @@ def bn_unsupported(m):
 class _DnnBatchNorm(_Dnn):
     def forward(self, x, residual=None, activation=None):
         """PyTorch's batch norm; with ``residual`` and/or ``activation="relu"`` (what
-        dnnkit.torch.fuse passes), relu(bn(x) + residual) in one op call. A residual of
-        another shape, dtype or device than x's, and the custom operators' path
+        dnnkit.torch.fuse passes), relu(bn(x) + residual) in one op call. A residual that is
+        not a tensor of x's shape, dtype and device, and the custom operators' path
         (``torch.compile``), take PyTorch's add and relu after the batch norm instead."""
         if residual is not None or activation is not None:
             if activation not in (None, "relu"):
                 raise ValueError(f"{type(self).__name__}: activation must be None or 'relu'; "
                                  f"got {activation!r}")
             if _custom(self) or (residual is not None and (
-                    residual.shape != x.shape or residual.dtype != x.dtype or
-                    residual.device != x.device)):
+                    not isinstance(residual, torch.Tensor) or residual.shape != x.shape or
+                    residual.dtype != x.dtype or residual.device != x.device)):
                 y = self._bn(x, None, None)
                 y = y if residual is None else y + residual
                 return y if activation is None else torch.relu(y)

@@ -260,3 +260,12 @@ def test_rnn_dropout_between_layers_applies_in_training_only(backend):
     assert float((y3 - y1).detach().abs().max()) > 1e-6      # training drew masks
     (y2.sum() + h.sum()).backward()
     assert all(torch.isfinite(p.grad).all() for p in m.parameters())
+
+
+def test_an_eval_batch_norm_of_half_data_says_why_it_has_no_gradient():
+    bn = nn.BatchNorm2d(3).to(DEVICE).eval()
+    dt.convert(bn, "numba")
+    x = torch.randn(2, 3, 2, 2, device=DEVICE).half().requires_grad_()
+    y = bn(x)
+    with pytest.raises(RuntimeError, match="gradient of torch.float16 data with torch.float32"):
+        y.float().sum().backward()

@@ -197,13 +197,19 @@ def test_the_batch_norm_modules_take_a_residual_and_a_relu(backend):
             bn.train(train)
             ref.train(train)
             za, zb = (z.clone().requires_grad_() for _ in range(2))
-            ya = bn(x, residual=za, activation=act)
-            yb = ref(x) + zb
+            xa, xb = (x.clone().requires_grad_() for _ in range(2))
+            ya = bn(xa, residual=za, activation=act)
+            yb = ref(xb) + zb
             yb = yb if act is None else F.relu(yb)
             close(ya, yb, 1e-12, f"{act} {train}")
-            ya.sum().backward()
-            yb.sum().backward()
-            close(za.grad, zb.grad, 1e-12, f"dz {act} {train}")
+            g = torch.randn_like(ya)
+            ya.backward(g)
+            yb.backward(g)
+            for a, b, what in ((za, zb, "dz"), (xa, xb, "dx"), (bn.weight, ref.weight, "dw"),
+                               (bn.bias, ref.bias, "db")):
+                close(a.grad, b.grad, 1e-12, f"{what} {act} {train}")
+            bn.zero_grad()
+            ref.zero_grad()
     with pytest.raises(ValueError, match="activation must be None or 'relu'"):
         bn(x, activation="tanh")
 
@@ -218,3 +224,53 @@ def test_under_the_custom_operators_the_fused_calls_take_pytorchs_add_and_relu()
     fused = dt.fuse(model)
     x, z = (torch.randn(2, 3, 4, 4, dtype=F64, device=DEVICE) for _ in range(2))
     _same_residual_step(fused, plain, x, z)
+
+
+class _Unsafe(nn.Module):
+    """Pairs whose batch-norm call cannot move down to its add: an in-place op on its input
+    in between, and a second call of the same batch norm in between; and a number as the
+    'residual'."""
+
+    def __init__(self):
+        super().__init__()
+        self.bn = nn.BatchNorm2d(3)
+        self.bn2 = nn.BatchNorm2d(3)
+
+    def forward(self, x, w):
+        y = self.bn(x)
+        z = x.mul_(2)                           # in place: bn must read x before it
+        a = F.relu(y + z)
+        b = self.bn2(x)
+        c = self.bn2(w)                         # the same batch norm again
+        d = F.relu(b + x)
+        e = F.relu(self.bn(w) + w.size(1))      # fused; the int residual takes PyTorch's add
+        return a, c, d, e
+
+
+def test_pairs_the_move_could_change_are_left_and_a_number_residual_works():
+    torch.manual_seed(0)
+    fused, plain = _pair(_Unsafe(), "numba")
+    assert fused.dnnkit_fused == ("bn + add + relu",)
+    x, w = (torch.randn(2, 3, 4, 4, dtype=F64, device=DEVICE) for _ in range(2))
+    for train in (True, False):
+        fused.train(train)
+        plain.train(train)
+        ya, yb = fused(x.clone(), w.clone()), plain(x.clone(), w.clone())
+        for i, (a, b) in enumerate(zip(ya, yb)):
+            close(a, b, 1e-12, f"output {i} {train}")
+        for (name, a), b in zip(fused.named_buffers(), plain.buffers()):
+            close(a, b, 1e-12, name)
+
+
+def test_hooked_modules_are_left_and_the_result_survives_deepcopy():
+    torch.manual_seed(0)
+    model = _blocks().to(DEVICE, F64)
+    dt.convert(model, "numba")
+    seen = []
+    handle = model[1].register_forward_hook(lambda m, i, o: seen.append(o))
+    fused = dt.fuse(model)
+    assert "1 + relu" not in fused.dnnkit_fused and len(fused.dnnkit_fused) == 4
+    handle.remove()
+    model[3].relu.register_forward_pre_hook(lambda m, i: None)
+    assert dt.fuse(model).dnnkit_fused == ("1 + relu", "4.bn1 + relu", "4.bn2 + add + relu")
+    assert copy.deepcopy(fused).dnnkit_fused == fused.dnnkit_fused
