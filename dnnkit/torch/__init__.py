@@ -10,8 +10,9 @@
 - ``compare(model, *inputs, loss_fn=None, ...)``: PyTorch's kernels against dnnkit's, layer by
   layer (dnnkit/torch/compare.py);
 - ``graph(cuda_graph)``: ``torch.cuda.graph`` for a converted model (dnnkit/torch/graph.py);
-- ``fuse(model)``: a converted model's batch norms with the relu and residual add after them
-  in one call each, as a ``torch.fx.GraphModule`` (dnnkit/torch/fuse.py);
+- ``fuse(model)``: a converted model's batch norms, convolutions and linear layers with the
+  relu (and residual add) after them in one call each, as a ``torch.fx.GraphModule``
+  (dnnkit/torch/fuse.py);
 - the differentiable functions: ``conv``-family ``torch.autograd.Function`` classes
   (functions.py, functions_norm.py, functions_rnn.py) and ``activation``, ``softmax``,
   ``log_softmax``, ``dropout``, ``affine_grid``, ``grid_sample``, ``spatial_transformer``.

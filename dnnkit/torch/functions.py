@@ -42,32 +42,56 @@ def _grad(ctx, dy):
     return s, view(dy, s)
 
 
+def _fused(activation):
+    """The keywords of a fused relu: none for a plain call (its memo signature stays the plain
+    call's). With a relu the output is saved too: its sign is the relu's slope."""
+    return {} if activation is None else {"activation": activation}
+
+
+def _through(ctx, s, g, y, kw):
+    """The upstream gradient taken through a fused relu's slope (1 where y > 0)."""
+    if ctx.activation is None:
+        return g
+    return ops.activation_backward(y, y, g, ctx.activation, 0.0, backend=kw["backend"],
+                                   stream=s)
+
+
 class Conv(torch.autograd.Function):
-    """``Conv.apply(x, w, bias, nd, stride, padding, dilation, groups, backend)``: PyTorch's
-    ``conv2d``/``conv3d`` (cross-correlation, zero padding given per spatial dim)."""
+    """``Conv.apply(x, w, bias, nd, stride, padding, dilation, groups, backend,
+    activation=None)``: PyTorch's ``conv2d``/``conv3d`` (cross-correlation, zero padding
+    given per spatial dim); ``activation="relu"``: relu(conv(x) + bias) in one op call
+    (dnnkit.torch.fuse)."""
 
     @staticmethod
     @pooled
-    def forward(ctx, x, w, bias, nd, stride, padding, dilation, groups, backend):
+    def forward(ctx, x, w, bias, nd, stride, padding, dilation, groups, backend,
+                activation=None):
         s = stream_of(x)
         fwd = _CONV[nd][0]
         kw = dict(stride=stride, padding=padding, dilation=dilation, groups=groups,
                   backend=op_backend(backend), stream=s)
         xv, wv = view(x, s), view(w, s)
-        y = fwd(xv, wv, view(bias, s), **kw)
-        ctx.save_for_backward(x, w)
-        keep(ctx, s, (xv, wv), (x, w))
-        ctx.nd, ctx.kw, ctx.has_bias = nd, kw, bias is not None
-        return tensor(y, x)
+        y = fwd(xv, wv, view(bias, s), **kw, **_fused(activation))
+        out = tensor(y, x)
+        if activation is None:
+            ctx.save_for_backward(x, w)
+            keep(ctx, s, (xv, wv), (x, w))
+        else:
+            ctx.save_for_backward(x, w, out)
+            keep(ctx, s, (xv, wv, y), (x, w, out))
+        ctx.nd, ctx.kw, ctx.has_bias, ctx.activation = nd, kw, bias is not None, activation
+        return out
 
     @staticmethod
     @pooled
     def backward(ctx, dy):
-        x, w = ctx.saved_tensors
+        saved = ctx.saved_tensors
+        x, w = saved[0], saved[1]
         s, g = _grad(ctx, dy)
         kw = dict(ctx.kw, stream=s)
         _, bwd_data, bwd_filter = _CONV[ctx.nd]
-        xv, wv = kept(ctx, s, x, w)
+        xv, wv, *yv = kept(ctx, s, *saved)
+        g = _through(ctx, s, g, yv[0] if yv else None, kw)
         dx = dw = db = None
         if ctx.needs_input_grad[0]:
             dx = tensor(bwd_data(g, wv, tuple(x.shape), **kw), x)
@@ -75,7 +99,7 @@ class Conv(torch.autograd.Function):
             dw = tensor(bwd_filter(xv, g, tuple(w.shape), **kw), w)
         if ctx.has_bias and ctx.needs_input_grad[2]:
             db = tensor(ops.conv_backward_bias(g, backend=kw["backend"], stream=s), w)
-        return dx, dw, db, None, None, None, None, None, None
+        return dx, dw, db, None, None, None, None, None, None, None
 
 
 class ConvTranspose(torch.autograd.Function):
@@ -151,26 +175,30 @@ class Pool(torch.autograd.Function):
 
 
 class Linear(torch.autograd.Function):
-    """``Linear.apply(x, w, bias, backend)``: y = x @ w.T + bias over x's last axis."""
+    """``Linear.apply(x, w, bias, backend, activation=None)``: y = x @ w.T + bias over x's
+    last axis; ``activation="relu"`` as Conv's."""
 
     @staticmethod
     @pooled
-    def forward(ctx, x, w, bias, backend):
+    def forward(ctx, x, w, bias, backend, activation=None):
         s = stream_of(x)
         b = op_backend(backend)
-        y = ops.linear(view(x, s), view(w, s), view(bias, s), backend=b, stream=s)
-        ctx.save_for_backward(x, w)
-        ctx.backend, ctx.has_bias = b, bias is not None
-        return tensor(y, x)
+        y = ops.linear(view(x, s), view(w, s), view(bias, s), backend=b, stream=s,
+                       **_fused(activation))
+        out = tensor(y, x)
+        ctx.save_for_backward(x, w, *(() if activation is None else (out,)))
+        ctx.backend, ctx.has_bias, ctx.activation = b, bias is not None, activation
+        return out
 
     @staticmethod
     @pooled
     def backward(ctx, dy):
-        x, w = ctx.saved_tensors
+        x, w, *y = ctx.saved_tensors
         s = stream_of(dy)
         rows, out_f = math.prod(tuple(x.shape)[:-1]), w.shape[0]
-        g = view(dy.reshape(rows, out_f), s)
         kw = dict(backend=ctx.backend, stream=s)
+        g = _through(ctx, s, view(dy.reshape(rows, out_f), s),
+                     view(y[0].reshape(rows, out_f), s) if y else None, kw)
         dx = dw = db = None
         if ctx.needs_input_grad[0]:
             dx = tensor(ops.matmul(g, view(w, s), **kw), x).reshape(x.shape)
@@ -178,9 +206,10 @@ class Linear(torch.autograd.Function):
             dw = tensor(ops.matmul(g, view(x.reshape(rows, w.shape[1]), s), True, False,
                                       **kw), w)
         if ctx.has_bias and ctx.needs_input_grad[2]:
-            db = tensor(ops.conv_backward_bias(view(dy.reshape(rows, out_f, 1, 1), s),
-                                                  **kw), w)
-        return dx, dw, db, None
+            g4 = view(dy.reshape(rows, out_f, 1, 1), s) if ctx.activation is None else \
+                ops.reshape(g, (rows, out_f, 1, 1), **kw)
+            db = tensor(ops.conv_backward_bias(g4, **kw), w)
+        return dx, dw, db, None, None
 
 
 class AffineGrid(torch.autograd.Function):

@@ -1,34 +1,37 @@
-"""``fuse(model)``: a converted model's batch norms with the relu (and the residual add) after
-them in one op call each.
+"""``fuse(model)``: a converted model's batch norms, convolutions and linear layers with the
+relu (and a batch norm's residual add) after them in one op call each.
 
-A ResNet block written in PyTorch ends ``relu(bn(conv(x)))`` and ``relu(bn(conv(y)) + z)``:
-converted (dnnkit/torch/convert.py), that is two or three autograd Functions and as many op
-calls each way, where dnnkit's batch norm takes the add and the relu in the same call
-(``batch_norm_train(..., residual=z, activation="relu")``, dnnkit/ops/batchnorm.py). A converted
-step's host time goes per Function (docs/torch.md, Speed), so fewer of them is the lever.
+A ResNet block written in PyTorch ends ``relu(bn(conv(x)))`` and ``relu(bn(conv(y)) + z)``, a
+VGG without batch norm ``relu(conv(x))``, a classifier ``relu(linear(x))``: converted
+(dnnkit/torch/convert.py), that is two or three autograd Functions and as many op calls each
+way, where dnnkit's ops take the add and the relu in the same call (``batch_norm_train(...,
+residual=z, activation="relu")``, ``conv2d(..., activation="relu")``, ``linear(...)``). A
+converted step's host time goes per Function (docs/torch.md, Speed), so fewer of them is the
+lever.
 
 Which calls follow which is in the model's ``forward`` code, not in its modules, so ``fuse``
-traces the model with ``torch.fx`` and rewrites the graph: a call of a converted batch norm
-whose output goes only to a relu -- ``nn.ReLU`` (converted or not, in place or not),
-``F.relu``, ``torch.relu``, ``.relu()`` -- or only to an add (``+``, ``torch.add``, ``.add``
-without ``alpha``) whose output goes only to such a relu, becomes one call of that batch norm
-with ``residual=`` and ``activation="relu"``. It returns the ``torch.fx.GraphModule``, which
-holds the very modules its graph calls (so the model's Parameters and buffers: an optimizer
-made on the model's parameters trains it, and their state-dict keys are the model's); as any
-fx trace, it keeps no module the forward never calls, its containers are plain Modules, and
-Python control flow (``if self.training:`` in a module that is not a leaf) is fixed as it was
-traced. The model itself is not changed.
+traces the model with ``torch.fx`` and rewrites the graph: a call of a converted batch norm,
+convolution (1-, 2- or 3-D, not transposed) or linear layer whose output goes only to a relu
+-- ``nn.ReLU`` (converted or not, in place or not), ``F.relu``, ``torch.relu``, ``.relu()`` --
+becomes one call of that layer with ``activation="relu"``; a batch norm's output going only to
+an add (``+``, ``torch.add``, ``.add`` without ``alpha``) whose output goes only to such a
+relu, one call with ``residual=`` and ``activation="relu"``. It returns the
+``torch.fx.GraphModule``, which holds the very modules its graph calls (so the model's
+Parameters and buffers: an optimizer made on the model's parameters trains it, and their
+state-dict keys are the model's); as any fx trace, it keeps no module the forward never calls,
+its containers are plain Modules, and Python control flow (``if self.training:`` in a module
+that is not a leaf) is fixed as it was traced. The model itself is not changed.
 
 Left as they are: a relu whose input has other users, an add with another operand pattern,
-and a pair with anything in between that the move of the batch-norm call to the add could
-change -- an in-place op, another call of the same batch norm, a read of its attributes -- or
-with hooks on the batch norm or the ReLU module (a hook would see the fused output or never
+and a pair with anything in between that the move of the layer's call to the add could
+change -- an in-place op, another call of the same layer, a read of its attributes -- or
+with hooks on the layer or the ReLU module (a hook would see the fused output or never
 fire; hooks registered after ``fuse`` see the fused output). ``fused.dnnkit_fused`` lists what
 was fused. A residual that turns out at run time not to match x (not a tensor, or another
 shape, dtype or device) is added with the relu by PyTorch's ops after the batch norm instead
-(modules.py). ``convert(model, "torch")`` and ``compare`` do not fit the fused graph's calls
-(PyTorch's batch norm takes no residual): compare the unfused model, and fuse again after
-converting anew.
+(modules.py), as are the custom operators' calls (``torch.compile``). ``convert(model,
+"torch")`` and ``compare`` do not fit the fused graph's calls (PyTorch's layers take no
+``activation``): compare the unfused model, and fuse again after converting anew.
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ import operator
 import torch
 from torch import nn
 
-from .modules import ORIGINAL, takes_fused_tail
+from .modules import ORIGINAL, fused_tail
 
 _RELU_FUNCTIONS = (torch.relu, torch.relu_, torch.nn.functional.relu)
 _RELU_METHODS = ("relu", "relu_")
@@ -46,9 +49,9 @@ _ADD_FUNCTIONS = (operator.add, torch.add)
 
 
 def fuse(model: nn.Module) -> torch.fx.GraphModule:
-    """``model`` (converted by dnnkit.torch.convert) traced by ``torch.fx`` with each
-    batch-norm call and the relu (and residual add) after it fused into one call (module
-    docstring). Raises TypeError naming the reason when ``torch.fx`` cannot trace the model
+    """``model`` (converted by dnnkit.torch.convert) traced by ``torch.fx`` with each call
+    of a converted batch norm, convolution or linear layer and the relu (and a batch norm's
+    residual add) after it fused into one call (module docstring). Raises TypeError naming the reason when ``torch.fx`` cannot trace the model
     (data-dependent control flow, for instance); nothing is changed then."""
     from torch import fx
 
@@ -99,9 +102,9 @@ def fuse(model: nn.Module) -> torch.fx.GraphModule:
 
 
 def _movable(graph, bn, src, modules):
-    """Whether the batch-norm call ``bn`` can move down to ``src`` (its add, or itself):
-    nothing in between is in place, calls that batch norm again or reads its attributes
-    (its running statistics change at the call)."""
+    """Whether the layer's call ``bn`` can move down to ``src`` (its add, or itself):
+    nothing in between is in place, calls that layer again or reads its attributes (a batch
+    norm's running statistics change at the call)."""
     between, on = [], False
     for n in graph.nodes:
         if n is src:
@@ -147,19 +150,21 @@ def _is_relu(node, modules):
         len(node.args) == 1 and not node.kwargs
 
 
-def _is_bn(node, modules):
-    """A plain call of a converted batch norm (x only) whose output has one user."""
+def _takes(node, modules, keyword):
+    """Whether ``node`` is a plain call (x only) of a converted module whose forward takes
+    ``keyword`` (modules.fused_tail), its output going to one user."""
     return isinstance(node, torch.fx.Node) and node.op == "call_module" and \
-        takes_fused_tail(modules.get(node.target)) and len(node.args) == 1 and \
+        keyword in fused_tail(modules.get(node.target)) and len(node.args) == 1 and \
         not node.kwargs and len(node.users) == 1
 
 
 def _bn_and_residual(src, modules):
-    """(the batch-norm node, the residual node or None) when ``src``, a relu's input, is a
-    fusable batch norm or an add of one and another tensor; else None."""
+    """(the node of the layer to fuse, the residual node or None) when ``src``, a relu's
+    input, is a call of a converted batch norm, convolution or linear layer, or an add of a
+    batch norm's output and another tensor; else None."""
     if not isinstance(src, torch.fx.Node) or len(src.users) != 1:
         return None
-    if _is_bn(src, modules):
+    if _takes(src, modules, "activation"):
         return src, None
     add = (src.op == "call_function" and src.target in _ADD_FUNCTIONS) or \
         (src.op == "call_method" and src.target == "add")
@@ -167,6 +172,6 @@ def _bn_and_residual(src, modules):
         return None
     a, b = src.args
     for bn, z in ((a, b), (b, a)):
-        if _is_bn(bn, modules) and isinstance(z, torch.fx.Node) and z is not bn:
+        if _takes(bn, modules, "residual") and isinstance(z, torch.fx.Node) and z is not bn:
             return bn, z
     return None

@@ -96,17 +96,25 @@ def conv_unsupported(m):
     return _dtype_reason(m)
 
 
-def _conv(m, x, w, nd, stride, padding, dilation):
-    if _custom(m):
-        return library.conv(x, w, m.bias, stride, padding, dilation, m.groups,
-                            m.dnnkit_backend)
+def _activation(m, activation):
+    """``activation`` of a fused call (dnnkit.torch.fuse), checked: None or "relu"."""
+    if activation not in (None, "relu"):
+        raise ValueError(f"{type(m).__name__}: activation must be None or 'relu'; got "
+                         f"{activation!r}")
+    return activation
+
+
+def _conv(m, x, w, nd, stride, padding, dilation, activation=None):
+    if _custom(m):      # (the custom operators take no activation: PyTorch's relu after)
+        y = library.conv(x, w, m.bias, stride, padding, dilation, m.groups, m.dnnkit_backend)
+        return y if _activation(m, activation) is None else torch.relu(y)
     return bridge.function(Conv, x, w, m.bias, nd, stride, padding, dilation, m.groups,
-                           m.dnnkit_backend)
+                           m.dnnkit_backend, _activation(m, activation))
 
 
-def _conv_nd(m, nd, x):
+def _conv_nd(m, nd, x, activation):
     return _conv(m, x, m.weight, nd, _tuple(m.stride, nd), _conv_padding(m, nd),
-                 _tuple(m.dilation, nd))
+                 _tuple(m.dilation, nd), activation)
 
 
 def _unbatched(forward, x, rank, *args):
@@ -117,25 +125,29 @@ def _unbatched(forward, x, rank, *args):
 
 
 class DnnConv1d(_Dnn, nn.Conv1d):
-    def forward(self, x):
-        return _unbatched(self._forward, x, 3)
+    def forward(self, x, activation=None):
+        """PyTorch's; ``activation="relu"`` (what dnnkit.torch.fuse passes) applies a relu
+        in the same op call."""
+        return _unbatched(self._forward, x, 3, activation)
 
-    def _forward(self, x):
+    def _forward(self, x, activation):
         # (N, C, L) as (N, C, 1, L) and w (K, C/g, k) as (K, C/g, 1, k): views of contiguous
         # tensors, contiguous (a size-1 dim's stride is free), so no copy reaches the 2-D op
         y = _conv(self, x.unsqueeze(2), self.weight.unsqueeze(2), 2, (1,) + _tuple(self.stride, 1),
-                  (0,) + _conv_padding(self, 1), (1,) + _tuple(self.dilation, 1))
+                  (0,) + _conv_padding(self, 1), (1,) + _tuple(self.dilation, 1), activation)
         return y.squeeze(2)
 
 
 class DnnConv2d(_Dnn, nn.Conv2d):
-    def forward(self, x):
-        return _conv_nd(self, 2, x)
+    def forward(self, x, activation=None):
+        """PyTorch's; ``activation="relu"`` as DnnConv1d's."""
+        return _conv_nd(self, 2, x, activation)
 
 
 class DnnConv3d(_Dnn, nn.Conv3d):
-    def forward(self, x):
-        return _conv_nd(self, 3, x)
+    def forward(self, x, activation=None):
+        """PyTorch's; ``activation="relu"`` as DnnConv1d's."""
+        return _conv_nd(self, 3, x, activation)
 
 
 def _transpose(m, nd, x, output_size):
@@ -255,9 +267,7 @@ class _DnnBatchNorm(_Dnn):
         not a tensor of x's shape, dtype and device, and the custom operators' path
         (``torch.compile``), take PyTorch's add and relu after the batch norm instead."""
         if residual is not None or activation is not None:
-            if activation not in (None, "relu"):
-                raise ValueError(f"{type(self).__name__}: activation must be None or 'relu'; "
-                                 f"got {activation!r}")
+            _activation(self, activation)
             if _custom(self) or (residual is not None and (
                     not isinstance(residual, torch.Tensor) or residual.shape != x.shape or
                     residual.dtype != x.dtype or residual.device != x.device)):
@@ -292,10 +302,15 @@ class _DnnBatchNorm(_Dnn):
                                activation)
 
 
-def takes_fused_tail(module):
-    """Whether ``module``'s forward takes ``residual=`` and ``activation=`` (a converted batch
-    norm: dnnkit/torch/fuse.py)."""
-    return isinstance(module, _DnnBatchNorm)
+def fused_tail(module):
+    """The keywords of a fused tail ``module``'s forward takes (dnnkit/torch/fuse.py):
+    ("residual", "activation") for a converted batch norm, ("activation",) for a converted
+    convolution (not transposed) or linear layer, () for anything else."""
+    if isinstance(module, _DnnBatchNorm):
+        return ("residual", "activation")
+    if isinstance(module, (DnnConv1d, DnnConv2d, DnnConv3d, DnnLinear)):
+        return ("activation",)
+    return ()
 
 
 class DnnBatchNorm1d(_DnnBatchNorm, nn.BatchNorm1d):
@@ -395,10 +410,13 @@ class DnnDropout(_Dnn, nn.Dropout):
 
 
 class DnnLinear(_Dnn, nn.Linear):
-    def forward(self, x):
+    def forward(self, x, activation=None):
+        """PyTorch's; ``activation="relu"`` as DnnConv1d's."""
         if _custom(self):
-            return library.linear(x, self.weight, self.bias, self.dnnkit_backend)
-        return bridge.function(LinearFn, x, self.weight, self.bias, self.dnnkit_backend)
+            y = library.linear(x, self.weight, self.bias, self.dnnkit_backend)
+            return y if _activation(self, activation) is None else torch.relu(y)
+        return bridge.function(LinearFn, x, self.weight, self.bias, self.dnnkit_backend,
+                               _activation(self, activation))
 
 
 # {torch.nn class: (dnnkit class, the options check or None)}; only these exact classes are

@@ -274,3 +274,38 @@ def test_hooked_modules_are_left_and_the_result_survives_deepcopy():
     model[3].relu.register_forward_pre_hook(lambda m, i: None)
     assert dt.fuse(model).dnnkit_fused == ("1 + relu", "4.bn1 + relu", "4.bn2 + add + relu")
     assert copy.deepcopy(fused).dnnkit_fused == fused.dnnkit_fused
+
+
+class _Convs(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.c1 = nn.Conv1d(2, 3, 3, padding=1)
+        self.c2 = nn.Conv2d(2, 3, 3, padding=1)
+        self.c3 = nn.Conv3d(2, 2, 3, padding=1, bias=False)
+        self.fc1, self.fc2 = nn.Linear(4, 5), nn.Linear(5, 3)
+        self.relu = nn.ReLU(inplace=True)
+
+    def forward(self, x1, x2, x3, v):
+        return (F.relu(self.c1(x1)), self.relu(self.c2(x2)), self.c3(x3).relu(),
+                self.fc2(torch.relu(self.fc1(v))))
+
+
+@pytest.mark.parametrize("backend", backend_params())
+def test_convolutions_and_linear_layers_fuse_their_relu(backend):
+    torch.manual_seed(0)
+    fused, plain = _pair(_Convs(), backend)
+    assert fused.dnnkit_fused == ("c1 + relu", "c2 + relu", "c3 + relu", "fc1 + relu")
+    shapes = ((2, 2, 5), (2, 2, 4, 4), (1, 2, 3, 3, 3), (2, 3, 4))
+    xs = [torch.randn(sh, dtype=F64, device=DEVICE) for sh in shapes]
+    xa, xb = ([x.clone().requires_grad_() for x in xs] for _ in range(2))
+    ya, yb = fused(*xa), plain(*xb)
+    for i, (a, b) in enumerate(zip(ya, yb)):
+        close(a, b, 1e-12, f"output {i}")
+    sum((t * (k + 1)).sum() for k, t in enumerate(ya)).backward()
+    sum((t * (k + 1)).sum() for k, t in enumerate(yb)).backward()
+    for i, (a, b) in enumerate(zip(xa, xb)):
+        close(a.grad, b.grad, 1e-12, f"dx {i}")
+    for (name, a), b in zip(fused.named_parameters(), plain.parameters()):
+        close(a.grad, b.grad, 1e-12, name)
+    with pytest.raises(ValueError, match="activation must be None or 'relu'"):
+        fused.c2(xs[1], activation="gelu")
