@@ -57,10 +57,10 @@ def _through(ctx, s, g, y, kw):
 
 
 class Conv(torch.autograd.Function):
-    """``Conv.apply(x, w, bias, nd, stride, padding, dilation, groups, backend,
-    activation=None)``: PyTorch's ``conv2d``/``conv3d`` (cross-correlation, zero padding
-    given per spatial dim); ``activation="relu"``: relu(conv(x) + bias) in one op call
-    (dnnkit.torch.fuse)."""
+    """``Conv.apply(x, w, bias, nd, stride, padding, dilation, groups, backend[,
+    activation])``: PyTorch's ``conv2d``/``conv3d`` (cross-correlation, zero padding given per
+    spatial dim); ``activation`` "relu" (positional, as every apply argument): relu(conv(x) +
+    bias) in one op call (dnnkit.torch.fuse)."""
 
     @staticmethod
     @pooled
@@ -175,8 +175,8 @@ class Pool(torch.autograd.Function):
 
 
 class Linear(torch.autograd.Function):
-    """``Linear.apply(x, w, bias, backend, activation=None)``: y = x @ w.T + bias over x's
-    last axis; ``activation="relu"`` as Conv's."""
+    """``Linear.apply(x, w, bias, backend[, activation])``: y = x @ w.T + bias over x's last
+    axis; ``activation`` "relu" as Conv's."""
 
     @staticmethod
     @pooled

@@ -71,9 +71,10 @@ def _save(ctx, s, x, weight, xv, y, out, activation, *more):
 
 class BatchNormTrain(torch.autograd.Function):
     """``BatchNormTrain.apply(x, weight, bias, running_mean, running_var, eps, momentum,
-    backend, residual=None, activation=None)``: batch statistics; the running ones (or None)
-    updated in place. ``residual`` (x's shape) is added and ``activation`` ("relu") applied
-    in the same op call, relu(bn(x) + residual) (dnnkit.torch.fuse)."""
+    backend[, residual, activation])``: batch statistics; the running ones (or None) updated
+    in place. ``residual`` (x's shape) is added and ``activation`` ("relu") applied in the
+    same op call, relu(bn(x) + residual) (dnnkit.torch.fuse; positional, as every apply
+    argument)."""
 
     @staticmethod
     @pooled
@@ -121,8 +122,8 @@ class BatchNormTrain(torch.autograd.Function):
 
 
 class BatchNormEval(torch.autograd.Function):
-    """``BatchNormEval.apply(x, weight, bias, running_mean, running_var, eps, backend,
-    residual=None, activation=None)``: normalisation by the given statistics (no gradient
+    """``BatchNormEval.apply(x, weight, bias, running_mean, running_var, eps, backend[,
+    residual, activation])``: normalisation by the given statistics (no gradient
     reaches them); ``residual`` and ``activation`` as BatchNormTrain's."""
 
     @staticmethod

@@ -25,9 +25,10 @@ that is not a leaf) is fixed as it was traced. The model itself is not changed.
 Left as they are: a relu whose input has other users, an add with another operand pattern,
 and a pair with anything in between that the move of the layer's call to the add could
 change -- an in-place op, another call of the same layer, a read of its attributes -- or
-with hooks on the layer or the ReLU module (a hook would see the fused output or never
-fire; hooks registered after ``fuse`` see the fused output). ``fused.dnnkit_fused`` lists what
-was fused. A residual that turns out at run time not to match x (not a tensor, or another
+with hooks on the layer or the ReLU module, or while any global module hook is registered (a
+hook would see the fused output or never fire; a hook registered on a fused layer after
+``fuse`` sees the fused output, one on a fused pair's ReLU module never fires).
+``fused.dnnkit_fused`` lists what was fused. A residual that turns out at run time not to match x (not a tensor, or another
 shape, dtype or device) is added with the relu by PyTorch's ops after the batch norm instead
 (modules.py), as are the custom operators' calls (``torch.compile``). ``convert(model,
 "torch")`` and ``compare`` do not fit the fused graph's calls (PyTorch's layers take no
@@ -120,15 +121,30 @@ def _movable(graph, bn, src, modules):
         if n.op == "get_attr" and target.startswith(bn.target + "."):
             return False
         if n.op in ("call_function", "call_method") and (
-                n.kwargs.get("inplace") or _in_place_name(n.target)):
+                n.kwargs.get("inplace") or "out" in n.kwargs or _writes(n.target)):
             return False
     return True
 
 
-def _in_place_name(target):
+# operator's in-place functions (fx traces ``y += z`` on a proxy as operator.add; these come
+# from code that calls them by name)
+_IN_PLACE_OPERATORS = frozenset(getattr(operator, "i" + n) for n in (
+    "add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "and", "or", "xor", "lshift",
+    "rshift", "matmul", "concat"))
+
+
+def _writes(target):
+    """Whether a call of ``target`` may write its arguments: an in-place operator function, a
+    name ending in ``_`` (``add_``, ``torch.relu_``, ``aten.relu_.default``), or an ATen
+    overload whose schema says it mutates."""
+    if target in _IN_PLACE_OPERATORS:
+        return True
+    schema = getattr(target, "_schema", None)
+    if schema is not None and getattr(schema, "is_mutable", False):
+        return True
     name = target if isinstance(target, str) else getattr(target, "__name__", "")
-    return (name.endswith("_") and not name.endswith("__")) or \
-        (name.startswith("i") and getattr(operator, name, None) is target)
+    name = name.split(".")[0]
+    return name.endswith("_") and not name.endswith("__")
 
 
 def _hooked(module):

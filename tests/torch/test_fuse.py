@@ -309,3 +309,20 @@ def test_convolutions_and_linear_layers_fuse_their_relu(backend):
         close(a.grad, b.grad, 1e-12, name)
     with pytest.raises(ValueError, match="activation must be None or 'relu'"):
         fused.c2(xs[1], activation="gelu")
+
+
+class _Writes(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.bn = nn.BatchNorm2d(3)
+
+    def forward(self, x, z):
+        y = self.bn(x)
+        torch.mul(x, 2, out=x)                  # writes the batch norm's input (out=)
+        torch.ops.aten.relu_.default(z)         # an ATen in-place overload
+        return F.relu(y + z)
+
+
+def test_writes_through_out_and_aten_overloads_keep_a_pair_apart():
+    fused, _ = _pair(_Writes(), "numba")
+    assert fused.dnnkit_fused == ()
