@@ -339,9 +339,12 @@ def pooled(fn):
     if fn.__name__ != "backward":
         raise TypeError(f"bridge.pooled wraps an autograd.Function's forward or backward; got "
                         f"{fn.__name__!r}")
+    name = fn.__qualname__.split(".")[0]
 
     @functools.wraps(fn)
     def backward(ctx, *args):
+        if _grad_enabled():         # create_graph=True (grad mode is off in a plain backward)
+            _no_second(name)
         saved = ctx.dnnkit_caller
         if saved is not None and saved[0] != threading.get_ident():
             with within(saved[1]):
@@ -350,6 +353,20 @@ def pooled(fn):
             return fn(ctx, *args)
         return _in_graph_pool(fn, ctx, args)
     return backward
+
+
+_grad_enabled = torch.is_grad_enabled
+
+
+def _no_second(name):
+    """A backward asked to build a graph of itself (``create_graph=True``): its op calls are
+    not PyTorch operations autograd could record, so the gradient would come back without a
+    graph and every second-order term through the layer would be silently zero."""
+    raise RuntimeError(
+        f"dnnkit.torch.{name}: the backward of a converted layer cannot be differentiated "
+        f"(create_graph=True: second derivatives, gradient penalties): its gradient would "
+        f"carry no second-order terms. Leave the layers on that path to PyTorch "
+        f"(convert(..., exclude=...)) or differentiate once")
 
 
 def _graph_pool():

@@ -269,3 +269,18 @@ def test_an_eval_batch_norm_of_half_data_says_why_it_has_no_gradient():
     y = bn(x)
     with pytest.raises(RuntimeError, match="gradient of torch.float16 data with torch.float32"):
         y.float().sum().backward()
+
+
+
+def test_a_second_derivative_through_a_converted_layer_raises_instead_of_dropping_terms():
+    """The backwards are dnnkit op calls, not PyTorch operations autograd could record: a
+    backward asked for a graph of itself (create_graph=True) raises, where its gradient used
+    to come back without one (every second-order term through the layer silently zero)."""
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Conv2d(2, 2, 3, padding=1), nn.Tanh()).to(DEVICE, torch.float64)
+    dt.convert(m, "numba")
+    x = torch.randn(1, 2, 3, 3, dtype=torch.float64, device=DEVICE, requires_grad=True)
+    with pytest.raises(RuntimeError, match="cannot be differentiated"):
+        torch.autograd.grad(m(x).sum(), x, create_graph=True)
+    (gx,) = torch.autograd.grad(m(x).sum(), x)            # a first derivative as before
+    assert torch.isfinite(gx).all()
