@@ -40,7 +40,7 @@ import weakref
 import numpy as np
 import torch
 
-from .. import arrays, config, device, foreign, memory
+from .. import arrays, config, device, foreign, memory, ops
 from ..errors import CaptureError
 from ..profile import joined as join_profiles, open_profiles, profile_state
 from ..tracing import joined as join_traces, open_traces, trace_state
@@ -199,6 +199,15 @@ def tensor(a, like):
     if a.size == 0:
         return torch.empty(tuple(a.shape), dtype=like.dtype, device=like.device)
     return torch.as_tensor(_Exported(a), device=like.device)
+
+
+def through_relu(activation, y, g, backend, stream):
+    """Upstream gradient ``g`` (an op argument) taken through a fused relu's slope, 1 where
+    the forward's output ``y`` > 0; ``g`` itself when nothing was fused (``activation``
+    None). The backward of every converted layer that took ``activation=``."""
+    if activation is None:
+        return g
+    return ops.activation_backward(y, y, g, activation, 0.0, backend=backend, stream=stream)
 
 
 def maybe(a, like):

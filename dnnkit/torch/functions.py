@@ -26,9 +26,11 @@ import math
 import torch
 
 from .. import ops
+from ..memory import reshaped
 
 from . import bridge
-from .bridge import keep, kept, maybe, op_backend, pooled, stream_of, tensor, view
+from .bridge import keep, kept, maybe, op_backend, pooled, stream_of, tensor, through_relu, \
+    view
 
 _CONV = {2: (ops.conv2d, ops.conv2d_backward_data, ops.conv2d_backward_filter),
          3: (ops.conv3d, ops.conv3d_backward_data, ops.conv3d_backward_filter)}
@@ -46,14 +48,6 @@ def _fused(activation):
     """The keywords of a fused relu: none for a plain call (its memo signature stays the plain
     call's). With a relu the output is saved too: its sign is the relu's slope."""
     return {} if activation is None else {"activation": activation}
-
-
-def _through(ctx, s, g, y, kw):
-    """The upstream gradient taken through a fused relu's slope (1 where y > 0)."""
-    if ctx.activation is None:
-        return g
-    return ops.activation_backward(y, y, g, ctx.activation, 0.0, backend=kw["backend"],
-                                   stream=s)
 
 
 class Conv(torch.autograd.Function):
@@ -91,7 +85,7 @@ class Conv(torch.autograd.Function):
         kw = dict(ctx.kw, stream=s)
         _, bwd_data, bwd_filter = _CONV[ctx.nd]
         xv, wv, *yv = kept(ctx, s, *saved)
-        g = _through(ctx, s, g, yv[0] if yv else None, kw)
+        g = through_relu(ctx.activation, yv[0] if yv else None, g, kw["backend"], s)
         dx = dw = db = None
         if ctx.needs_input_grad[0]:
             dx = tensor(bwd_data(g, wv, tuple(x.shape), **kw), x)
@@ -197,8 +191,8 @@ class Linear(torch.autograd.Function):
         s = stream_of(dy)
         rows, out_f = math.prod(tuple(x.shape)[:-1]), w.shape[0]
         kw = dict(backend=ctx.backend, stream=s)
-        g = _through(ctx, s, view(dy.reshape(rows, out_f), s),
-                     view(y[0].reshape(rows, out_f), s) if y else None, kw)
+        g = through_relu(ctx.activation, view(y[0].reshape(rows, out_f), s) if y else None,
+                         view(dy.reshape(rows, out_f), s), ctx.backend, s)
         dx = dw = db = None
         if ctx.needs_input_grad[0]:
             dx = tensor(ops.matmul(g, view(w, s), **kw), x).reshape(x.shape)
@@ -206,9 +200,7 @@ class Linear(torch.autograd.Function):
             dw = tensor(ops.matmul(g, view(x.reshape(rows, w.shape[1]), s), True, False,
                                       **kw), w)
         if ctx.has_bias and ctx.needs_input_grad[2]:
-            g4 = view(dy.reshape(rows, out_f, 1, 1), s) if ctx.activation is None else \
-                ops.reshape(g, (rows, out_f, 1, 1), **kw)
-            db = tensor(ops.conv_backward_bias(g4, **kw), w)
+            db = tensor(ops.conv_backward_bias(reshaped(g, (rows, out_f, 1, 1)), **kw), w)
         return dx, dw, db, None, None
 
 

@@ -25,7 +25,8 @@ import torch
 from .. import ops
 
 from . import bridge
-from .bridge import held, keep, kept, op_backend, pooled, stream_of, tensor, view
+from .bridge import held, keep, kept, op_backend, pooled, stream_of, tensor, through_relu, \
+    view
 
 try:        # the custom operators, what torch.compile traces (PyTorch >= 2.4)
     from . import library_norm
@@ -156,12 +157,8 @@ class BatchNormEval(torch.autograd.Function):
                 f"train it in train mode, or exclude it from convert()")
         s = stream_of(dy)
         kw = dict(backend=ctx.backend, stream=s)
-        if act is None:
-            (xv,) = kept(ctx, s, x)
-            g = view(dy, s)
-        else:       # dy through relu's slope first (1 where y > 0)
-            xv, yv = kept(ctx, s, x, y)
-            g = ops.activation_backward(yv, yv, view(dy, s), act, 0.0, **kw)
+        xv, *yv = kept(ctx, s, x, *(() if act is None else (y,)))
+        g = through_relu(act, yv[0] if yv else None, view(dy, s), ctx.backend, s)
         c = x.shape[1]
         bshape = (1, c) + (1,) * (x.dim() - 2)
         axes = (0,) + tuple(range(2, x.dim()))

@@ -79,7 +79,7 @@ def fuse(model: nn.Module) -> torch.fx.GraphModule:
         if found is None:
             continue
         bn, residual = found
-        if not _movable(gm.graph, bn, src, modules) or _hooked(modules[bn.target]) or (
+        if not _movable(bn, src, modules) or _hooked(modules[bn.target]) or (
                 node.op == "call_module" and _hooked(modules[node.target])):
             continue
         kwargs = {"activation": "relu"} if residual is None else \
@@ -102,18 +102,12 @@ def fuse(model: nn.Module) -> torch.fx.GraphModule:
     return gm
 
 
-def _movable(graph, bn, src, modules):
+def _movable(bn, src, modules):
     """Whether the layer's call ``bn`` can move down to ``src`` (its add, or itself):
     nothing in between is in place, calls that layer again or reads its attributes (a batch
     norm's running statistics change at the call)."""
-    between, on = [], False
-    for n in graph.nodes:
-        if n is src:
-            break
-        if on:
-            between.append(n)
-        on = on or n is bn
-    for n in between:
+    n = bn if src is bn else bn.next       # (src follows bn in the graph's order)
+    while n is not src:
         target = str(n.target)
         if n.op == "call_module" and (n.target == bn.target or
                                       getattr(modules.get(n.target), "inplace", False)):
@@ -123,6 +117,7 @@ def _movable(graph, bn, src, modules):
         if n.op in ("call_function", "call_method") and (
                 n.kwargs.get("inplace") or "out" in n.kwargs or _writes(n.target)):
             return False
+        n = n.next
     return True
 
 
